@@ -1,0 +1,188 @@
+"""The tables of the p2ptrain database and the forward migrations that build them.
+
+The schema version lives in SQLite's ``PRAGMA user_version``. ``MIGRATIONS`` is
+an ordered tuple of functions; migration ``n`` (1-based) turns a version
+``n - 1`` database into a version ``n`` one. A migration is only ever appended,
+never edited: a volunteer's database may be any number of versions behind.
+
+JSON columns (``events.data``, ``runs.manifest``, ``settings.value``) hold text
+written with ``json.dumps``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Callable
+
+import sqlite_utils
+
+
+class StorageError(Exception):
+    """The database cannot be used as it is.
+
+    Args:
+        message: what happened, in one line.
+        fix: what the user can do about it, in one line.
+    """
+
+    def __init__(self, message: str, fix: str = ""):
+        super().__init__(f"{message} ({fix})" if fix else message)
+        self.message = message
+        self.fix = fix
+
+    def one_line(self) -> str:
+        return str(self)
+
+
+class SchemaTooNewError(StorageError):
+    """The database was written by a newer p2ptrain than the one running."""
+
+
+# Columns of a `peers` row besides ts and run_id, in the order of PeerRow.
+PEER_COLUMNS = (
+    "peer_id",
+    "nickname",
+    "device",
+    "precision",
+    "quantization",
+    "micro_batch",
+    "samples_per_second",
+    "epoch",
+    "loss",
+    "reachability",
+    "compatible",
+)
+
+
+def _v1_tables(db: sqlite_utils.Database) -> None:
+    """The tables as DESIGN first named them."""
+    db["events"].create({"ts": float, "kind": str, "message": str, "data": str})
+    db["steps"].create(
+        {
+            "ts": float,
+            "run_id": str,
+            "epoch": int,
+            "loss": float,
+            "samples": int,
+            "samples_per_second": float,
+        }
+    )
+    db["epochs"].create(
+        {
+            "run_id": str,
+            "epoch": int,
+            "started_at": float,
+            "ended_at": float,
+            "duration_s": float,
+            "num_peers": int,
+            "global_samples": int,
+            "loss": float,
+        },
+        pk=("run_id", "epoch"),
+    )
+    db["peers"].create(
+        {
+            "ts": float,
+            "run_id": str,
+            "peer_id": str,
+            "nickname": str,
+            "device": str,
+            "samples_per_second": float,
+            "epoch": int,
+            "loss": float,
+        }
+    )
+    db["runs"].create(
+        {"run_id": str, "manifest": str, "joined_at": float, "left_at": float},
+        pk="run_id",
+    )
+    db["settings"].create({"key": str, "value": str}, pk="key")
+
+
+def _v2_validation_plan_and_indexes(db: sqlite_utils.Database) -> None:
+    """Validation loss per epoch, each peer's plan and reachability, and the
+    indexes the TUI's time-window queries need."""
+    db["epochs"].add_column("val_loss", float)
+    for column, column_type in (
+        ("precision", str),
+        ("quantization", str),
+        ("micro_batch", int),
+        ("reachability", str),
+        ("compatible", int),
+    ):
+        db["peers"].add_column(column, column_type)
+    db["events"].create_index(["ts"])
+    db["steps"].create_index(["ts"])
+    db["steps"].create_index(["run_id", "ts"])
+    db["peers"].create_index(["ts"])
+    db["peers"].create_index(["run_id", "peer_id", "ts"])
+    db["epochs"].create_index(["ended_at"])
+
+
+MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (
+    _v1_tables,
+    _v2_validation_plan_and_indexes,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def schema_version(db: sqlite_utils.Database) -> int:
+    """The schema version recorded in the database (0 for a new, empty file).
+
+    Args:
+        db: an open sqlite-utils database.
+    """
+    return db.execute("PRAGMA user_version").fetchone()[0]
+
+
+def migrate(db: sqlite_utils.Database, path: str) -> list[int]:
+    """Bring the database up to ``SCHEMA_VERSION``; return the versions applied.
+
+    Each migration runs in its own ``BEGIN IMMEDIATE`` transaction together
+    with the version bump, so a crash leaves the database at the previous
+    version, never half-migrated; the version is re-read inside the
+    transaction so two processes opening at once do not both migrate.
+
+    Args:
+        db: an open sqlite-utils database.
+        path: the database file, only used in error messages.
+
+    Raises:
+        SchemaTooNewError: the database is newer than this code knows.
+        StorageError: a migration could not be written (read-only file,
+            full disk).
+    """
+    found = schema_version(db)
+    if found > SCHEMA_VERSION:
+        raise _too_new(path, found)
+    applied = []
+    for version in range(found + 1, SCHEMA_VERSION + 1):
+        try:
+            db.conn.execute("BEGIN IMMEDIATE")
+            try:
+                current = schema_version(db)
+                if current > SCHEMA_VERSION:
+                    raise _too_new(path, current)
+                if current < version:
+                    MIGRATIONS[version - 1](db)
+                    db.execute(f"PRAGMA user_version = {version}")
+                    applied.append(version)
+            except BaseException:
+                db.rollback()
+                raise
+            db.conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StorageError(
+                f"cannot upgrade the database {path} to schema version {version}: {exc}",
+                f"make {path} and its directory writable by this user and free some disk space",
+            ) from exc
+    return applied
+
+
+def _too_new(path: str, found: int) -> SchemaTooNewError:
+    return SchemaTooNewError(
+        f"the database {path} has schema version {found}, "
+        f"but this p2ptrain only knows up to version {SCHEMA_VERSION}",
+        "upgrade p2ptrain (pip install -U p2ptrain), or move the database aside "
+        "to start a fresh one",
+    )
