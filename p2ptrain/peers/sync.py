@@ -1,0 +1,258 @@
+"""Synchronous data-parallel training: hivemind.Optimizer over the trainable parameters.
+
+Every peer accumulates gradients toward a shared ``target_batch_size``; when the
+swarm has gathered that many samples, the peers average their gradients in one
+all-reduce and take one AdamW step together. That is one epoch.
+
+The hivemind progress record is ``{averaging_prefix(manifest)}_progress`` (the
+optimizer's ``run_id`` is the averaging prefix), which is what ``swarm.read_swarm``
+reads. DiLoCo (``diloco.py``) publishes under the same key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Sequence
+
+import hivemind
+import torch
+from hivemind.averaging import DecentralizedAverager
+from hivemind.compression import (
+    BlockwiseQuantization,
+    CompressionBase,
+    Float16Compression,
+    NoCompression,
+    Uniform8BitQuantization,
+)
+from hivemind.optim.state_averager import TrainingStateAverager
+
+from p2ptrain.peers.checkpoint import state_problem
+
+logger = logging.getLogger(__name__)
+
+# Averaging timings. On 127.0.0.1 groups form in well under a second; over the
+# internet peers need several seconds to find each other and to stream tensors.
+LOCAL_AVERAGING = {"matchmaking_time": 2.0, "averaging_timeout": 30.0}
+INTERNET_AVERAGING = {"matchmaking_time": 15.0, "averaging_timeout": 120.0}
+
+
+@dataclasses.dataclass
+class StepOutcome:
+    """What one call to a trainer's ``step``/``tick`` changed.
+
+    epoch_advanced: the local epoch moved forward (an outer / global step happened).
+    averaged_with: peers in the averaging round that finished, this one included,
+        or None if no round finished since the last outcome.
+    loaded_state: state was downloaded from peers (this peer was behind).
+    """
+
+    epoch_advanced: bool = False
+    averaged_with: int | None = None
+    loaded_state: bool = False
+
+
+def averaging_timings(spec_averaging: dict | None, host_maddrs: Sequence[str] = ()) -> dict:
+    """Pick matchmaking_time / averaging_timeout: the spec's values win, else
+    fast ones for a swarm on loopback, else internet-friendly ones."""
+    on_loopback = bool(host_maddrs) and all("/127.0.0.1/" in address or "/::1/" in address for address in host_maddrs)
+    timings = dict(LOCAL_AVERAGING if on_loopback else INTERNET_AVERAGING)
+    timings.update({key: float(value) for key, value in (spec_averaging or {}).items() if key in timings})
+    return timings
+
+
+def make_compression(name: str, tensors: Sequence[torch.Tensor]) -> CompressionBase:
+    """The hivemind compression for the manifest's ``compression`` name.
+
+    Float16Compression refuses bfloat16 tensors; bf16 is already two bytes a
+    value, so bf16 tensors are sent as they are.
+    """
+    if name == "fp16":
+        if any(tensor.dtype == torch.bfloat16 for tensor in tensors):
+            logger.info("Sending bfloat16 tensors uncompressed: they are already 16-bit")
+            return NoCompression()
+        return Float16Compression()
+    if name == "uniform8bit":
+        return Uniform8BitQuantization()
+    if name == "blockwise8bit":
+        return BlockwiseQuantization()
+    if name == "none":
+        return NoCompression()
+    raise ValueError(f"unknown compression {name!r}: use none, fp16, uniform8bit or blockwise8bit")
+
+
+class CheckedStateMixin(DecentralizedAverager):
+    """Refuses state downloaded from a peer unless every tensor is finite and
+    shapes match ours (a broken or malicious peer must not poison this one)."""
+
+    rejected_states = 0
+
+    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None):
+        loaded = super().load_state_from_peers(wait=wait, timeout=timeout)
+        if loaded is None or not wait:
+            return loaded
+        metadata, received = loaded
+        _, expected, _ = self.get_current_state()
+        problem = state_problem(expected, received)
+        if problem is not None:
+            self.rejected_states += 1
+            logger.warning("Refusing state downloaded from a peer: %s", problem)
+            return None
+        return loaded
+
+
+class CheckedTrainingStateAverager(TrainingStateAverager, CheckedStateMixin):
+    """hivemind's TrainingStateAverager with downloaded state checked first."""
+
+
+class SyncOptimizer(hivemind.Optimizer):
+    """hivemind.Optimizer that checks downloaded state and remembers the size
+    of each finished gradient-averaging round."""
+
+    def __init__(self, **kwargs):
+        self._finished_groups: list[int] = []
+        self._groups_lock = threading.Lock()
+        super().__init__(**kwargs)
+
+    def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
+        return CheckedTrainingStateAverager(
+            dht=self.dht,
+            prefix=f"{self.run_id}_state_averager",
+            min_matchmaking_time=self.matchmaking_time,
+            allreduce_timeout=self.allreduce_timeout,
+            shutdown_timeout=self.shutdown_timeout,
+            offload_optimizer=self.offload_optimizer,
+            custom_gradients=self.offload_optimizer,
+            status_loglevel=self.status_loglevel,
+            next_chunk_timeout=self.next_chunk_timeout,
+            client_mode=self.client_mode,
+            auxiliary=self.auxiliary,
+            start=True,
+            **kwargs,
+        )
+
+    def _average_gradients_and_load_into_optimizer(self, maybe_step_control):
+        super()._average_gradients_and_load_into_optimizer(maybe_step_control)
+        # the real group size comes from hivemind's round result (GroupInfo-keyed dict)
+        if maybe_step_control is not None and maybe_step_control.done() and not maybe_step_control.cancelled():
+            try:
+                group = maybe_step_control.result(0)
+            except BaseException:
+                return
+            if group:
+                with self._groups_lock:
+                    self._finished_groups.append(len(group))
+
+    def pop_finished_groups(self) -> list[int]:
+        """Sizes of averaging rounds finished since the last call."""
+        with self._groups_lock:
+            groups, self._finished_groups = self._finished_groups, []
+        return groups
+
+
+class SyncTrainer:
+    """Trains the trainable parameters in sync mode with a hivemind.Optimizer.
+
+    Args:
+        dht: the running hivemind DHT.
+        prefix: ``averaging_prefix(manifest)``; peers average only within it.
+        parameters: the trainable parameters (only these are averaged).
+        target_batch_size: samples the whole swarm gathers per epoch.
+        batch_size_per_step: samples this peer contributes per ``step``
+            (micro_batch * grad_accum).
+        inner_lr: AdamW learning rate.
+        compression: manifest compression name, used for gradients and state.
+        matchmaking_time: seconds peers spend forming an averaging group.
+        averaging_timeout: seconds before a stuck averaging round is abandoned.
+        client_mode: this peer cannot accept connections (behind NAT, no relay).
+    """
+
+    def __init__(
+        self,
+        *,
+        dht: hivemind.DHT,
+        prefix: str,
+        parameters: Sequence[torch.nn.Parameter],
+        target_batch_size: int,
+        batch_size_per_step: int,
+        inner_lr: float,
+        compression: str,
+        matchmaking_time: float,
+        averaging_timeout: float,
+        client_mode: bool = False,
+    ):
+        self.parameters = list(parameters)
+        compressor = make_compression(compression, self.parameters)
+        self.optimizer = SyncOptimizer(
+            dht=dht,
+            run_id=prefix,
+            target_batch_size=target_batch_size,
+            batch_size_per_step=batch_size_per_step,
+            params=self.parameters,
+            optimizer=lambda params: torch.optim.AdamW(params, lr=inner_lr),
+            matchmaking_time=matchmaking_time,
+            averaging_timeout=averaging_timeout,
+            load_state_timeout=max(averaging_timeout, 30.0),
+            grad_compression=compressor,
+            state_averaging_compression=compressor,
+            # separate accumulators, so a batch with non-finite gradients can be
+            # dropped before it reaches them (see skip_batch)
+            reuse_grad_buffers=False,
+            client_mode=client_mode,
+            verbose=False,
+        )
+        self.tracker = self.optimizer.tracker
+
+    @property
+    def local_epoch(self) -> int:
+        return self.optimizer.local_epoch
+
+    def wants_batch(self) -> bool:
+        """Sync mode always takes the next batch."""
+        return True
+
+    def is_behind(self) -> bool:
+        """True when the swarm is more than one epoch ahead (state must be downloaded)."""
+        return self.optimizer.local_epoch < self.optimizer.tracker.global_epoch - 1
+
+    def step(self, samples: int) -> StepOutcome:
+        """Account for one local batch whose gradients are in ``.grad``."""
+        epoch_before = self.local_epoch
+        self.optimizer.step(batch_size=samples)
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._outcome(epoch_before)
+
+    def tick(self) -> StepOutcome:
+        """Collect results of background rounds (nothing to drive in sync mode)."""
+        return self._outcome(self.local_epoch)
+
+    def _outcome(self, epoch_before: int) -> StepOutcome:
+        groups = self.optimizer.pop_finished_groups()
+        return StepOutcome(
+            epoch_advanced=self.local_epoch > epoch_before,
+            averaged_with=groups[-1] if groups else None,
+            loaded_state=self.local_epoch > epoch_before + 1,
+        )
+
+    def skip_batch(self) -> None:
+        """Discard gradients of a batch that must not be contributed."""
+        for parameter in self.parameters:
+            parameter.grad = None
+
+    def load_state_from_peers(self) -> bool:
+        """Download the newest state from the swarm; True if the epoch moved."""
+        epoch_before = self.local_epoch
+        self.optimizer.load_state_from_peers()
+        return self.local_epoch != epoch_before
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "epoch": self.local_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.state_averager.local_epoch = int(state["epoch"])
+        self.optimizer.tracker.report_local_progress(self.local_epoch, 0)
+
+    def shutdown(self) -> None:
+        self.optimizer.shutdown()
