@@ -70,7 +70,7 @@ def install_service(user: bool, bindir: str | None = None, dry_run: bool = False
         Shell commands, in order, that activate the installed files.
 
     Raises:
-        ServiceInstallError: not root for a system install into ``/``, root
+        ServiceInstallError: not root for a system install into ``/``, sudo
             for a user install, no usable ``p2ptrain`` script, or a file that
             cannot be written.
     """
