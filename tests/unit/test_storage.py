@@ -1,0 +1,253 @@
+"""The SQLite storage: schema and migrations, batched writes, queries, retention.
+
+Every test writes a real database file under tmp_path and checks it through a
+second, independent sqlite3 connection, as another process would see it.
+"""
+
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from p2ptrain.storage import SCHEMA_VERSION, Database, SchemaTooNewError, StorageError
+from p2ptrain.storage import queries
+
+
+class ManualClock:
+    """A monotonic clock the test moves by hand, so flush timing is exact."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def count_on_disk(path, table):
+    with sqlite3.connect(path) as connection:
+        return connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def pragma(path, name):
+    with sqlite3.connect(path) as connection:
+        return connection.execute(f"PRAGMA {name}").fetchone()[0]
+
+
+def test_open_creates_directory_in_wal_mode_at_current_version(tmp_path):
+    path = tmp_path / "state" / "deeper" / "p2ptrain.db"
+    with Database.open(path) as db:
+        assert db.connection.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        assert db.connection.execute("PRAGMA busy_timeout").fetchone()[0] > 0
+    assert path.exists()
+    assert pragma(path, "journal_mode") == "wal"
+    assert pragma(path, "user_version") == SCHEMA_VERSION
+
+
+def make_v1_database(path):
+    """The database as the first p2ptrain release wrote it."""
+    with sqlite3.connect(path) as connection:
+        connection.executescript(
+            """
+            CREATE TABLE events (ts FLOAT, kind TEXT, message TEXT, data TEXT);
+            CREATE TABLE steps (ts FLOAT, run_id TEXT, epoch INTEGER, loss FLOAT,
+                                samples INTEGER, samples_per_second FLOAT);
+            CREATE TABLE epochs (run_id TEXT, epoch INTEGER, started_at FLOAT,
+                                 ended_at FLOAT, duration_s FLOAT, num_peers INTEGER,
+                                 global_samples INTEGER, loss FLOAT,
+                                 PRIMARY KEY (run_id, epoch));
+            CREATE TABLE peers (ts FLOAT, run_id TEXT, peer_id TEXT, nickname TEXT,
+                                device TEXT, samples_per_second FLOAT, epoch INTEGER,
+                                loss FLOAT);
+            CREATE TABLE runs (run_id TEXT PRIMARY KEY, manifest TEXT,
+                               joined_at FLOAT, left_at FLOAT);
+            CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT);
+            INSERT INTO epochs VALUES ('old-run', 3, 10.0, 70.0, 60.0, 2, 4096, 2.5);
+            INSERT INTO peers VALUES (70.0, 'old-run', 'QmOld', 'alice', 'cuda:0', 12.5, 3, 2.5);
+            INSERT INTO settings VALUES ('desired_state', '"paused"');
+            PRAGMA user_version = 1;
+            """
+        )
+
+
+def test_v1_database_is_migrated_forward_keeping_its_rows(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    make_v1_database(path)
+    with Database.open(path) as db:
+        assert db.get_setting("desired_state") == "paused"
+        db.record_epoch("old-run", 4, 70.0, 130.0, 60.0, 3, 4096, 2.1, val_loss=2.3)
+        db.record_peers("old-run", [{"peer_id": "QmOld", "precision": "bf16", "compatible": True}], ts=130.0)
+        epochs = queries.recent_epochs(db, run_id="old-run")
+        peers = queries.peers_table(db, "old-run")
+    assert pragma(path, "user_version") == SCHEMA_VERSION
+    assert [(e["epoch"], e["loss"], e["val_loss"]) for e in epochs] == [(3, 2.5, None), (4, 2.1, 2.3)]
+    assert peers[0]["precision"] == "bf16" and peers[0]["nickname"] is None
+    with sqlite3.connect(path) as connection:
+        indexes = {row[1] for row in connection.execute("SELECT * FROM sqlite_master WHERE type = 'index'")}
+    assert "idx_steps_ts" in indexes
+
+
+def test_newer_schema_is_refused_with_a_one_line_fix(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    Database.open(path).close()
+    with sqlite3.connect(path) as connection:
+        connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(SchemaTooNewError) as raised:
+        Database.open(path)
+    message = raised.value.one_line()
+    assert f"schema version {SCHEMA_VERSION + 1}" in message
+    assert "upgrade p2ptrain" in message and "\n" not in message
+    assert pragma(path, "user_version") == SCHEMA_VERSION + 1
+
+
+def test_file_that_is_not_a_database_is_refused_with_a_fix(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    path.write_bytes(b"this is a text file, not SQLite " * 100)
+    with pytest.raises(StorageError, match="move it aside"):
+        Database.open(path)
+
+
+def test_rows_wait_until_the_flush_interval_has_passed(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    clock = ManualClock()
+    with Database.open(path, flush_interval_s=2.0, max_batch=500, clock=clock) as db:
+        db.record_step("run", 0, 3.0, 32, 10.0)
+        clock.now += 1.9
+        db.record_step("run", 0, 2.9, 32, 10.0)
+        assert db.maybe_flush() is False
+        assert count_on_disk(path, "steps") == 0
+        clock.now += 0.1
+        assert db.maybe_flush() is True
+        assert count_on_disk(path, "steps") == 2
+        assert db.buffered_rows == 0
+
+
+def test_a_full_batch_is_written_without_waiting(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    with Database.open(path, flush_interval_s=3600, max_batch=10, clock=ManualClock()) as db:
+        for i in range(9):
+            db.record_event("step", f"event {i}")
+        assert count_on_disk(path, "events") == 0
+        db.record_event("step", "event 9")
+        assert count_on_disk(path, "events") == 10
+
+
+def test_queries_return_what_was_written(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    manifest = {"run_id": "run-b", "mode": "diloco", "target_batch_size": 4096}
+    with Database.open(path, flush_interval_s=3600, clock=ManualClock()) as db:
+        db.record_run_joined("run-a", {"run_id": "run-a"}, ts=50.0)
+        db.record_run_left("run-a", ts=60.0)
+        db.record_run_joined("run-b", manifest, ts=100.0)
+        for epoch in range(5):
+            db.record_epoch("run-b", epoch, 100.0 + 10 * epoch, 110.0 + 10 * epoch, 10.0, 2, 4096, 5.0 - epoch)
+        db.record_epoch("run-a", 9, 50.0, 55.0, 5.0, 1, 4096, 9.0)
+        for i in range(6):
+            db.record_step("run-b", 0, 4.0 - i / 10, 32, 16.0, ts=200.0 + i)
+        db.record_step("run-a", 9, 9.0, 32, 16.0, ts=55.0)
+        db.record_event("state", "training", {"state": "training"}, ts=101.0)
+        db.record_event("pause", "paused by user", None, ts=102.0)
+        db.record_peers("run-b", [{"peer_id": "QmA", "loss": 3.0}, {"peer_id": "QmB", "loss": 3.1}], ts=150.0)
+        db.record_peers("run-b", [{"peer_id": "QmA", "loss": 2.0, "compatible": False}], ts=160.0)
+        db.flush()
+
+        epochs = queries.recent_epochs(db, run_id="run-b", limit=3)
+        assert [e["epoch"] for e in epochs] == [2, 3, 4]
+        assert [e["run_id"] for e in queries.recent_epochs(db)] == ["run-a"] + ["run-b"] * 5
+        series = queries.loss_series(db, run_id="run-b", since=125.0)
+        assert [(p["ts"], p["loss"]) for p in series] == [(130.0, 3.0), (140.0, 2.0), (150.0, 1.0)]
+        steps = queries.steps_since(db, since=202.0, run_id="run-b")
+        assert [s["ts"] for s in steps] == [203.0, 204.0, 205.0]
+        assert [s["ts"] for s in queries.steps_since(db, limit=2)] == [204.0, 205.0]
+        events = queries.events_since(db, since=100.0)
+        assert [(e["kind"], e["data"]) for e in events] == [("state", {"state": "training"}), ("pause", None)]
+        peers = queries.peers_table(db, "run-b")
+        assert [(p["peer_id"], p["loss"], p["last_seen"], p["compatible"]) for p in peers] == [
+            ("QmA", 2.0, 160.0, False),
+            ("QmB", 3.1, 150.0, None),
+        ]
+        assert [p["peer_id"] for p in queries.peers_table(db, "run-b", max_age_s=5)] == ["QmA"]
+        assert queries.current_run(db) == {"run_id": "run-b", "manifest": manifest, "joined_at": 100.0, "left_at": None}
+    # The same answers from the file alone, as a tool without the daemon sees it.
+    assert [e["epoch"] for e in queries.recent_epochs(path, run_id="run-b", limit=3)] == [2, 3, 4]
+    assert queries.current_run(str(path))["run_id"] == "run-b"
+
+
+def test_queries_see_rows_still_in_the_buffer(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    with Database.open(path, flush_interval_s=3600, clock=ManualClock()) as db:
+        db.record_step("run", 0, 3.0, 32, 10.0, ts=10.0)
+        db.record_run_joined("run", {"run_id": "run"}, ts=5.0)
+        assert count_on_disk(path, "steps") == 0
+        assert [s["loss"] for s in queries.steps_since(db)] == [3.0]
+        assert queries.current_run(db)["run_id"] == "run"
+
+
+def test_leaving_a_run_ends_it_as_current(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    with Database.open(path) as db:
+        db.record_run_joined("run", {"run_id": "run"}, ts=5.0)
+        db.record_run_left("run", ts=6.0)
+        assert queries.current_run(db) is None
+
+
+def test_query_of_a_missing_file_says_how_to_create_it(tmp_path):
+    with pytest.raises(StorageError, match="start the daemon once"):
+        queries.events_since(tmp_path / "nothing.db")
+
+
+def test_query_limit_must_be_positive(tmp_path):
+    with Database.open(tmp_path / "p2ptrain.db") as db, pytest.raises(ValueError, match="positive integer"):
+        queries.steps_since(db, limit=0)
+
+
+def test_retention_deletes_old_steps_peers_and_surplus_events(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    now = time.time()
+    day = 86400
+    with Database.open(path) as db:
+        db.record_step("run", 0, 3.0, 32, 10.0, ts=now - 40 * day)
+        db.record_step("run", 1, 2.0, 32, 10.0, ts=now - 1 * day)
+        db.record_peers("run", [{"peer_id": "QmOld"}], ts=now - 8 * day)
+        db.record_peers("run", [{"peer_id": "QmNew"}], ts=now - 1 * day)
+        for i in range(10):
+            db.record_event("tick", f"event {i}", ts=now - 100 + i)
+        db.record_epoch("run", 0, now - 50 * day, now - 49 * day, day, 1, 4096, 3.0)
+        deleted = db.apply_retention(keep_steps_days=30, keep_events=3, keep_peers_days=7)
+        assert deleted == {"steps": 1, "events": 7, "peers": 1}
+        assert [s["epoch"] for s in queries.steps_since(db)] == [1]
+        assert [e["message"] for e in queries.events_since(db)] == ["event 7", "event 8", "event 9"]
+        assert [p["peer_id"] for p in queries.peers_table(db, "run")] == ["QmNew"]
+        assert len(queries.recent_epochs(db)) == 1
+        assert db.integrity_ok()
+
+
+def test_settings_are_on_disk_at_once_and_survive_reopen(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    db = Database.open(path, flush_interval_s=3600)
+    assert db.get_setting("desired_state", default="idle") == "idle"
+    assert db.set_setting("desired_state", {"state": "paused", "until": 123.0}) is True
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("SELECT count(*) FROM settings").fetchone()[0] == 1
+    db.close()
+    with Database.open(path) as reopened:
+        assert reopened.get_setting("desired_state") == {"state": "paused", "until": 123.0}
+
+
+def test_peer_rows_need_a_peer_id(tmp_path):
+    with Database.open(tmp_path / "p2ptrain.db") as db:
+        with pytest.raises(ValueError, match="peer_id"):
+            db.record_peers("run", [{"peer_id": "QmA"}, {"nickname": "no id"}])
+        assert db.buffered_rows == 0
+
+
+def test_importing_storage_loads_neither_torch_nor_hivemind():
+    code = (
+        "import sys, p2ptrain.storage, p2ptrain.storage.queries\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'hivemind'))\n"
+        "print(heavy)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
