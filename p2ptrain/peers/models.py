@@ -8,6 +8,7 @@ peers and writes to checkpoints.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -174,6 +175,11 @@ def build_model(model: str, lora: dict | None = None, precision: str = "fp32", q
     if quantization != "none" and lora is None:
         raise ValueError(f"quantized weights cannot be trained directly; give a lora setting to train "
                          f"{quantization} adapters (QLoRA) or use quantization 'none'")
+    if model != TINY_PRESET and model.startswith(("/", "./", "../", "~")):
+        model = str(Path(model).expanduser())
+        if not Path(model).is_dir():
+            raise ModelUnavailable(f"model directory {model!r} does not exist; give a directory saved with "
+                                   f"save_pretrained, a hub id, or the {TINY_PRESET!r} preset")
     tokenizer = build_tokenizer(model)
     with torch.random.fork_rng(devices=[]):
         # A private RNG: the same seed gives the same weights, whatever ran before.
