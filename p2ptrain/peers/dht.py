@@ -1,0 +1,294 @@
+"""Starting this peer's hivemind DHT, with a persistent identity, and describing how others reach it.
+
+One key file is this peer's identity for everything: libp2p derives the peer
+id from it, and the same RSA key signs our DHT records (manifest, metrics,
+hivemind's progress). So a restart keeps the peer id *and* ownership of our
+records, and validators can check that a record's ``peer_id`` belongs to the
+key that signed it.
+
+:func:`validate_multiaddr` is pure (no hivemind import), so the daemon and the
+CLI can check addresses cheaply; hivemind is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import re
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MULTIADDR_EXAMPLE = "/ip4/203.0.113.5/tcp/31337/p2p/Qm..."
+DEFAULT_HOST_MADDRS = ("/ip4/0.0.0.0/tcp/0",)
+
+_HOST_PROTOCOLS = {"ip4", "ip6", "dns", "dns4", "dns6", "dnsaddr"}
+_VALUED_PROTOCOLS = _HOST_PROTOCOLS | {"tcp", "udp", "p2p", "ipfs"}
+_BARE_PROTOCOLS = {"quic", "quic-v1", "p2p-circuit", "ws", "wss", "tls", "noise", "webtransport", "http", "https"}
+_PEER_ID_RE = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{32,128}$")
+_DNS_NAME_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
+
+
+class DHTStartError(RuntimeError):
+    """The DHT could not start: a one-line ``message`` and a ``fix``."""
+
+    def __init__(self, message: str, fix: str):
+        super().__init__(f"{message}; {fix}")
+        self.message = message
+        self.fix = fix
+
+
+def _check_value(protocol: str, value: str) -> str:
+    if protocol == "ip4":
+        return str(ipaddress.IPv4Address(value))
+    if protocol == "ip6":
+        return str(ipaddress.IPv6Address(value))
+    if protocol in {"dns", "dns4", "dns6", "dnsaddr"}:
+        if not _DNS_NAME_RE.match(value):
+            raise ValueError(f"{value!r} is not a host name")
+        return value.lower()
+    if protocol in {"tcp", "udp"}:
+        if not value.isdigit() or int(value) > 65535:
+            raise ValueError(f"port {value!r} is not in 0-65535")
+        return str(int(value))
+    if not _PEER_ID_RE.match(value):  # p2p / ipfs
+        raise ValueError(f"{value!r} is not a peer id")
+    return value
+
+
+def validate_multiaddr(text: str) -> str:
+    """Check that ``text`` is a multiaddr a peer can be dialled at, and return it normalised.
+
+    Accepts ``/ip4``, ``/ip6`` and ``/dns*`` hosts, ``/tcp`` or ``/udp`` (+ ``/quic-v1``)
+    ports and an optional ``/p2p/<peer id>`` (``/ipfs/`` is rewritten to ``/p2p/``).
+    Surrounding spaces and a trailing slash are dropped, IP addresses normalised.
+
+    :raises ValueError: ``'x' is not a multiaddr (why); expected e.g. /ip4/.../tcp/.../p2p/Qm...``
+    """
+
+    def refuse(reason: str) -> ValueError:
+        return ValueError(f"{text!r} is not a multiaddr ({reason}); expected e.g. {MULTIADDR_EXAMPLE}")
+
+    if not isinstance(text, str):
+        raise refuse(f"got {type(text).__name__}")
+    stripped = text.strip().rstrip("/")
+    if not stripped.startswith("/"):
+        raise refuse("it must start with '/'")
+    parts = stripped[1:].split("/")
+    normalised = []
+    index = 0
+    while index < len(parts):
+        protocol = parts[index].lower()
+        if protocol in _BARE_PROTOCOLS:
+            normalised.append(protocol)
+            index += 1
+            continue
+        if protocol not in _VALUED_PROTOCOLS:
+            raise refuse(f"unknown protocol {parts[index]!r}")
+        if index + 1 >= len(parts) or not parts[index + 1]:
+            raise refuse(f"/{protocol} needs a value")
+        try:
+            value = _check_value(protocol, parts[index + 1])
+        except ValueError as error:
+            raise refuse(str(error)) from None
+        normalised += ["p2p" if protocol == "ipfs" else protocol, value]
+        index += 2
+    if normalised[0] not in _HOST_PROTOCOLS:
+        raise refuse("it must start with /ip4, /ip6 or /dns")
+    if len(normalised) < 4 or normalised[2] not in {"tcp", "udp"}:
+        raise refuse("the host needs a /tcp or /udp port")
+    return "/" + "/".join(normalised)
+
+
+def load_or_create_identity(identity_path: Path):
+    """This peer's RSA key (hivemind's RSAPrivateKey), read from ``identity_path`` or created there (mode 0600).
+
+    The file holds a libp2p private-key protobuf, the format p2pd reads, so the
+    same file gives p2pd its peer id.
+
+    :raises DHTStartError: if the file exists but is not an RSA identity.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from hivemind.proto import crypto_pb2
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    identity_path = Path(identity_path)
+    if not identity_path.exists():
+        identity_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        key = RSAPrivateKey()
+        protobuf = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.RSA, data=key.to_bytes())
+        # O_EXCL: two workers starting at once must not both write a key.
+        descriptor = os.open(identity_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(protobuf.SerializeToString())
+        logger.info("created a new peer identity in %s", identity_path)
+        return key
+    try:
+        protobuf = crypto_pb2.PrivateKey.FromString(identity_path.read_bytes())
+        if protobuf.key_type != crypto_pb2.KeyType.RSA:
+            raise ValueError("not an RSA key")
+        serialization.load_der_private_key(protobuf.data, password=None)
+    except Exception as error:  # protobuf and cryptography raise several unrelated types
+        raise DHTStartError(
+            f"{identity_path} is not a peer identity ({error})",
+            "move the file away and start again to create a new identity",
+        ) from None
+    key = RSAPrivateKey.__new__(RSAPrivateKey)
+    key.__setstate__({"_private_key": protobuf.data})  # hivemind's own way to rebuild a key from DER
+    return key
+
+
+def _explain_start_failure(error: BaseException, initial_peers: list[str], identity_path: Path) -> DHTStartError:
+    text = str(error) or type(error).__name__
+    if "already taken" in text:
+        return DHTStartError(
+            f"another peer is already running with the identity in {identity_path}",
+            "stop the other p2ptrain daemon that uses this state directory, or use another --home",
+        )
+    if "bootstrap" in text.lower() or "initial_peers" in text:
+        return DHTStartError(
+            f"none of the bootstrap peers answered ({', '.join(initial_peers)})",
+            "check the address (copy it from `p2ptrain status` on that peer) and that it is running and reachable",
+        )
+    return DHTStartError(f"the DHT did not start: {text}", "see the worker log for details")
+
+
+def start_dht(
+    initial_peers: list[str],
+    identity_path: Path,
+    host_maddrs: list[str] | None = None,
+    announce_maddrs: list[str] | None = None,
+    use_relay: bool = True,
+    use_auto_relay: bool = False,
+    client_mode: bool = False,
+    start_timeout: float = 60,
+):
+    """Start this peer's hivemind DHT (in hivemind's background process) and return it.
+
+    :param initial_peers: multiaddrs of peers already in the swarm; empty to start a new swarm.
+    :param identity_path: this peer's key file, created (0600) if missing; the same
+        file gives the same peer id and record ownership across restarts.
+    :param host_maddrs: where to listen; default every interface on a random TCP
+        port. Tests pass ``["/ip4/127.0.0.1/tcp/0"]``.
+    :param announce_maddrs: addresses to advertise instead of the listening ones,
+        e.g. a public IP with a forwarded port (the port cannot be 0).
+    :param use_relay: allow reaching peers behind NAT through libp2p relays.
+    :param use_auto_relay: look for relays that make *this* peer reachable when it is behind NAT.
+    :param client_mode: take part without serving DHT requests (for peers nobody can dial).
+        This, not ``hivemind.Optimizer(client_mode=...)``, is what counts.
+    :param start_timeout: give up after this many seconds.
+    :raises DHTStartError: one line saying what went wrong and how to fix it.
+    :raises ValueError: if an address is not a multiaddr.
+
+    Side effect: the key becomes hivemind's process-wide RSA key, so the
+    ProgressTracker that hivemind.Optimizer creates signs with it too (there is
+    one DHT per training worker; in a process with several DHTs, pass
+    :func:`signing_key` explicitly to ProgressTracker).
+    """
+    import hivemind
+    from hivemind.dht.crypto import RSASignatureValidator
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from p2ptrain.peers.validators import RunRecordValidator
+
+    peers = [validate_multiaddr(address) for address in initial_peers]
+    hosts = [validate_multiaddr(address) for address in (host_maddrs or DEFAULT_HOST_MADDRS)]
+    announced = [validate_multiaddr(address) for address in announce_maddrs] if announce_maddrs else None
+    identity_path = Path(identity_path)
+    private_key = load_or_create_identity(identity_path)
+    RSAPrivateKey._process_wide_key = private_key
+    try:
+        dht = hivemind.DHT(
+            initial_peers=peers,
+            start=True,
+            await_ready=False,
+            identity_path=str(identity_path),
+            host_maddrs=hosts,
+            announce_maddrs=announced,
+            use_relay=use_relay,
+            use_auto_relay=use_auto_relay,
+            client_mode=client_mode,
+            startup_timeout=start_timeout,
+            record_validators=[RSASignatureValidator(private_key), RunRecordValidator()],
+        )
+    except Exception as error:
+        raise _explain_start_failure(error, peers, identity_path) from error
+    try:
+        dht.wait_until_ready(timeout=start_timeout)
+    except Exception as error:
+        dht.shutdown()
+        if isinstance(error, TimeoutError) or type(error).__name__ == "TimeoutError":
+            raise DHTStartError(
+                f"the DHT did not start within {start_timeout:.0f} s",
+                "check the bootstrap addresses and the network, or raise the start timeout",
+            ) from error
+        raise _explain_start_failure(error, peers, identity_path) from error
+    dht.p2ptrain_private_key = private_key
+    dht.p2ptrain_followed_runs = set()
+    logger.info("DHT started as %s, reachable at %s", dht.peer_id, ", ".join(visible_addresses(dht)))
+    return dht
+
+
+def signing_key(dht):
+    """The RSA key that signs this DHT's records (give it to a ProgressTracker as ``private_key``)."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    return getattr(dht, "p2ptrain_private_key", None) or RSAPrivateKey.process_wide()
+
+
+def own_public_key(dht) -> bytes:
+    """The subkey under which this peer publishes signed records (``b"[owner:ssh-rsa ...]"``)."""
+    from hivemind.dht.crypto import RSASignatureValidator
+
+    return RSASignatureValidator(signing_key(dht)).local_public_key
+
+
+def follow_run(dht, run_id: str) -> None:
+    """Make this DHT check the manifest and metrics records of ``run_id`` (idempotent)."""
+    from p2ptrain.peers.validators import RunRecordValidator
+
+    followed = getattr(dht, "p2ptrain_followed_runs", None)
+    if followed is None:
+        followed = dht.p2ptrain_followed_runs = set()
+    if run_id in followed:
+        return
+    dht.add_validators([RunRecordValidator([run_id])])
+    followed.add(run_id)
+
+
+def _address_rank(address: str) -> tuple[int, int, int]:
+    parts = address.split("/")
+    host = parts[2] if len(parts) > 2 else ""
+    loopback = private = 0
+    if parts[1:2] in (["ip4"], ["ip6"]):
+        ip = ipaddress.ip_address(host)
+        loopback = int(ip.is_loopback)
+        private = int(not ip.is_global)
+    return loopback, int("p2p-circuit" in parts), private
+
+
+def visible_addresses(dht) -> list[str]:
+    """Multiaddrs (with ``/p2p/<peer id>``) that other peers can dial: public first, loopback last."""
+    addresses = list(dict.fromkeys(str(address) for address in dht.get_visible_maddrs(latest=True)))
+    return sorted(addresses, key=_address_rank)
+
+
+def reachability(dht) -> str:
+    """How other peers reach this one, as far as this peer can tell without asking them.
+
+    ``"relayed"``: it is only announced through a libp2p relay (``/p2p-circuit``);
+    ``"direct"``: it announces a public (global) IP or a DNS name others can dial;
+    ``"unknown"``: only private or loopback addresses, or a DHT client -- peers on
+    the same network can dial it, the internet probably cannot.
+    """
+    addresses = visible_addresses(dht)
+    if dht.client_mode:
+        return "unknown"
+    direct = [address for address in addresses if "p2p-circuit" not in address]
+    for address in direct:
+        if address.split("/")[1] not in ("ip4", "ip6") or ipaddress.ip_address(address.split("/")[2]).is_global:
+            return "direct"
+    if addresses and not direct:
+        return "relayed"
+    return "unknown"

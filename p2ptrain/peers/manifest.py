@@ -1,0 +1,307 @@
+"""The run manifest: what a training run is, defined once by its creator.
+
+A volunteer needs only a run id and one bootstrap address: every other setting
+(model, data, batch sizes, learning rates, compression) is read from the
+manifest its creator published in the DHT under ``p2ptrain/{run_id}/manifest``.
+
+This module imports only pydantic at import time, so the daemon can validate a
+manifest before it starts a training worker; hivemind is imported lazily inside
+:func:`publish_manifest` and :func:`fetch_manifest`.
+
+Conflicts: if several peers published *different* manifests under one run id,
+the one with the earliest ``created_at`` wins (ties broken by the smaller
+hash) and the others are logged as warnings. Peers that adopt the winner
+republish it under their own key, so the run stays joinable after its creator
+leaves; :func:`publish_manifest` refuses to create a second, different run
+under a name that is already taken.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from typing import Any, Literal
+
+import pydantic
+
+logger = logging.getLogger(__name__)
+
+RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+MANIFEST_EXPIRATION_S = 7 * 24 * 3600
+
+# What to tell a user whose value for a field was refused.
+_FIXES = {
+    "run_id": "use 1-64 characters: lowercase letters, digits, '.', '_' or '-', starting with a letter or digit",
+    "mode": "use 'sync' or 'diloco'",
+    "model": "name a preset (e.g. 'tiny'), a hub id or a local path",
+    "lora": "give {r, alpha, dropout, target_modules} or null for full training",
+    "lora.r": "use a whole-number rank between 1 and 4096, e.g. 8",
+    "lora.alpha": "use a number > 0, e.g. 16",
+    "lora.dropout": "use a number in [0, 1), e.g. 0.05",
+    "lora.target_modules": "give a list of module names, e.g. [\"q_proj\", \"v_proj\"], or null",
+    "dataset": "give a dict with a 'kind' string, e.g. {\"kind\": \"stdlib\"}",
+    "seq_len": "use a whole number of tokens between 1 and 1048576",
+    "target_batch_size": "use a whole number of samples >= 1",
+    "local_steps": "use a whole number of inner steps >= 1",
+    "micro_batch_hint": "use a whole number >= 1",
+    "inner_lr": "use a finite number > 0, e.g. 0.001",
+    "outer_lr": "use a finite number > 0, e.g. 0.7",
+    "outer_momentum": "use a number in [0, 1), e.g. 0.9",
+    "compression": "use one of none, fp16, uniform8bit, blockwise8bit",
+    "seed": "use a whole number >= 0",
+    "created_at": "leave it out: new_manifest sets it",
+}
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be used, with a one-line ``message`` and a ``fix``."""
+
+    def __init__(self, message: str, fix: str):
+        super().__init__(f"{message}; {fix}")
+        self.message = message
+        self.fix = fix
+
+
+class LoraSpec(pydantic.BaseModel):
+    """LoRA adapters: rank ``r``, scale ``alpha``, ``dropout``, and which modules get them (None: peft's default)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    r: int = pydantic.Field(8, ge=1, le=4096)
+    alpha: float = pydantic.Field(16.0, gt=0)
+    dropout: float = pydantic.Field(0.05, ge=0, lt=1)
+    target_modules: list[str] | None = None
+
+
+class Manifest(pydantic.BaseModel):
+    """Everything peers must agree on to train together.
+
+    ``run_id`` names the run; ``mode`` is ``sync`` (hivemind.Optimizer, an epoch
+    is ``target_batch_size`` samples across all peers) or ``diloco`` (each peer
+    takes ``local_steps`` inner AdamW steps at ``inner_lr``, then the averaged
+    pseudo-gradient is applied by an outer Nesterov SGD with ``outer_lr`` and
+    ``outer_momentum``). ``model`` is a preset name, hub id or path; ``lora`` is
+    null for full training. ``micro_batch_hint`` is only a starting point for
+    the hardware plan. ``compression`` applies to averaged tensors. ``seed``
+    fixes initial weights and data order; ``created_at`` is when the run was
+    defined (seconds since the epoch).
+    """
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    run_id: str = pydantic.Field(pattern=RUN_ID_PATTERN)
+    mode: Literal["sync", "diloco"] = "sync"
+    model: str = pydantic.Field("tiny", min_length=1, max_length=512)
+    lora: LoraSpec | None = None
+    dataset: dict[str, Any] = pydantic.Field(default_factory=lambda: {"kind": "stdlib"})
+    seq_len: int = pydantic.Field(128, ge=1, le=1 << 20)
+    target_batch_size: int = pydantic.Field(256, ge=1)
+    local_steps: int = pydantic.Field(50, ge=1)
+    micro_batch_hint: int = pydantic.Field(8, ge=1)
+    inner_lr: float = pydantic.Field(1e-3, gt=0)
+    outer_lr: float = pydantic.Field(0.7, gt=0)
+    outer_momentum: float = pydantic.Field(0.9, ge=0, lt=1)
+    compression: Literal["none", "fp16", "uniform8bit", "blockwise8bit"] = "none"
+    seed: int = pydantic.Field(0, ge=0)
+    created_at: float = pydantic.Field(0.0, ge=0)
+
+    @pydantic.field_validator("dataset")
+    @classmethod
+    def _dataset_has_kind(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(value.get("kind"), str) or not value["kind"]:
+            raise ValueError("the dataset spec needs a 'kind' string")
+        # The spec travels through the DHT and into the hash: it must be plain JSON.
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"the dataset spec is not plain JSON ({error})") from None
+        return value
+
+    def manifest_hash(self) -> str:
+        """The first 16 hex digits of the sha256 of the canonical JSON of every field."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _error_from_validation(error: pydantic.ValidationError) -> ManifestError:
+    first = error.errors()[0]
+    location = [str(part) for part in first["loc"]]
+    field = location[0] if location else "manifest"
+    name = ".".join(location) or "manifest"
+    if first["type"] == "extra_forbidden":
+        return ManifestError(
+            f"manifest field {name!r} is unknown",
+            f"remove it; known fields: {', '.join(Manifest.model_fields)}",
+        )
+    if first["type"] == "missing":
+        return ManifestError(f"manifest field {name!r} is missing", _FIXES.get(name, _FIXES.get(field, "give a value")))
+    value = first.get("input")
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    return ManifestError(f"manifest field {name!r} = {shown} is invalid", _FIXES.get(name, _FIXES.get(field, first["msg"])))
+
+
+def parse_manifest(data: dict) -> Manifest:
+    """Check a manifest read from the DHT, a file or the control protocol.
+
+    :param data: the manifest as a dict of plain JSON values.
+    :raises ManifestError: naming the first bad field, its value and how to fix it.
+    """
+    if not isinstance(data, dict):
+        raise ManifestError(f"a manifest must be an object, not {type(data).__name__}", "give a JSON object")
+    try:
+        return Manifest.model_validate(data)
+    except pydantic.ValidationError as error:
+        raise _error_from_validation(error) from None
+
+
+def new_manifest(run_id: str, **options: Any) -> Manifest:
+    """Define a new run: ``run_id`` plus any :class:`Manifest` field to override, stamped with ``created_at`` now.
+
+    :raises ManifestError: naming the first bad field, its value and how to fix it.
+    """
+    options.setdefault("created_at", time.time())
+    return parse_manifest({"run_id": run_id, **options})
+
+
+def check_run_id(run_id: str) -> str:
+    """Return ``run_id`` if it is a valid run name, else raise :class:`ManifestError`."""
+    if not isinstance(run_id, str) or not re.match(RUN_ID_PATTERN, run_id):
+        raise ManifestError(f"run id {run_id!r} is invalid", _FIXES["run_id"])
+    return run_id
+
+
+def manifest_key(run_id: str) -> str:
+    """The DHT key under which a run's manifest lives."""
+    return f"p2ptrain/{check_run_id(run_id)}/manifest"
+
+
+def averaging_prefix_for(run_id: str, manifest_hash: str) -> str:
+    """The hivemind prefix of a run's averaging and progress keys; see :func:`averaging_prefix`."""
+    return f"{check_run_id(run_id)}-{manifest_hash}"
+
+
+def averaging_prefix(manifest: Manifest) -> str:
+    """The ``run_id`` to give hivemind (Optimizer, averagers, ProgressTracker) for this manifest.
+
+    It is ``f"{run_id}-{manifest_hash}"``: peers whose manifests differ in any
+    field land under different hivemind prefixes, so their averagers never
+    find each other in matchmaking and their progress never counts towards
+    our epochs -- an incompatible peer is never averaged with. Our own
+    ``{run_id}_metrics`` records stay under the plain run id, so incompatible
+    peers are still *seen* (with ``compatible=False``) in the swarm view.
+    hivemind's progress records are therefore under
+    ``f"{averaging_prefix(manifest)}_progress"``.
+    """
+    return averaging_prefix_for(manifest.run_id, manifest.manifest_hash())
+
+
+def _peers_text(dht) -> str:
+    peers = [str(peer) for peer in (getattr(dht, "initial_peers", None) or [])]
+    return ", ".join(peers) if peers else "no bootstrap peers (this peer started alone)"
+
+
+def read_manifests(dht, run_id: str) -> dict[str, Manifest]:
+    """Every valid manifest currently published for ``run_id``, by publisher public key (as text).
+
+    Records that fail the schema are logged and skipped (peers that know the
+    run refuse them already; this guards against those that do not).
+    """
+    from p2ptrain.peers.dht import follow_run
+
+    follow_run(dht, run_id)
+    found = dht.get(manifest_key(run_id), latest=True)
+    manifests: dict[str, Manifest] = {}
+    if found is None or not isinstance(found.value, dict):
+        return manifests
+    for publisher, entry in found.value.items():
+        publisher_text = publisher.decode(errors="replace") if isinstance(publisher, bytes) else str(publisher)
+        try:
+            manifest = parse_manifest(entry.value)
+        except ManifestError as error:
+            logger.warning("ignoring a manifest for run %s from %s: %s", run_id, publisher_text[:60], error)
+            continue
+        if manifest.run_id != run_id:
+            logger.warning("ignoring a manifest for run %r stored under run %s", manifest.run_id, run_id)
+            continue
+        manifests[publisher_text] = manifest
+    return manifests
+
+
+def choose_manifest(manifests: list[Manifest]) -> Manifest:
+    """The manifest that wins among conflicting ones: earliest ``created_at``, then smallest hash."""
+    return min(manifests, key=lambda manifest: (manifest.created_at, manifest.manifest_hash()))
+
+
+def fetch_manifest(dht, run_id: str, timeout: float = 30.0) -> Manifest:
+    """Read a run's manifest from the DHT, retrying until it is found or ``timeout`` seconds pass.
+
+    :param dht: a running hivemind.DHT started by :func:`p2ptrain.peers.dht.start_dht`.
+    :param run_id: the run to join.
+    :param timeout: how long to keep looking; a peer that just joined may need a few seconds.
+    :raises ManifestError: if no valid manifest was found in time.
+    """
+    check_run_id(run_id)
+    deadline = time.monotonic() + timeout
+    while True:
+        manifests = read_manifests(dht, run_id)
+        if manifests:
+            break
+        if time.monotonic() >= deadline:
+            raise ManifestError(
+                f"no run named {run_id!r} was found through {_peers_text(dht)}",
+                "check the name and the bootstrap address",
+            )
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    winner = choose_manifest(list(manifests.values()))
+    losers = {manifest.manifest_hash() for manifest in manifests.values()} - {winner.manifest_hash()}
+    if losers:
+        logger.warning(
+            "run %s has %d conflicting manifests; using the earliest (hash %s), ignoring %s",
+            run_id,
+            len(losers) + 1,
+            winner.manifest_hash(),
+            ", ".join(sorted(losers)),
+        )
+    return winner
+
+
+def publish_manifest(dht, manifest: Manifest, expiration_s: float = MANIFEST_EXPIRATION_S) -> None:
+    """Publish ``manifest`` under ``p2ptrain/{run_id}/manifest``, signed with this peer's key.
+
+    The subkey is this peer's RSA public key, so only this peer can change its
+    own entry. Call it when creating a run, and again (with the manifest you
+    fetched) from every peer that trains in it, so the run outlives its creator.
+
+    :param expiration_s: how long the record lives unless republished.
+    :raises ManifestError: if another peer already published a different,
+        earlier manifest under this run id, or if the DHT refused the record.
+    """
+    from hivemind.utils import get_dht_time
+
+    from p2ptrain.peers.dht import own_public_key
+
+    published = read_manifests(dht, manifest.run_id)
+    ours = own_public_key(dht).decode()
+    others = [other for key, other in published.items() if key != ours]
+    if others:
+        winner = choose_manifest(others + [manifest])
+        if winner.manifest_hash() != manifest.manifest_hash():
+            raise ManifestError(
+                f"a run named {manifest.run_id!r} already exists with other settings (hash {winner.manifest_hash()})",
+                "join it without a manifest, or pick another run id",
+            )
+    stored = dht.store(
+        manifest_key(manifest.run_id),
+        subkey=own_public_key(dht),
+        value=manifest.model_dump(mode="json"),
+        expiration_time=get_dht_time() + expiration_s,
+    )
+    if not stored:
+        raise ManifestError(
+            f"the DHT refused the manifest of run {manifest.run_id!r}",
+            "check that this peer reaches its bootstrap peers, then retry",
+        )
+

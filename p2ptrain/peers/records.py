@@ -1,0 +1,115 @@
+"""Per-peer metrics records: what each peer in a run says about itself.
+
+Every peer publishes a :class:`LocalMetrics` under the DHT key
+``{run_id}_metrics``, subkey = its own RSA public key, signed. The key uses the
+plain run id (not the averaging prefix) so peers with another manifest are
+still seen, marked incompatible by their ``manifest_hash``.
+
+Importable without hivemind (pydantic only); hivemind is imported lazily.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Literal
+
+import pydantic
+
+logger = logging.getLogger(__name__)
+
+METRICS_EXPIRATION_S = 60.0
+
+
+def metrics_key(run_id: str) -> str:
+    """The DHT key under which a run's per-peer metrics live."""
+    return f"{run_id}_metrics"
+
+
+class LocalMetrics(pydantic.BaseModel):
+    """One peer's view of itself, as shown in every other peer's swarm table.
+
+    ``peer_id`` is the libp2p peer id (base58) and must belong to the key that
+    signs the record. ``device`` is e.g. ``cuda:0 (RTX 4090)`` or ``cpu``;
+    ``precision`` e.g. ``bf16``; ``quantization`` ``none``, ``nf4`` or
+    ``int8``. ``samples_per_second`` is this peer's recent training speed,
+    ``loss`` its latest finite training loss (None before the first step or
+    when the last one was not finite), ``epoch`` its local epoch,
+    ``contributed_samples`` all samples it contributed to the run.
+    ``manifest_hash`` identifies the settings it trains with, ``version`` the
+    p2ptrain version, ``reachability`` whether others dial it directly, and
+    ``time`` is the DHT time of the measurement.
+    """
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    peer_id: str = pydantic.Field(min_length=1, max_length=128)
+    nickname: str = pydantic.Field("", max_length=64)
+    device: str = pydantic.Field("cpu", max_length=128)
+    precision: str = pydantic.Field("fp32", max_length=32)
+    quantization: str = pydantic.Field("none", max_length=32)
+    micro_batch: int = pydantic.Field(0, ge=0)
+    samples_per_second: float = pydantic.Field(0.0, ge=0)
+    loss: float | None = None
+    epoch: int = pydantic.Field(0, ge=0)
+    contributed_samples: int = pydantic.Field(0, ge=0)
+    manifest_hash: str = pydantic.Field("", max_length=64)
+    version: str = pydantic.Field("", max_length=32)
+    reachability: Literal["direct", "relayed", "unknown"] = "unknown"
+    time: float = pydantic.Field(0.0, ge=0)
+
+    @pydantic.field_validator("loss", mode="before")
+    @classmethod
+    def _finite_loss_or_none(cls, value):
+        # A diverged step must not make the whole record unpublishable.
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return value
+
+
+def publish_metrics(dht, run_id: str, metrics: LocalMetrics, expiration_s: float = METRICS_EXPIRATION_S) -> bool:
+    """Publish this peer's metrics for ``run_id``, signed under its own public key.
+
+    :param expiration_s: the record vanishes after this many seconds unless
+        republished; publish at least twice per period to stay visible.
+    :returns: whether the DHT accepted the record (False e.g. when no peer
+        answered; the next publish retries, so callers usually just log it).
+    """
+    from hivemind.utils import get_dht_time
+
+    from p2ptrain.peers.dht import follow_run, own_public_key
+
+    follow_run(dht, run_id)
+    stored = dht.store(
+        metrics_key(run_id),
+        subkey=own_public_key(dht),
+        value=metrics.model_dump(mode="json"),
+        expiration_time=get_dht_time() + expiration_s,
+    )
+    if not stored:
+        logger.warning("the DHT did not accept this peer's metrics for run %s", run_id)
+    return bool(stored)
+
+
+def read_metrics(dht, run_id: str) -> list[LocalMetrics]:
+    """Every peer's current metrics for ``run_id``, newest DHT state.
+
+    Records that fail the schema are logged and dropped; forged ones (under
+    another peer's key without its signature) never reach us, because the
+    validators installed by :func:`p2ptrain.peers.dht.follow_run` refuse them.
+    """
+    from p2ptrain.peers.dht import follow_run
+
+    follow_run(dht, run_id)
+    found = dht.get(metrics_key(run_id), latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return []
+    peers = []
+    for entry in found.value.values():
+        if entry.value is None:
+            continue
+        try:
+            peers.append(LocalMetrics.model_validate(entry.value))
+        except pydantic.ValidationError as error:
+            logger.warning("dropped a metrics record of run %s: %s", run_id, str(error).splitlines()[0])
+    return sorted(peers, key=lambda metrics: metrics.peer_id)

@@ -1,0 +1,158 @@
+"""The swarm view: where the run stands and who is in it, from two kinds of DHT records.
+
+- hivemind's progress records (``{prefix}_progress``, written by the
+  ProgressTracker that hivemind.Optimizer runs, or that the DiLoCo worker runs
+  itself), under the averaging prefix of our manifest: they say how many
+  samples compatible peers have accumulated towards the next epoch;
+- our metrics records (``{run_id}_metrics``, :mod:`p2ptrain.peers.records`),
+  under the plain run id: they describe every peer, compatible or not.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from p2ptrain.peers.manifest import averaging_prefix_for
+from p2ptrain.peers.records import read_metrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SwarmView:
+    """The run as this peer sees it.
+
+    ``epoch`` is the swarm's epoch (the highest among compatible peers that
+    serve the DHT), ``samples_accumulated`` the samples contributed towards it
+    so far, ``eta_next_epoch_s`` the estimated seconds until it completes (None
+    while nobody reports a speed), ``num_peers`` the compatible peers seen, and
+    ``peers`` one PeerRow dict (DEVELOPERS.md) per peer seen, incompatible ones
+    included with ``compatible=False``.
+    """
+
+    epoch: int
+    samples_accumulated: int
+    target_batch_size: int
+    eta_next_epoch_s: float | None
+    num_peers: int
+    peers: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class _Progress:
+    peer_id: str
+    epoch: int
+    samples_accumulated: int
+    samples_per_second: float
+    time: float
+    client_mode: bool
+
+
+def _read_progress(dht, prefix: str) -> list[_Progress]:
+    from hivemind.p2p import PeerID
+
+    found = dht.get(f"{prefix}_progress", latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return []
+    progress = []
+    for entry in found.value.values():
+        value = entry.value
+        if value is None:  # a peer that left
+            continue
+        try:
+            progress.append(
+                _Progress(
+                    peer_id=PeerID(value["peer_id"]).to_base58(),
+                    epoch=int(value["epoch"]),
+                    samples_accumulated=int(value["samples_accumulated"]),
+                    samples_per_second=float(value["samples_per_second"]),
+                    time=float(value["time"]),
+                    client_mode=bool(value["client_mode"]),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            logger.warning("dropped a progress record under %s: %r", prefix, error)
+    return progress
+
+
+def _peer_row(metrics_row: dict, compatible: bool, is_local: bool) -> dict:
+    last_seen = metrics_row.pop("time")
+    return {**metrics_row, "compatible": compatible, "last_seen": last_seen, "is_local": is_local}
+
+
+def read_swarm(
+    dht, run_id: str, manifest_hash: str, target_batch_size: int, progress_prefix: str | None = None
+) -> SwarmView:
+    """Read the run's progress and peers from the DHT.
+
+    :param run_id: the run; its metrics records are under ``{run_id}_metrics``.
+    :param manifest_hash: our manifest's hash: peers publishing another one are
+        incompatible, and progress is read under ``averaging_prefix_for(run_id, manifest_hash)``.
+    :param target_batch_size: samples per epoch, from the manifest.
+    :param progress_prefix: read hivemind's progress under this prefix instead
+        (only if the worker gave hivemind another run id than the averaging prefix).
+    """
+    from hivemind.utils import get_dht_time
+
+    now = get_dht_time()
+    progress = _read_progress(dht, progress_prefix or averaging_prefix_for(run_id, manifest_hash))
+    metrics = read_metrics(dht, run_id)
+    own_peer_id = dht.peer_id.to_base58()
+
+    servers = [entry for entry in progress if not entry.client_mode] or progress
+    compatible_metrics = [row for row in metrics if row.manifest_hash == manifest_hash]
+    if servers:
+        epoch = max(entry.epoch for entry in servers)
+    else:
+        epoch = max((row.epoch for row in compatible_metrics), default=0)
+
+    samples_accumulated = sum(entry.samples_accumulated for entry in progress if entry.epoch == epoch)
+    # As hivemind's ProgressTracker does: peers keep working since they last reported.
+    estimated_samples = sum(
+        entry.samples_accumulated + max(0.0, now - entry.time) * entry.samples_per_second
+        for entry in progress
+        if entry.epoch == epoch
+    )
+    total_speed = sum(entry.samples_per_second for entry in progress)
+    eta = max(0.0, target_batch_size - estimated_samples) / total_speed if total_speed > 0 else None
+
+    rows = [
+        _peer_row(row.model_dump(), row.manifest_hash == manifest_hash, row.peer_id == own_peer_id)
+        for row in metrics
+    ]
+    described = {row.peer_id for row in metrics}
+    for entry in progress:
+        if entry.peer_id in described:
+            continue
+        # A compatible peer that reports progress but no metrics (e.g. a plain hivemind peer).
+        described.add(entry.peer_id)
+        rows.append(
+            {
+                "peer_id": entry.peer_id,
+                "nickname": "",
+                "device": None,
+                "precision": None,
+                "quantization": None,
+                "micro_batch": None,
+                "samples_per_second": entry.samples_per_second,
+                "loss": None,
+                "epoch": entry.epoch,
+                "contributed_samples": None,
+                "manifest_hash": manifest_hash,
+                "compatible": True,
+                "reachability": "unknown",
+                "version": None,
+                "last_seen": entry.time,
+                "is_local": entry.peer_id == own_peer_id,
+            }
+        )
+    compatible_ids = {row["peer_id"] for row in rows if row["compatible"]}
+    return SwarmView(
+        epoch=epoch,
+        samples_accumulated=samples_accumulated,
+        target_batch_size=target_batch_size,
+        eta_next_epoch_s=eta,
+        num_peers=len(compatible_ids),
+        peers=rows,
+    )
