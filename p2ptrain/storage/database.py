@@ -16,17 +16,15 @@ import json
 import logging
 import sqlite3
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
 import sqlite_utils
 
-from .schema import PEER_COLUMNS, StorageError, migrate
+from .buffer import WriteBuffer
+from .schema import PEER_COLUMNS, StorageError, connect
 
 logger = logging.getLogger(__name__)
-
-BUSY_TIMEOUT_MS = 5000
 
 
 class Database:
@@ -59,12 +57,7 @@ class Database:
         self.max_batch = max_batch
         self.max_buffered_rows = max_buffered_rows
         self._clock = clock
-        self._steps: deque[dict] = deque()
-        self._peers: deque[dict] = deque()
-        self._events: deque[dict] = deque()
-        self._epochs: dict[tuple[str, int], dict] = {}
-        self._run_changes: list[dict] = []
-        self._settings: dict[str, str] = {}
+        self._buffer = WriteBuffer()
         self._oldest_buffered_at: float | None = None
         self._retry_at = 0.0
         self._reconnect_needed = False
@@ -115,20 +108,13 @@ class Database:
                 f"cannot create the directory of the database {path}: {exc}",
                 f"create {path.parent} and make it writable by this user",
             ) from exc
-        connection = _connect(path)
+        connection = connect(path)
         return cls(path, connection, flush_interval_s, max_batch, max_buffered_rows, clock)
 
     @property
     def buffered_rows(self) -> int:
         """How many rows wait for the next flush."""
-        return (
-            len(self._steps)
-            + len(self._peers)
-            + len(self._events)
-            + len(self._epochs)
-            + len(self._run_changes)
-            + len(self._settings)
-        )
+        return len(self._buffer)
 
     def record_event(
         self, kind: str, message: str, data: Any = None, ts: float | None = None
@@ -142,7 +128,7 @@ class Database:
             ts: Unix time of the event; now if None.
         """
         row = {"ts": _now(ts), "kind": kind, "message": message, "data": _json(data)}
-        self._events.append(row)
+        self._buffer.events.append(row)
         self._buffered()
 
     def record_step(
@@ -164,7 +150,7 @@ class Database:
             samples_per_second: the local throughput over the report.
             ts: Unix time of the report; now if None.
         """
-        self._steps.append(
+        self._buffer.steps.append(
             {
                 "ts": _now(ts),
                 "run_id": run_id,
@@ -202,7 +188,7 @@ class Database:
             loss: mean training loss of the epoch.
             val_loss: validation loss measured after the epoch, if any.
         """
-        self._epochs[(run_id, epoch)] = {
+        self._buffer.epochs[(run_id, epoch)] = {
             "run_id": run_id,
             "epoch": epoch,
             "started_at": started_at,
@@ -234,7 +220,7 @@ class Database:
             stored.update({column: row.get(column) for column in PEER_COLUMNS})
             if stored["compatible"] is not None:
                 stored["compatible"] = int(bool(stored["compatible"]))
-            self._peers.append(stored)
+            self._buffer.peers.append(stored)
         self._buffered()
 
     def record_run_joined(self, run_id: str, manifest: dict, ts: float | None = None) -> None:
@@ -245,7 +231,7 @@ class Database:
             manifest: the run manifest as read from the DHT.
             ts: Unix time of the join; now if None.
         """
-        self._run_changes.append(
+        self._buffer.run_changes.append(
             {"run_id": run_id, "manifest": _json(manifest), "joined_at": _now(ts), "left_at": None}
         )
         self._buffered()
@@ -257,7 +243,7 @@ class Database:
             run_id: the run.
             ts: Unix time it left; now if None.
         """
-        self._run_changes.append({"run_id": run_id, "left_at": _now(ts)})
+        self._buffer.run_changes.append({"run_id": run_id, "left_at": _now(ts)})
         self._buffered()
 
     def pending_rows(self, table: str) -> list[dict]:
@@ -270,15 +256,7 @@ class Database:
             table: ``steps``, ``peers``, ``events``, ``epochs``, ``runs`` or
                 ``settings``.
         """
-        buffers = {
-            "steps": self._steps,
-            "peers": self._peers,
-            "events": self._events,
-            "epochs": self._epochs.values(),
-            "runs": self._run_changes,
-            "settings": [{"key": k, "value": v} for k, v in self._settings.items()],
-        }
-        return [dict(row) for row in buffers[table]]
+        return self._buffer.rows(table)
 
     def get_setting(self, key: str, default: Any = None) -> Any:
         """A stored setting (JSON-decoded), or ``default`` if it was never set.
@@ -287,8 +265,8 @@ class Database:
             key: the setting's name, e.g. ``desired_state``.
             default: returned when the key is absent.
         """
-        if key in self._settings:
-            return json.loads(self._settings[key])
+        if key in self._buffer.settings:
+            return json.loads(self._buffer.settings[key])
         row = self.connection.execute("SELECT value FROM settings WHERE key = ?", [key]).fetchone()
         return default if row is None else json.loads(row[0])
 
@@ -303,7 +281,7 @@ class Database:
             key: the setting's name.
             value: anything JSON-serialisable.
         """
-        self._settings[key] = json.dumps(value)
+        self._buffer.settings[key] = json.dumps(value)
         self._buffered(flush=False)
         return self.flush()
 
@@ -332,11 +310,13 @@ class Database:
         try:
             if self._reconnect_needed:
                 self._reconnect()
-            self._write_buffer()
+            self._buffer.write(self.connection)
         except (sqlite3.Error, StorageError) as exc:
             self._write_failed(exc)
             return False
-        self._clear_buffer()
+        self._buffer.clear()
+        self._oldest_buffered_at = None
+        self._retry_at = 0.0
         if self.last_write_error is not None:
             logger.info("writing to %s works again", self.path)
         self.last_write_error = None
@@ -408,51 +388,9 @@ class Database:
     def _buffered(self, flush: bool = True) -> None:
         if self._oldest_buffered_at is None:
             self._oldest_buffered_at = self._clock()
-        self._drop_overflow()
+        self.dropped_rows += self._buffer.drop_overflow(self.max_buffered_rows)
         if flush:
             self.maybe_flush()
-
-    def _drop_overflow(self) -> None:
-        # Steps are the most numerous and least precious (epochs summarise
-        # them), peer snapshots are repeated every few seconds anyway.
-        while self.buffered_rows > self.max_buffered_rows:
-            for buffer in (self._steps, self._peers, self._events):
-                if buffer:
-                    buffer.popleft()
-                    self.dropped_rows += 1
-                    break
-            else:
-                return
-
-    def _write_buffer(self) -> None:
-        db = self.connection
-        with db.atomic():
-            for change in self._run_changes:
-                if "joined_at" in change:
-                    db["runs"].upsert(change, pk="run_id")
-                else:
-                    db.execute(
-                        "UPDATE runs SET left_at = ? WHERE run_id = ?",
-                        [change["left_at"], change["run_id"]],
-                    )
-            if self._steps:
-                db["steps"].insert_all(self._steps)
-            if self._epochs:
-                db["epochs"].upsert_all(self._epochs.values(), pk=("run_id", "epoch"))
-            if self._peers:
-                db["peers"].insert_all(self._peers)
-            if self._events:
-                db["events"].insert_all(self._events)
-            if self._settings:
-                db["settings"].upsert_all(self.pending_rows("settings"), pk="key")
-
-    def _clear_buffer(self) -> None:
-        for buffer in (self._steps, self._peers, self._events, self._epochs):
-            buffer.clear()
-        self._run_changes.clear()
-        self._settings.clear()
-        self._oldest_buffered_at = None
-        self._retry_at = 0.0
 
     def _write_failed(self, exc: Exception) -> None:
         if isinstance(exc, StorageError):
@@ -474,43 +412,11 @@ class Database:
         self._retry_at = self._clock() + self.flush_interval_s
 
     def _reconnect(self) -> None:
+        # Open the new connection first: if that fails, reads keep working.
+        fresh = connect(self.path)
         self.connection.close()
-        self.connection = _connect(self.path)
+        self.connection = fresh
         self._reconnect_needed = False
-
-
-def _connect(path: Path) -> sqlite_utils.Database:
-    """Open the file with the pragmas the writer relies on, and migrate it."""
-    connection = None
-    try:
-        connection = sqlite_utils.Database(path, execute_plugins=False)
-        # busy_timeout first: the other pragmas may already need the lock.
-        connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        connection.execute("PRAGMA synchronous = NORMAL")
-        if connection.journal_mode != "wal":
-            connection.enable_wal()
-    except sqlite3.DatabaseError as exc:
-        error_name = getattr(exc, "sqlite_errorname", "") or ""
-        if connection is not None and error_name.startswith("SQLITE_READONLY"):
-            # A read-only file that is not in WAL mode yet: readable, and
-            # the writes will report the problem.
-            return _migrated(connection, path)
-        if connection is not None:
-            connection.close()
-        raise StorageError(
-            f"cannot open the database {path}: {exc}",
-            f"if it is damaged, move it aside (mv {path} {path}.broken) and p2ptrain starts a fresh one",
-        ) from exc
-    return _migrated(connection, path)
-
-
-def _migrated(connection: sqlite_utils.Database, path: Path) -> sqlite_utils.Database:
-    try:
-        migrate(connection, str(path))
-    except BaseException:
-        connection.close()
-        raise
-    return connection
 
 
 def _now(ts: float | None) -> float:

@@ -12,9 +12,12 @@ written with ``json.dumps``.
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 from typing import Callable
 
 import sqlite_utils
+
+BUSY_TIMEOUT_MS = 5000
 
 
 class StorageError(Exception):
@@ -186,3 +189,46 @@ def _too_new(path: str, found: int) -> SchemaTooNewError:
         "upgrade p2ptrain (pip install -U p2ptrain), or move the database aside "
         "to start a fresh one",
     )
+
+
+def connect(path: Path) -> sqlite_utils.Database:
+    """Open a database file in WAL mode with the writer's pragmas, and migrate it.
+
+    Args:
+        path: the database file; created if missing (its directory must exist).
+
+    Raises:
+        SchemaTooNewError, StorageError: as ``migrate``, or the file cannot
+            be opened or is not a SQLite database.
+    """
+    connection = None
+    try:
+        connection = sqlite_utils.Database(path, execute_plugins=False)
+        # busy_timeout first: the other pragmas may already need the lock.
+        connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        connection.execute("PRAGMA synchronous = NORMAL")
+        if connection.journal_mode != "wal":
+            connection.enable_wal()
+    except sqlite3.DatabaseError as exc:
+        error_name = getattr(exc, "sqlite_errorname", "") or ""
+        if connection is not None and error_name.startswith("SQLITE_READONLY"):
+            # A read-only file not in WAL mode yet: still readable, and the
+            # writer reports the problem when it tries to write.
+            return _migrated(connection, path)
+        if connection is not None:
+            connection.close()
+        if error_name in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+            fix = f"move it aside (mv {path} {path}.broken) and p2ptrain starts a fresh one"
+        else:
+            fix = f"make {path} and {path.parent} readable and writable by this user"
+        raise StorageError(f"cannot open the database {path}: {exc}", fix) from exc
+    return _migrated(connection, path)
+
+
+def _migrated(connection: sqlite_utils.Database, path: Path) -> sqlite_utils.Database:
+    try:
+        migrate(connection, str(path))
+    except BaseException:
+        connection.close()
+        raise
+    return connection

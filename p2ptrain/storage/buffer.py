@@ -1,0 +1,110 @@
+"""Rows waiting to be written, in the shape of their tables.
+
+``Database`` decides when to write; this module holds what waits, bounds it,
+and writes it in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import sqlite_utils
+
+
+class WriteBuffer:
+    """Buffered rows per table.
+
+    Attributes:
+        steps, peers, events: rows to insert, oldest first.
+        epochs: epoch rows keyed by (run_id, epoch); a later record of the
+            same epoch replaces the earlier one.
+        run_changes: joins (whole ``runs`` rows, with ``joined_at``) and
+            leaves (``run_id``, ``left_at``), in the order they happened.
+        settings: JSON text per setting key.
+    """
+
+    def __init__(self) -> None:
+        self.steps: deque[dict] = deque()
+        self.peers: deque[dict] = deque()
+        self.events: deque[dict] = deque()
+        self.epochs: dict[tuple[str, int], dict] = {}
+        self.run_changes: list[dict] = []
+        self.settings: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return (
+            len(self.steps)
+            + len(self.peers)
+            + len(self.events)
+            + len(self.epochs)
+            + len(self.run_changes)
+            + len(self.settings)
+        )
+
+    def rows(self, table: str) -> list[dict]:
+        """Copies of the buffered rows of one table (see ``Database.pending_rows``).
+
+        Args:
+            table: ``steps``, ``peers``, ``events``, ``epochs``, ``runs`` or
+                ``settings``.
+        """
+        buffers = {
+            "steps": self.steps,
+            "peers": self.peers,
+            "events": self.events,
+            "epochs": self.epochs.values(),
+            "runs": self.run_changes,
+            "settings": [{"key": key, "value": value} for key, value in self.settings.items()],
+        }
+        return [dict(row) for row in buffers[table]]
+
+    def drop_overflow(self, max_rows: int) -> int:
+        """Drop rows until at most ``max_rows`` remain; return how many went.
+
+        Steps go first (the most numerous, and epochs summarise them), then
+        peer snapshots (repeated every few seconds anyway), then events;
+        epochs, runs and settings are never dropped.
+
+        Args:
+            max_rows: the bound on buffered rows.
+        """
+        dropped = 0
+        while len(self) > max_rows:
+            droppable = next((b for b in (self.steps, self.peers, self.events) if b), None)
+            if droppable is None:
+                break
+            droppable.popleft()
+            dropped += 1
+        return dropped
+
+    def write(self, db: sqlite_utils.Database) -> None:
+        """Write every buffered row in one transaction; the buffer is left as
+        it was (``clear()`` it once this returns).
+
+        Args:
+            db: the open database to write to.
+        """
+        with db.atomic():
+            for change in self.run_changes:
+                if "joined_at" in change:
+                    db["runs"].upsert(change, pk="run_id")
+                else:
+                    db.execute(
+                        "UPDATE runs SET left_at = ? WHERE run_id = ?",
+                        [change["left_at"], change["run_id"]],
+                    )
+            if self.steps:
+                db["steps"].insert_all(self.steps)
+            if self.epochs:
+                db["epochs"].upsert_all(self.epochs.values(), pk=("run_id", "epoch"))
+            if self.peers:
+                db["peers"].insert_all(self.peers)
+            if self.events:
+                db["events"].insert_all(self.events)
+            if self.settings:
+                db["settings"].upsert_all(self.rows("settings"), pk="key")
+
+    def clear(self) -> None:
+        """Forget every buffered row."""
+        for buffer in (self.steps, self.peers, self.events, self.epochs, self.run_changes, self.settings):
+            buffer.clear()
