@@ -40,10 +40,12 @@ class DHTStartError(RuntimeError):
 
 
 def _check_value(protocol: str, value: str) -> str:
-    if protocol == "ip4":
-        return str(ipaddress.IPv4Address(value))
-    if protocol == "ip6":
-        return str(ipaddress.IPv6Address(value))
+    if protocol in ("ip4", "ip6"):
+        kind = ipaddress.IPv4Address if protocol == "ip4" else ipaddress.IPv6Address
+        try:
+            return str(kind(value))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an {'IPv4' if protocol == 'ip4' else 'IPv6'} address") from None
     if protocol in {"dns", "dns4", "dns6", "dnsaddr"}:
         if not _DNS_NAME_RE.match(value):
             raise ValueError(f"{value!r} is not a host name")

@@ -1,0 +1,190 @@
+"""The run manifest and multiaddr checks: pure functions, no hivemind processes."""
+
+import subprocess
+import sys
+
+import pytest
+
+from p2ptrain.peers.dht import validate_multiaddr
+from p2ptrain.peers.manifest import (
+    Manifest,
+    ManifestError,
+    averaging_prefix,
+    choose_manifest,
+    manifest_key,
+    new_manifest,
+    parse_manifest,
+)
+
+PEER_ID = "QmXfDaa7kkzvbYoFhj5hbMaJXCFdHUrwDPeVkjYEM4gg6S"
+
+
+def test_defaults_match_the_design():
+    manifest = new_manifest("demo")
+    assert manifest.mode == "sync"
+    assert manifest.model == "tiny"
+    assert manifest.lora is None
+    assert manifest.dataset == {"kind": "stdlib"}
+    assert (manifest.seq_len, manifest.target_batch_size, manifest.local_steps) == (128, 256, 50)
+    assert (manifest.outer_lr, manifest.outer_momentum) == (0.7, 0.9)
+    assert manifest.compression == "none"
+    assert manifest.created_at > 0
+
+
+def test_hash_is_stable_for_equal_manifests():
+    first = new_manifest("demo", created_at=1000.0, lora={"r": 4})
+    second = parse_manifest(first.model_dump(mode="json"))
+    assert first.manifest_hash() == second.manifest_hash()
+    assert len(first.manifest_hash()) == 16
+    int(first.manifest_hash(), 16)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"run_id": "other"},
+        {"mode": "diloco"},
+        {"model": "gpt2"},
+        {"lora": {"r": 8}},
+        {"dataset": {"kind": "text", "path": "/data/a.txt"}},
+        {"seq_len": 256},
+        {"target_batch_size": 512},
+        {"local_steps": 10},
+        {"micro_batch_hint": 4},
+        {"inner_lr": 2e-3},
+        {"outer_lr": 0.5},
+        {"outer_momentum": 0.8},
+        {"compression": "fp16"},
+        {"seed": 1},
+        {"created_at": 1001.0},
+    ],
+)
+def test_hash_changes_with_any_field(change):
+    base = new_manifest("demo", created_at=1000.0)
+    changed = parse_manifest({**base.model_dump(mode="json"), **change})
+    assert changed.manifest_hash() != base.manifest_hash()
+    assert averaging_prefix(changed) != averaging_prefix(base)
+
+
+def test_every_field_is_covered_by_the_hash_test():
+    covered = {"run_id", "mode", "model", "lora", "dataset", "seq_len", "target_batch_size", "local_steps"}
+    covered |= {"micro_batch_hint", "inner_lr", "outer_lr", "outer_momentum", "compression", "seed", "created_at"}
+    assert set(Manifest.model_fields) == covered
+
+
+@pytest.mark.parametrize(
+    ("options", "field", "fix_words"),
+    [
+        ({"run_id": "Has Spaces"}, "run_id", "lowercase letters"),
+        ({"run_id": ""}, "run_id", "1-64 characters"),
+        ({"run_id": "a" * 65}, "run_id", "1-64 characters"),
+        ({"run_id": "-starts-with-dash"}, "run_id", "starting with a letter or digit"),
+        ({"run_id": "ok", "mode": "async"}, "mode", "'sync' or 'diloco'"),
+        ({"run_id": "ok", "target_batch_size": -1}, "target_batch_size", ">= 1"),
+        ({"run_id": "ok", "target_batch_size": 0}, "target_batch_size", ">= 1"),
+        ({"run_id": "ok", "outer_momentum": 1.0}, "outer_momentum", "[0, 1)"),
+        ({"run_id": "ok", "inner_lr": float("nan")}, "inner_lr", "finite number"),
+        ({"run_id": "ok", "compression": "zip"}, "compression", "blockwise8bit"),
+        ({"run_id": "ok", "lora": {"r": 0}}, "lora.r", "rank"),
+        ({"run_id": "ok", "dataset": {"path": "x"}}, "dataset", "'kind'"),
+    ],
+)
+def test_bad_value_is_refused_naming_field_value_and_fix(options, field, fix_words):
+    with pytest.raises(ManifestError) as caught:
+        parse_manifest(options)
+    error = caught.value
+    assert f"'{field}'" in error.message
+    assert fix_words in error.fix
+    assert "\n" not in str(error)
+
+
+def test_new_manifest_refuses_bad_run_id():
+    with pytest.raises(ManifestError, match="'run_id' = 'My Run'"):
+        new_manifest("My Run")
+
+
+def test_missing_run_id_is_named():
+    with pytest.raises(ManifestError, match="'run_id' is missing"):
+        parse_manifest({"mode": "sync"})
+
+
+def test_extra_field_is_refused():
+    with pytest.raises(ManifestError) as caught:
+        new_manifest("demo", learning_rate=0.1)
+    assert "'learning_rate' is unknown" in caught.value.message
+    assert "inner_lr" in caught.value.fix
+
+
+def test_extra_lora_field_is_refused():
+    with pytest.raises(ManifestError, match="'lora.rank' is unknown"):
+        new_manifest("demo", lora={"rank": 8})
+
+
+def test_non_dict_manifest_is_refused():
+    with pytest.raises(ManifestError, match="must be an object"):
+        parse_manifest(["run_id", "demo"])
+
+
+def test_earliest_manifest_wins_a_conflict():
+    early = new_manifest("demo", created_at=100.0, seed=1)
+    late = new_manifest("demo", created_at=200.0, seed=0)
+    assert choose_manifest([late, early]) == early
+
+
+def test_manifest_key_and_prefix_name_the_run():
+    manifest = new_manifest("demo")
+    assert manifest_key("demo") == "p2ptrain/demo/manifest"
+    assert averaging_prefix(manifest) == f"demo-{manifest.manifest_hash()}"
+
+
+def test_manifest_and_multiaddr_checks_import_without_torch_or_hivemind():
+    code = (
+        "import sys, p2ptrain.peers.manifest, p2ptrain.peers.dht, p2ptrain.peers.records;"
+        "loaded = [name for name in ('torch', 'hivemind') if name in sys.modules];"
+        "sys.exit(', '.join(loaded) or None)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/ip4/203.0.113.5/tcp/31337", "/ip4/203.0.113.5/tcp/31337"),
+        (f"/ip4/203.0.113.5/tcp/31337/p2p/{PEER_ID}", f"/ip4/203.0.113.5/tcp/31337/p2p/{PEER_ID}"),
+        (f"  /ip4/127.0.0.1/tcp/1/ipfs/{PEER_ID}/ ", f"/ip4/127.0.0.1/tcp/1/p2p/{PEER_ID}"),
+        ("/ip6/2001:DB8:0:0::1/tcp/4001", "/ip6/2001:db8::1/tcp/4001"),
+        (f"/ip6/::1/udp/4001/quic-v1/p2p/{PEER_ID}", f"/ip6/::1/udp/4001/quic-v1/p2p/{PEER_ID}"),
+        ("/dns/Boot.Example.org/tcp/443", "/dns/boot.example.org/tcp/443"),
+        (f"/dns4/boot.example.org/tcp/31337/p2p/{PEER_ID}", f"/dns4/boot.example.org/tcp/31337/p2p/{PEER_ID}"),
+        ("/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/tcp/0"),
+    ],
+)
+def test_valid_multiaddr_is_normalised(text, expected):
+    assert validate_multiaddr(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("203.0.113.5:31337", "must start with '/'"),
+        ("", "must start with '/'"),
+        ("/ip4/203.0.113/tcp/1", "IPv4 address"),
+        ("/ip4/203.0.113.5", "port"),
+        ("/ip4/203.0.113.5/tcp/70000", "0-65535"),
+        ("/ip4/203.0.113.5/tcp/abc", "0-65535"),
+        ("/ip6/not-an-ip/tcp/1", "IPv6"),
+        ("/dns/bad_host!/tcp/1", "host name"),
+        ("/tcp/31337", "must start with /ip4"),
+        ("/ip4/203.0.113.5/tcp/1/p2p/0OIl", "peer id"),
+        ("/ip4/203.0.113.5/sctp/1", "unknown protocol"),
+        ("/ip4/203.0.113.5/tcp", "needs a value"),
+    ],
+)
+def test_invalid_multiaddr_is_refused_with_an_example(text, reason):
+    with pytest.raises(ValueError) as caught:
+        validate_multiaddr(text)
+    message = str(caught.value)
+    assert message.startswith(f"{text!r} is not a multiaddr")
+    assert reason in message
+    assert "expected e.g. /ip4/203.0.113.5/tcp/31337/p2p/Qm..." in message
