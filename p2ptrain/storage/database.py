@@ -31,6 +31,9 @@ class Database:
     """The p2ptrain database, opened for writing by the daemon.
 
     Use ``Database.open(path)``; the constructor is for that method only.
+    Every ``record_*`` call ends with ``maybe_flush()``; the daemon also calls
+    ``maybe_flush()`` on its tick, so rows never wait long for the next
+    record, and ``close()`` on shutdown.
 
     Attributes:
         path: the database file.

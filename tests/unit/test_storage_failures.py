@@ -16,9 +16,10 @@ import sys
 import textwrap
 
 import pytest
+import sqlite_utils
 
-from p2ptrain.storage import Database
-from p2ptrain.storage import queries
+from p2ptrain.storage import Database, StorageError
+from p2ptrain.storage import queries, schema
 
 STEPS_PER_BATCH = 200
 
@@ -143,3 +144,19 @@ def test_full_disk_drops_oldest_steps_first_and_recovers(tmp_path):
         assert len(queries.recent_epochs(path)) == 1 and len(queries.events_since(path)) == 1
     finally:
         db.close()
+
+
+def test_read_only_file_that_needs_a_migration_is_refused_and_left_intact(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    old = sqlite_utils.Database(path)
+    schema.MIGRATIONS[0](old)
+    old.execute("PRAGMA user_version = 1")
+    old.close()
+    with read_only(path):
+        with pytest.raises(StorageError, match="writable") as raised:
+            Database.open(path)
+    assert "\n" not in raised.value.one_line()
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == 1
+        columns = [row[1] for row in connection.execute("PRAGMA table_info(epochs)")]
+    assert "val_loss" not in columns
