@@ -125,13 +125,37 @@ def resolve_paths(home: str | os.PathLike | None = None, system: bool | None = N
         )
     import platformdirs
 
-    runtime_base = os.environ.get("XDG_RUNTIME_DIR")
-    runtime = Path(runtime_base) / "p2ptrain" if runtime_base else Path(platformdirs.user_runtime_dir("p2ptrain"))
     return Paths(
         home=None,
         config_file=Path(platformdirs.user_config_dir("p2ptrain")) / "config.toml",
         state_dir=Path(platformdirs.user_state_dir("p2ptrain")),
         cache_dir=Path(platformdirs.user_cache_dir("p2ptrain")),
-        runtime_dir=runtime,
+        runtime_dir=_user_runtime_dir(),
         log_dir=Path(platformdirs.user_log_dir("p2ptrain")),
     )
+
+
+def _user_runtime_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if base:
+        return Path(base) / "p2ptrain"
+    run_user = Path(f"/run/user/{os.getuid()}")
+    return run_user / "p2ptrain" if run_user.is_dir() else Path(f"/tmp/p2ptrain-{os.getuid()}")
+
+
+def control_socket(home: str | os.PathLike | None = None) -> Path:
+    """The socket a client should talk to, without importing platformdirs (the CLI's hot path).
+
+    With a home (``--home`` or ``P2PTRAIN_HOME``) it is that home's socket; else
+    the user daemon's if one is listening there, else the system service's.
+    """
+    home = home or os.environ.get("P2PTRAIN_HOME") or None
+    if home:
+        return resolve_paths(home).socket
+    system_socket = _system_dir("RUNTIME_DIRECTORY", "/run/p2ptrain") / SOCKET_NAME
+    if os.environ.get("P2PTRAIN_SYSTEM") == "1":
+        return system_socket
+    user_socket = _user_runtime_dir() / SOCKET_NAME
+    if not user_socket.exists() and system_socket.exists():
+        return system_socket
+    return user_socket

@@ -1,0 +1,386 @@
+"""``p2ptrain``: the scripting CLI, a client of the daemon's control socket.
+
+Standard library only at import time: ``p2ptrain status`` runs often (scripts,
+prompts, monitoring) and must stay fast. Commands that need more (``daemon``,
+``plan``, ``doctor``, ``demo``, ``service``) import it inside their function.
+
+Exit codes: 0 ok (``status``: training), 1 error (``status``: error state),
+2 usage error, 3 no daemon, 5 paused or idle (``status`` only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+from p2ptrain.paths import control_socket
+from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_DAEMON, EXIT_NOT_TRAINING = 0, 1, 2, 3, 5
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$")
+_DURATION_UNITS = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+class UsageError(Exception):
+    """A bad command line; the message says how to fix it."""
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '15m', '2h', '1d' -> seconds."""
+    match = _DURATION.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise UsageError(f"{text!r} is not a duration; use e.g. 30m, 2h or 1d")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def _start_hint(home: str | None) -> str:
+    return f"p2ptrain daemon --home {home}" if home else "p2ptrain daemon (or: systemctl --user start p2ptrain)"
+
+
+def _client(args) -> ControlClient:
+    return ControlClient(str(control_socket(args.home)), timeout=args.timeout)
+
+
+def _call(args, method: str, **params):
+    return _client(args).call(method, **params)
+
+
+def _print_json(data) -> None:
+    print(json.dumps(data, indent=2, sort_keys=False))
+
+
+# ----- status ----------------------------------------------------------------------
+
+def _ago(ts: float | None) -> str:
+    if not ts:
+        return ""
+    seconds = max(0, time.time() - ts)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def _fmt(value, spec: str = "", missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def format_status(status: dict) -> str:
+    """The human form of ``status``, in the manner of ``systemctl status``."""
+    state = status["state"]
+    dot = {"training": "●", "paused": "◐", "error": "✗"}.get(state, "○")
+    headline = state + (f" ({status['pause_reason']})" if status.get("pause_reason") else "")
+    since = status.get("since")
+    lines = [f"{dot} p2ptrain: {headline} since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))}; {_ago(since)}" if since else f"{dot} p2ptrain: {headline}"]
+    if status.get("pause_until"):
+        lines.append(f"   Resumes: {time.strftime('%H:%M:%S', time.localtime(status['pause_until']))} (timed pause)")
+    run = status.get("run")
+    if run:
+        eta = f", next epoch in ~{run['eta_next_epoch_s']:.0f}s" if run.get("eta_next_epoch_s") is not None else ""
+        lines.append(f"       Run: {run['id']} ({run.get('mode') or '?'}, model {run.get('model') or '?'}), {run.get('num_peers', 0)} peers")
+        lines.append(f"     Epoch: {run.get('epoch', 0)}, {run.get('samples_accumulated', 0)}/{_fmt(run.get('target_batch_size'))} samples{eta}")
+    local = status.get("local")
+    if local:
+        lines.append(f"      Peer: {local.get('nickname') or '?'} {local.get('peer_id') or ''} ({local.get('reachability') or 'unknown'})")
+        lines.append(
+            f"    Device: {local.get('device') or '?'}, {local.get('precision') or '?'}, quantization {local.get('quantization') or 'none'},"
+            f" micro-batch {_fmt(local.get('micro_batch'))} x {_fmt(local.get('grad_accum'))}"
+        )
+        lines.append(
+            f"  Training: {_fmt(local.get('samples_per_second'), '.1f')} samples/s, loss {_fmt(local.get('loss'), '.3f')},"
+            f" {local.get('contributed_samples', 0)} samples contributed"
+        )
+        for address in (local.get("addresses") or [])[:2]:
+            lines.append(f"   Address: {address}")
+    for health in status.get("health") or []:
+        mark = "✗" if health.get("level") == "error" else "!"
+        fix = f" — fix: {health['fix']}" if health.get("fix") else ""
+        lines.append(f"    Health: {mark} {health.get('message')}{fix}")
+    return "\n".join(lines)
+
+
+def cmd_status(args) -> int:
+    try:
+        status = _call(args, "status")
+    except DaemonNotRunning as error:
+        if args.json:
+            _print_json({"state": "stopped", "socket": error.socket_path, "fix": _start_hint(args.home)})
+        else:
+            print(error.one_line(_start_hint(args.home)))
+        return EXIT_NO_DAEMON
+    if args.json:
+        _print_json(status)
+    else:
+        print(format_status(status))
+    state = status.get("state")
+    if state in ("training", "finishing", "joining"):
+        return EXIT_OK
+    return EXIT_ERROR if state == "error" else EXIT_NOT_TRAINING
+
+
+# ----- verbs -------------------------------------------------------------------------
+
+def _manifest_options(args) -> dict:
+    options = {
+        "mode": args.mode,
+        "model": args.model,
+        "target_batch_size": args.target_batch_size,
+        "local_steps": args.local_steps,
+        "seq_len": args.seq_len,
+        "inner_lr": args.inner_lr,
+        "outer_lr": args.outer_lr,
+        "outer_momentum": args.outer_momentum,
+        "compression": args.compression,
+        "seed": args.seed,
+        "micro_batch_hint": args.micro_batch,
+    }
+    if args.lora_r is not None:
+        lora = {"r": args.lora_r, "alpha": args.lora_alpha or 2 * args.lora_r, "dropout": args.lora_dropout}
+        if args.lora_targets:
+            lora["target_modules"] = args.lora_targets.split(",")
+        options["lora"] = lora
+    return {key: value for key, value in options.items() if value is not None}
+
+
+def cmd_join(args) -> int:
+    if args.new_run and args.run:
+        raise UsageError("give either RUN (to join an existing run) or --new-run NAME (to create one), not both")
+    run = args.new_run or args.run
+    if not run:
+        raise UsageError("name the run: p2ptrain join RUN --peers MULTIADDR, or p2ptrain join --new-run NAME")
+    params = {"run": run, "initial_peers": args.peers or []}
+    if args.new_run:
+        params["new_run"] = True
+        params["manifest"] = _manifest_options(args)
+    status = _call(args, "join", **params)
+    print(f"joining run {run!r}: {status['state']}")
+    return EXIT_OK
+
+
+def _verb(method: str, done: str):
+    def command(args) -> int:
+        params = {}
+        if method == "pause" and args.for_:
+            params["for_s"] = parse_duration(args.for_)
+        status = _call(args, method, **params)
+        until = f" until {time.strftime('%H:%M', time.localtime(status['pause_until']))}" if status.get("pause_until") else ""
+        print(f"{done}{until}; now {status['state']}" + (f" ({status['pause_reason']})" if status.get("pause_reason") else ""))
+        return EXIT_OK
+
+    return command
+
+
+def cmd_peers(args) -> int:
+    result = _call(args, "peers")
+    if args.json:
+        _print_json(result)
+        return EXIT_OK
+    if not result.get("peers"):
+        print(f"no peers seen{' in run ' + result['run_id'] if result.get('run_id') else ' (not in a run)'}")
+        return EXIT_OK
+    header = f"{'NICKNAME':<16} {'PEER':<14} {'DEVICE':<14} {'SAMPLES/S':>9} {'EPOCH':>5} {'LOSS':>7}  REACH     NOTE"
+    print(header)
+    for peer in result["peers"]:
+        note = ("you " if peer.get("is_local") else "") + ("" if peer.get("compatible", True) else "INCOMPATIBLE")
+        print(
+            f"{(peer.get('nickname') or '?')[:16]:<16} {(peer.get('peer_id') or '?')[-12:]:<14} {(peer.get('device') or '?')[:14]:<14}"
+            f" {_fmt(peer.get('samples_per_second'), '.1f'):>9} {_fmt(peer.get('epoch')):>5} {_fmt(peer.get('loss'), '.3f'):>7}"
+            f"  {(peer.get('reachability') or '?'):<9} {note}"
+        )
+    return EXIT_OK
+
+
+def cmd_events(args) -> int:
+    result = _call(args, "events", limit=args.limit)
+    if args.json:
+        _print_json(result)
+        return EXIT_OK
+    for event in result["events"]:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(event['ts']))}  {event['kind']:<16} {event['message']}")
+    return EXIT_OK
+
+
+def cmd_config(args) -> int:
+    if args.action == "set":
+        if args.key is None or args.value is None:
+            raise UsageError("usage: p2ptrain config set KEY VALUE (e.g. p2ptrain config set training.checkpoint_interval_s 300)")
+        result = _call(args, "config.set", key=args.key, value=args.value)
+        print(f"{args.key} set in {result['path']} (applies {result['applies']})")
+        return EXIT_OK
+    if args.key:
+        result = _call(args, "config.get", key=args.key)
+        print(json.dumps(result["value"]))
+        return EXIT_OK
+    result = _call(args, "config.get")
+    print(f"# {result['path']}")
+    _print_json(result["config"])
+    return EXIT_OK
+
+
+# ----- commands that do not talk to the daemon ------------------------------------------
+
+def cmd_daemon(args) -> int:
+    from p2ptrain.daemon.main import run_daemon
+
+    return run_daemon(home=args.home, log_level=args.log_level)
+
+
+def cmd_service(args) -> int:
+    from p2ptrain.service import ServiceInstallError, install_service
+
+    try:
+        commands = install_service(user=args.user, bindir=args.bindir, dry_run=args.dry_run)
+    except ServiceInstallError as error:
+        print(f"p2ptrain service install: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    print("now run:" if not args.dry_run else "would write the units; then run:")
+    for command in commands:
+        print(f"  {command}")
+    return EXIT_OK
+
+
+def cmd_plan(args, rest: list[str]) -> int:
+    from p2ptrain.daemon.plan import plan_main
+
+    return plan_main(rest)
+
+
+def cmd_doctor(args, rest: list[str]) -> int:
+    import subprocess
+
+    home = ["--home", args.home] if args.home else []
+    return subprocess.call([sys.executable, "-m", "p2ptrain.daemon.doctor", *home, *rest])
+
+
+def cmd_demo(args) -> int:
+    from p2ptrain.demo import run_demo
+
+    return run_demo(peers=args.peers, mode=args.mode, base_dir=args.dir, duration_s=args.duration, ui=args.ui)
+
+
+def cmd_tui(args, rest: list[str]) -> int:
+    from p2ptrain.tui.app import main as tui_main
+
+    return tui_main((["--home", args.home] if args.home else []) + rest)
+
+
+# ----- argument parsing -------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--home", default=argparse.SUPPRESS, help="keep config, state, database, socket and logs under this directory (or set P2PTRAIN_HOME)")
+    common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds to wait for the daemon (default 10)")
+
+    parser = argparse.ArgumentParser(prog="p2ptrain", parents=[common], description="Donate your GPU (or CPU) to peer-to-peer training runs.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(name: str, help_text: str, handler, **kwargs) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text, **kwargs)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    sub = add("status", "show what the daemon is doing (exit 0 training, 5 paused/idle, 3 no daemon, 1 error)", cmd_status)
+    sub.add_argument("--json", action="store_true", help="print the stable JSON status")
+
+    sub = add("join", "join a run (RUN --peers MULTIADDR) or create one (--new-run NAME)", cmd_join)
+    sub.add_argument("run", nargs="?", help="the run to join")
+    sub.add_argument("--peers", nargs="+", metavar="MULTIADDR", help="bootstrap addresses (a peer's local.addresses)")
+    sub.add_argument("--new-run", metavar="NAME", help="create a new run with this name and publish its manifest")
+    new_run = sub.add_argument_group("settings of a new run (the run's manifest)")
+    new_run.add_argument("--mode", choices=["sync", "diloco"])
+    new_run.add_argument("--model", help="'tiny', a hub id or a local directory")
+    new_run.add_argument("--target-batch-size", type=int, help="samples per epoch across the swarm (sync)")
+    new_run.add_argument("--local-steps", type=int, help="DiLoCo inner steps between averaging rounds (H)")
+    new_run.add_argument("--seq-len", type=int)
+    new_run.add_argument("--micro-batch", type=int, help="suggested micro-batch per peer")
+    new_run.add_argument("--inner-lr", type=float)
+    new_run.add_argument("--outer-lr", type=float)
+    new_run.add_argument("--outer-momentum", type=float)
+    new_run.add_argument("--compression", choices=["none", "fp16", "uniform8bit", "blockwise8bit"])
+    new_run.add_argument("--seed", type=int)
+    new_run.add_argument("--lora-r", type=int, help="train LoRA adapters of this rank instead of all weights")
+    new_run.add_argument("--lora-alpha", type=float)
+    new_run.add_argument("--lora-dropout", type=float)
+    new_run.add_argument("--lora-targets", help="comma-separated module names, e.g. q_proj,v_proj")
+
+    sub = add("pause", "stop contributing (frees the GPU); --for 2h resumes by itself", _verb("pause", "paused"))
+    sub.add_argument("--for", dest="for_", metavar="DURATION", help="e.g. 30m, 2h, 1d")
+    add("resume", "resume training", _verb("resume", "resumed"))
+    add("finish", "complete the current epoch, then pause", _verb("finish", "finishing the epoch"))
+    add("leave", "checkpoint and leave the run", _verb("leave", "leaving"))
+
+    sub = add("peers", "list the peers of the run", cmd_peers)
+    sub.add_argument("--json", action="store_true")
+    sub = add("events", "show the daemon's recent events", cmd_events)
+    sub.add_argument("--json", action="store_true")
+    sub.add_argument("--limit", type=int, default=30)
+
+    sub = add("config", "show or change the daemon's config", cmd_config)
+    sub.add_argument("action", nargs="?", choices=["show", "get", "set"], default="show")
+    sub.add_argument("key", nargs="?")
+    sub.add_argument("value", nargs="?")
+
+    sub = add("daemon", "run the daemon in the foreground", cmd_daemon)
+    sub.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+    sub = add("service", "install the systemd unit", cmd_service)
+    sub.add_argument("action", choices=["install"])
+    sub.add_argument("--user", action="store_true", help="a user unit (systemctl --user) instead of the system service")
+    sub.add_argument("--bindir", help="where the p2ptrain script is installed (default: this one's)")
+    sub.add_argument("--dry-run", action="store_true")
+
+    sub = add("demo", "a local swarm on 127.0.0.1 training the built-in model on the built-in corpus", cmd_demo)
+    sub.add_argument("--peers", type=int, default=3, help="how many daemons (default 3)")
+    sub.add_argument("--mode", choices=["sync", "diloco"], default="sync")
+    sub.add_argument("--dir", help="keep the peers' homes here (default: a new temporary directory)")
+    sub.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
+    sub.add_argument("--ui", choices=["auto", "tui", "text"], default="auto", help="how to show progress")
+
+    # These pass their own arguments through to the module that implements them.
+    add("plan", "what a device would do with a model (p2ptrain plan --help)", cmd_plan, add_help=False)
+    add("doctor", "check this machine: hardware, plan, NVML, CUDA, ports (p2ptrain doctor --help)", cmd_doctor, add_help=False)
+    add("tui", "open the dashboard (same as p2ptrain-tui)", cmd_tui, add_help=False)
+    return parser
+
+
+PASSTHROUGH = {"plan", "doctor", "tui"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if argv and argv[0] in PASSTHROUGH:
+        args, rest = parser.parse_known_args(argv)
+    else:
+        args, rest = parser.parse_args(argv), []
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_USAGE
+    args.home = getattr(args, "home", None) or os.environ.get("P2PTRAIN_HOME") or None
+    args.timeout = getattr(args, "timeout", 10.0)
+    try:
+        if args.command in PASSTHROUGH:
+            return args.handler(args, rest)
+        return args.handler(args)
+    except UsageError as error:
+        print(f"p2ptrain {args.command}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except DaemonNotRunning as error:
+        print(error.one_line(_start_hint(args.home)), file=sys.stderr)
+        return EXIT_NO_DAEMON
+    except DaemonError as error:
+        print(f"p2ptrain {args.command}: {error.one_line()}", file=sys.stderr)
+        return EXIT_USAGE if error.code in ("bad-request", "unknown-method") else EXIT_ERROR
+    except TimeoutError:
+        print(f"p2ptrain {args.command}: the daemon did not answer within {args.timeout:.0f} s; see its log (journalctl -u p2ptrain)", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The control protocol's methods: check the params, then ask the daemon.
+
+Each method takes the request's ``params`` dict and returns the ``result``;
+bad params raise ``RequestError`` with a one-line message and fix. The
+method table is in DEVELOPERS.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from p2ptrain import protocol
+from p2ptrain.config import ConfigError, config_as_dict, save_config, with_value
+from p2ptrain.daemon.server import Handler, RequestError
+from p2ptrain.daemon.supervisor import Daemon
+from p2ptrain.peers.dht import validate_multiaddr
+from p2ptrain.peers.manifest import ManifestError, check_run_id, new_manifest
+from p2ptrain.storage import queries
+
+
+def _bad(message: str, fix: str) -> RequestError:
+    return RequestError(protocol.BAD_REQUEST, message, fix)
+
+
+def _number(params: dict, name: str, default: float | None = None, minimum: float | None = None) -> float | None:
+    value = params.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(f"{name} must be a number, not {value!r}", f"send e.g. {{\"{name}\": 10}}")
+    if minimum is not None and value < minimum:
+        raise _bad(f"{name} must be at least {minimum}, not {value!r}", f"send a {name} >= {minimum}")
+    return value
+
+
+def _limit(params: dict, default: int) -> int:
+    value = _number(params, "limit", default, minimum=1)
+    return int(min(value, 100_000))
+
+
+def _string(params: dict, name: str, required: bool = False) -> str | None:
+    value = params.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _bad(f"{name} must be a non-empty string, not {value!r}", f"send e.g. {{\"{name}\": \"...\"}}")
+    return value
+
+
+class ControlMethods:
+    """The protocol's methods, bound to one daemon.
+
+    Args:
+        daemon: the supervisor whose state the methods read and change.
+    """
+
+    def __init__(self, daemon: Daemon):
+        self.daemon = daemon
+
+    def handlers(self) -> dict[str, Handler]:
+        names = [method for method in protocol.METHODS if method != "subscribe"]
+        return {name: getattr(self, name.replace(".", "_")) for name in names}
+
+    async def status(self, params: dict) -> dict:
+        return self.daemon.status()
+
+    async def peers(self, params: dict) -> dict:
+        run_id = self.daemon.run.run_id
+        rows = self.daemon.run.peers
+        if not rows and run_id:
+            rows = queries.peers_table(self.daemon.db, run_id)
+        return {"run_id": run_id, "peers": rows}
+
+    async def metrics(self, params: dict) -> dict:
+        since = _number(params, "since")
+        steps = queries.steps_since(self.daemon.db, since=since, limit=_limit(params, 1000), run_id=_string(params, "run_id"))
+        return {"steps": steps}
+
+    async def epochs(self, params: dict) -> dict:
+        run_id = _string(params, "run_id") or self.daemon.run.run_id
+        return {"epochs": queries.recent_epochs(self.daemon.db, run_id=run_id, limit=_limit(params, 20))}
+
+    async def events(self, params: dict) -> dict:
+        since = _number(params, "since")
+        return {"events": queries.events_since(self.daemon.db, since=since, limit=_limit(params, 200))}
+
+    async def join(self, params: dict) -> dict:
+        run_id = _string(params, "run", required=True)
+        try:
+            check_run_id(run_id)
+        except ManifestError as error:
+            raise _bad(error.message, error.fix) from None
+        initial_peers = params.get("initial_peers") or []
+        if not isinstance(initial_peers, list) or not all(isinstance(peer, str) for peer in initial_peers):
+            raise _bad("initial_peers must be a list of multiaddr strings", "pass --peers /ip4/HOST/tcp/PORT/p2p/PEER_ID")
+        try:
+            initial_peers = [validate_multiaddr(peer) for peer in initial_peers]
+        except ValueError as error:
+            raise _bad(str(error), "copy the address from `p2ptrain status` on a peer of the run (local.addresses)") from None
+        new_run = params.get("new_run", False)
+        if not isinstance(new_run, bool):
+            raise _bad(f"new_run must be true or false, not {new_run!r}", 'send "new_run": true to create a run')
+        manifest = None
+        if new_run:
+            options = params.get("manifest") or {}
+            if not isinstance(options, dict):
+                raise _bad("manifest must be an object of run settings", 'send e.g. "manifest": {"mode": "sync"}')
+            try:
+                manifest = new_manifest(run_id, **options).model_dump(mode="json")
+            except ManifestError as error:
+                raise _bad(error.message, error.fix) from None
+        elif not initial_peers and not self.daemon.config.dht.initial_peers:
+            raise _bad(
+                f"to join the existing run {run_id!r} this peer needs a bootstrap address",
+                f"pass --peers MULTIADDR (a peer's local.addresses), or create it: p2ptrain join --new-run {run_id}",
+            )
+        self.daemon.join({"run_id": run_id, "initial_peers": initial_peers, "new_run": new_run, "manifest": manifest})
+        return self.daemon.status()
+
+    async def pause(self, params: dict) -> dict:
+        for_s = _number(params, "for_s", minimum=1)
+        self.daemon.pause("user", for_s=for_s)
+        return self.daemon.status()
+
+    async def resume(self, params: dict) -> dict:
+        self.daemon.resume()
+        return self.daemon.status()
+
+    async def finish(self, params: dict) -> dict:
+        self.daemon.finish()
+        return self.daemon.status()
+
+    async def leave(self, params: dict) -> dict:
+        self.daemon.leave()
+        return self.daemon.status()
+
+    async def config_get(self, params: dict) -> dict:
+        data: Any = config_as_dict(self.daemon.config)
+        key = _string(params, "key")
+        if key:
+            for part in key.split("."):
+                if not isinstance(data, dict) or part not in data:
+                    raise _bad(f"unknown config key {key!r}", "p2ptrain config show lists the keys")
+                data = data[part]
+            return {"key": key, "value": data, "path": str(self.daemon.paths.config_file)}
+        return {"config": data, "path": str(self.daemon.paths.config_file)}
+
+    async def config_set(self, params: dict) -> dict:
+        key = _string(params, "key", required=True)
+        if "value" not in params:
+            raise _bad("config.set needs a value", "send {\"key\": \"...\", \"value\": ...}")
+        try:
+            config = with_value(self.daemon.config, key, params["value"])
+        except ConfigError as error:
+            raise _bad(str(error), "p2ptrain config show lists the keys and their values") from None
+        try:
+            save_config(config, self.daemon.paths.config_file)
+        except OSError as error:
+            raise RequestError(protocol.INTERNAL, f"cannot write {self.daemon.paths.config_file}: {error.strerror}", "check that directory's permissions")
+        self.daemon.config = config
+        self.daemon.record_event("config-changed", f"{key} set", {"key": key})
+        restart = key.split(".")[0] in ("dht", "training")
+        return {"config": config_as_dict(config), "path": str(self.daemon.paths.config_file), "applies": "at the next join or daemon restart" if restart else "now"}

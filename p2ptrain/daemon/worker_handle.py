@@ -1,0 +1,176 @@
+"""Starting, talking to and stopping the training worker process.
+
+The worker runs ``p2ptrain.peers.worker.main`` in a ``spawn`` process, so the
+supervisor never imports torch or hivemind. The worker makes itself a
+process-group leader (its DHT process, averagers and p2pd stay in that group)
+and asks the kernel for SIGTERM when the daemon dies. The group id is written
+to ``worker_pgid_file`` so that a daemon started after a SIGKILL can end
+whatever the previous one left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+
+def _run_worker(conn, spec: dict) -> None:
+    """The spawn target: only here, in the child, do torch and hivemind get imported."""
+    from p2ptrain.peers.worker import main
+
+    main(conn, spec)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_group(pgid: int, grace_s: float = 0.0) -> None:
+    """SIGTERM a process group, then SIGKILL whatever is left after ``grace_s`` seconds."""
+    if pgid <= 1 or pgid == os.getpgid(0):
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+        if not _group_alive(pgid):
+            return
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _group_alive(pgid):
+            time.sleep(0.05)
+
+
+def reap_leftover_group(pgid_file: Path) -> int | None:
+    """End the worker group a previous daemon recorded (it was SIGKILLed); returns the pgid it ended."""
+    try:
+        pgid = int(pgid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    alive = _group_alive(pgid)
+    if alive:
+        log.warning("ending worker process group %d left behind by a previous daemon", pgid)
+        kill_group(pgid, grace_s=5.0)
+    pgid_file.unlink(missing_ok=True)
+    return pgid if alive else None
+
+
+class WorkerHandle:
+    """One running training worker.
+
+    Args:
+        spec: the worker spec (DEVELOPERS.md, "Worker pipe").
+        pgid_file: where to record the worker's process group.
+        on_report: called in the event loop with each report dict the worker sends.
+        on_exit: called in the event loop once the process has ended, with its exit code.
+    """
+
+    def __init__(self, spec: dict, pgid_file: Path, on_report: Callable[[dict], None], on_exit: Callable[[int | None], None]):
+        self.spec = spec
+        self.pgid_file = pgid_file
+        self.on_report = on_report
+        self.on_exit = on_exit
+        self.started_at = time.time()
+        self._process = None
+        self._conn = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._exited = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(target=_run_worker, args=(child_conn, self.spec), name="p2ptrain-worker")
+        self._process.start()
+        child_conn.close()
+        self.pgid_file.write_text(f"{self._process.pid}\n")
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._conn.fileno(), self._read_reports)
+        self._loop.add_reader(self._process.sentinel, self._process_ended)
+        log.info("training worker started (pid %d)", self._process.pid)
+
+    def send(self, command: str) -> bool:
+        """Send a command (pause, resume, finish, leave); False if the worker is gone."""
+        if self._exited or self._conn is None:
+            return False
+        try:
+            self._conn.send({"cmd": command})
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    def _read_reports(self) -> None:
+        try:
+            while self._conn.poll():
+                report = self._conn.recv()
+                if isinstance(report, dict) and isinstance(report.get("type"), str):
+                    self.on_report(report)
+                else:
+                    log.warning("ignoring a malformed report from the worker: %.200r", report)
+        except (EOFError, OSError):
+            self._loop.remove_reader(self._conn.fileno())
+
+    def _process_ended(self) -> None:
+        self._loop.remove_reader(self._process.sentinel)
+        self._read_reports_if_open()
+        self._process.join(0)
+        exitcode = self._process.exitcode
+        self._exited = True
+        # Whatever the worker started (DHT, averagers, p2pd) goes with it.
+        kill_group(self._process.pid)
+        self.pgid_file.unlink(missing_ok=True)
+        log.info("training worker exited with code %s", exitcode)
+        self.on_exit(exitcode)
+
+    def _read_reports_if_open(self) -> None:
+        if self._conn is not None and not self._conn.closed:
+            try:
+                self._read_reports()
+            finally:
+                try:
+                    self._loop.remove_reader(self._conn.fileno())
+                except (ValueError, OSError):
+                    pass
+                self._conn.close()
+
+    async def stop(self, timeout_s: float) -> None:
+        """Ask the worker to checkpoint and exit (SIGTERM), then kill its group after ``timeout_s``."""
+        if self._exited or self._process is None:
+            return
+        try:
+            os.kill(self._process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while not self._exited and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if not self._exited:
+            log.warning("training worker did not stop within %.0f s; killing it", timeout_s)
+            kill_group(self._process.pid)
+            self._process.join(1)
+            if not self._exited:
+                self._process_ended()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait for the worker to exit by itself (after ``leave``); True if it did."""
+        deadline = time.monotonic() + timeout_s
+        while not self._exited and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return self._exited
