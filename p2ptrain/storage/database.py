@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 import time
 from pathlib import Path
@@ -158,9 +159,9 @@ class Database:
                 "ts": _now(ts),
                 "run_id": run_id,
                 "epoch": epoch,
-                "loss": loss,
+                "loss": _finite(loss),
                 "samples": samples,
-                "samples_per_second": samples_per_second,
+                "samples_per_second": _finite(samples_per_second),
             }
         )
         self._buffered()
@@ -199,8 +200,8 @@ class Database:
             "duration_s": duration_s,
             "num_peers": num_peers,
             "global_samples": global_samples,
-            "loss": loss,
-            "val_loss": val_loss,
+            "loss": _finite(loss),
+            "val_loss": _finite(val_loss),
         }
         self._buffered()
 
@@ -221,6 +222,8 @@ class Database:
         for row in rows:
             stored = {"ts": ts, "run_id": run_id}
             stored.update({column: row.get(column) for column in PEER_COLUMNS})
+            for column in ("loss", "samples_per_second"):
+                stored[column] = _finite(stored[column])
             if stored["compatible"] is not None:
                 stored["compatible"] = int(bool(stored["compatible"]))
             self._buffer.peers.append(stored)
@@ -424,6 +427,12 @@ class Database:
 
 def _now(ts: float | None) -> float:
     return time.time() if ts is None else ts
+
+
+def _finite(value: float | None) -> float | None:
+    # SQLite stores NaN as NULL anyway; doing it here keeps buffered rows
+    # identical to stored ones, and both JSON-ready.
+    return value if value is not None and math.isfinite(value) else None
 
 
 def _json(value: Any) -> str | None:

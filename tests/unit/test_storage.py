@@ -251,3 +251,15 @@ def test_importing_storage_loads_neither_torch_nor_hivemind():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_non_finite_losses_are_stored_as_missing(tmp_path):
+    with Database.open(tmp_path / "p2ptrain.db", flush_interval_s=3600, clock=ManualClock()) as db:
+        db.record_step("run", 0, float("nan"), 32, float("inf"), ts=1.0)
+        db.record_epoch("run", 0, 0.0, 1.0, 1.0, 1, 32, float("inf"), val_loss=float("nan"))
+        buffered = db.pending_rows("steps")
+        stored = queries.steps_since(db)
+        epoch = queries.recent_epochs(db)[0]
+    assert buffered == stored
+    assert (stored[0]["loss"], stored[0]["samples_per_second"]) == (None, None)
+    assert (epoch["loss"], epoch["val_loss"]) == (None, None)
