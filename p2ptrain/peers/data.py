@@ -152,7 +152,8 @@ def cached_tokens(dataset: dict, tokenizer: Tokenizer, cache_dir: Path, part: st
     )
     path = cache_dir / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
     if not path.exists():
-        write_token_file(path, documents(dataset, part), tokenizer, dtype)
+        description = f"tokenizing {dataset.get('kind', 'stdlib')} {part} data for {tokenizer.name}"
+        write_token_file(path, documents(dataset, part), tokenizer, dtype, description)
     if path.stat().st_size == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
@@ -176,11 +177,12 @@ def source_fingerprint(dataset: dict) -> object:
 
 
 def write_token_file(path: Path, docs: tuple[int, Iterable[bytes | str]], tokenizer: Tokenizer,
-                     dtype: type) -> None:
+                     dtype: type, description: str) -> None:
     """Tokenize documents into `path` atomically: a temporary file, then a rename.
 
     `docs` is (number of documents or 0 if unknown, documents). Bytes are decoded
     as UTF-8 (invalid bytes replaced) unless the tokenizer takes bytes directly.
+    `description` labels the progress bar.
     """
     total, items = docs
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +190,7 @@ def write_token_file(path: Path, docs: tuple[int, Iterable[bytes | str]], tokeni
     eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
     takes_bytes = isinstance(tokenizer, ByteTokenizer)
     try:
-        with open(temporary, "wb") as out, progress_bar(total, f"tokenizing {path.name[:8]}") as advance:
+        with open(temporary, "wb") as out, progress_bar(total, description) as advance:
             for document in items:
                 if takes_bytes:
                     data = document if isinstance(document, bytes) else document.encode("utf-8")

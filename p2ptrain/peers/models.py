@@ -251,7 +251,7 @@ def add_lora(network: torch.nn.Module, lora: dict, quantization: str) -> torch.n
         network = prepare_model_for_kbit_training(network)
     config = LoraConfig(
         r=int(lora.get("r", 8)),
-        lora_alpha=int(lora.get("alpha", 16)),
+        lora_alpha=float(lora.get("alpha", 16)),
         lora_dropout=float(lora.get("dropout", 0.0)),
         target_modules=targets,
         task_type="CAUSAL_LM",

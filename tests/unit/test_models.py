@@ -108,7 +108,7 @@ def save_small_llama(directory):
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator(["def main():\n    return 0\n", "import os\nprint(os.getcwd())\n"], trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=172, num_hidden_layers=2,
