@@ -1,0 +1,142 @@
+"""Real ``p2ptrain daemon`` processes for tests, and the CLI run as a user would.
+
+Each daemon runs in its own session (process group), so a test can end it
+and everything it started, even after SIGKILLing the daemon itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from p2ptrain.paths import resolve_paths
+from p2ptrain.protocol import ControlClient, DaemonNotRunning
+
+import shutil
+
+# The installed console script, as a user runs it; the module when not installed.
+_SCRIPT = shutil.which("p2ptrain", path=os.path.dirname(sys.executable))
+P2PTRAIN = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "p2ptrain.cli"]
+
+
+def child_environment(extra: dict | None = None) -> dict:
+    environment = dict(os.environ)
+    environment.pop("NOTIFY_SOCKET", None)
+    environment.pop("P2PTRAIN_HOME", None)
+    environment.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+    environment.update(extra or {})
+    return environment
+
+
+def write_local_config(home: Path, **extra_toml: str) -> None:
+    """A config for tests: listen on 127.0.0.1 only, flush the database often."""
+    home.mkdir(parents=True, exist_ok=True)
+    lines = [
+        'nickname = "{}"'.format(home.name[:32]),
+        "[dht]",
+        'host_maddrs = ["/ip4/127.0.0.1/tcp/0"]',
+        "use_relay = false",
+        "use_auto_relay = false",
+        "[storage]",
+        "flush_interval_s = 0.5",
+    ]
+    lines.extend(f"{key} = {value}" for key, value in extra_toml.items())
+    (home / "config.toml").write_text("\n".join(lines) + "\n")
+
+
+def cli(home: Path, *args: str, timeout: float = 30, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``p2ptrain ARGS --home HOME`` and return the finished process (text output)."""
+    return subprocess.run(
+        [*P2PTRAIN, *args, "--home", str(home)], capture_output=True, text=True, timeout=timeout, env=child_environment(env)
+    )
+
+
+@dataclass
+class DaemonProcess:
+    """A running ``p2ptrain daemon --home HOME``."""
+
+    home: Path
+    process: subprocess.Popen
+    log_path: Path
+    pgids: set[int] = field(default_factory=set)
+
+    @property
+    def client(self) -> ControlClient:
+        return ControlClient(str(resolve_paths(self.home).socket), timeout=10)
+
+    def status(self) -> dict:
+        return self.client.call("status")
+
+    def wait_until(self, predicate, timeout: float, interval: float = 0.5, what: str = "condition") -> dict:
+        """Poll ``status`` until ``predicate(status)`` holds; returns that status."""
+        deadline = time.monotonic() + timeout
+        status = {}
+        while time.monotonic() < deadline:
+            try:
+                status = self.status()
+            except (DaemonNotRunning, OSError):
+                status = {}
+            if status and predicate(status):
+                return status
+            if self.process.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.process.returncode} while waiting for {what}; log:\n{self.log()}")
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}; last status: {json.dumps(status)[:2000]}\nlog tail:\n{self.log()[-4000:]}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM the daemon and wait for it; returns its exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the daemon's whole session: the daemon, its worker and everything they started."""
+        pgids = {self.process.pid} | self.pgids
+        worker_pgid = resolve_paths(self.home).worker_pgid_file
+        try:
+            pgids.add(int(worker_pgid.read_text()))
+        except (OSError, ValueError):
+            pass
+        for pgid in pgids:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def start_daemon(home: Path, env: dict | None = None, wait: bool = True, log_level: str = "info") -> DaemonProcess:
+    """Start ``p2ptrain daemon --home HOME`` in its own session; wait until it answers ``status``."""
+    home.mkdir(parents=True, exist_ok=True)
+    log_path = home / f"daemon-{time.time_ns()}.log"
+    with open(log_path, "w") as log_file:
+        process = subprocess.Popen(
+            [*P2PTRAIN, "daemon", "--home", str(home), "--log-level", log_level],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=child_environment(env),
+            start_new_session=True,
+        )
+    daemon = DaemonProcess(home, process, log_path)
+    if wait:
+        daemon.wait_until(lambda status: True, timeout=30, interval=0.1, what="the daemon to answer")
+    return daemon
