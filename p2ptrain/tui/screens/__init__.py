@@ -1,0 +1,1 @@
+"""The TUI's dialogs and help screen."""

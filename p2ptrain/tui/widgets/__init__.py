@@ -1,0 +1,1 @@
+"""The dashboard's widgets, one a module."""

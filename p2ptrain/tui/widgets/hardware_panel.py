@@ -1,0 +1,118 @@
+"""This machine: what it trains with, and its GPUs in nvitop's terms."""
+
+from __future__ import annotations
+
+from textual.markup import escape
+from textual.reactive import reactive
+from textual.widgets import Static
+
+from p2ptrain.tui.formatting import format_count, format_number
+
+# (moderate, heavy) thresholds. Utilization and memory follow nvitop's defaults;
+# temperature follows the throttling points of common consumer GPUs.
+UTILIZATION_THRESHOLDS = (10, 75)
+MEMORY_THRESHOLDS = (10, 80)
+TEMPERATURE_THRESHOLDS = (75, 85)
+POWER_THRESHOLDS = (80, 95)
+FAN_THRESHOLDS = (60, 85)
+
+
+def level(value: float | None, thresholds: tuple[float, float]) -> str:
+    """The theme colour for ``value``: success below the first threshold, warning, then error."""
+    if value is None:
+        return "$text-muted"
+    moderate, heavy = thresholds
+    if value >= heavy:
+        return "$error"
+    if value >= moderate:
+        return "$warning"
+    return "$success"
+
+
+def coloured(text: str, value: float | None, thresholds: tuple[float, float]) -> str:
+    return f"[{level(value, thresholds)}]{text}[/]"
+
+
+def percent(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else 100.0 * part / whole
+
+
+def gpu_lines(gpu: dict) -> list[str]:
+    """Two lines for one GPU: its name, then utilization, memory, temperature, power and fan."""
+    memory_used = gpu.get("memory_used_mib")
+    memory_total = gpu.get("memory_total_mib")
+    memory_pct = percent(memory_used, memory_total)
+    power_pct = percent(gpu.get("power_w"), gpu.get("power_limit_w"))
+    utilization = gpu.get("utilization_pct")
+    temperature = gpu.get("temperature_c")
+    fan = gpu.get("fan_pct")
+    cells = [
+        "util " + coloured(f"{format_number(utilization, 0)}%", utilization, UTILIZATION_THRESHOLDS),
+        "mem "
+        + coloured(
+            f"{format_count(memory_used)}/{format_count(memory_total)} MiB", memory_pct, MEMORY_THRESHOLDS
+        ),
+        "temp " + coloured(f"{format_number(temperature, 0)}°C", temperature, TEMPERATURE_THRESHOLDS),
+        "power "
+        + coloured(
+            f"{format_number(gpu.get('power_w'), 0)}/{format_number(gpu.get('power_limit_w'), 0)} W",
+            power_pct,
+            POWER_THRESHOLDS,
+        ),
+        "fan " + (coloured(f"{format_number(fan, 0)}%", fan, FAN_THRESHOLDS) if fan is not None else "n/a"),
+    ]
+    return [f"[b]GPU {gpu.get('index', '?')}[/b] {escape(str(gpu.get('name', '')))}", "  " + "  ".join(cells)]
+
+
+def describe_cpu(cpu: object) -> str:
+    """The daemon's CPU facts (a name, or a dict with a name and core count) in one line."""
+    if isinstance(cpu, dict):
+        name = cpu.get("name") or cpu.get("model") or "CPU"
+        cores = cpu.get("cores") or cpu.get("count")
+        return f"{name} ({cores} cores)" if cores else str(name)
+    return str(cpu)
+
+
+def local_lines(local: dict) -> list[str]:
+    """What this machine contributes to the run."""
+    quantization = local.get("quantization")
+    precision = local.get("precision") or "?"
+    if quantization and quantization != "none":
+        precision += f" + {quantization}"
+    return [
+        f"{escape(str(local.get('device', '?')))} · {precision} · micro-batch {local.get('micro_batch', '—')}"
+        f" × {local.get('grad_accum', 1)}",
+        f"{format_number(local.get('samples_per_second'), 1)} samples/s · loss {format_number(local.get('loss'), 3)}"
+        f" · contributed {format_count(local.get('contributed_samples'))} samples",
+    ]
+
+
+class HardwarePanel(Static):
+    """The local peer's plan and its GPUs (or CPU when there is none)."""
+
+    BORDER_TITLE = "This machine"
+
+    local: reactive[dict | None] = reactive(None)
+    hardware: reactive[dict | None] = reactive(None)
+
+    def _refresh_view(self) -> None:
+        lines = local_lines(self.local) if self.local else ["not training"]
+        hardware = self.hardware or {}
+        gpus = hardware.get("gpus") or []
+        for gpu in gpus:
+            lines += gpu_lines(gpu)
+        if not gpus:
+            cpu = hardware.get("cpu")
+            lines.append(f"no NVIDIA GPU · {escape(describe_cpu(cpu))}" if cpu else "no NVIDIA GPU")
+        self.update("\n".join(lines))
+
+    def on_mount(self) -> None:
+        self._refresh_view()
+
+    def watch_local(self) -> None:
+        if self.is_mounted:
+            self._refresh_view()
+
+    def watch_hardware(self) -> None:
+        if self.is_mounted:
+            self._refresh_view()

@@ -1,0 +1,75 @@
+"""Every peer in the run: who, on what hardware, how fast, and whether it can average with us."""
+
+from __future__ import annotations
+
+from textual.reactive import reactive
+from textual.widgets import DataTable
+
+from p2ptrain.tui.formatting import format_age, format_number
+from p2ptrain.tui.widgets.status_header import short_peer_id
+
+# What a volunteer scans first comes first: an 80-column terminal shows those without scrolling.
+COLUMNS = ("Peer", "Samples/s", "Epoch", "Loss", "Link", "Last seen", "Device", "Precision", "Batch")
+
+
+def peer_name(peer: dict) -> str:
+    """Nickname (or short id), starred for this machine, flagged when incompatible."""
+    name = peer.get("nickname") or short_peer_id(peer.get("peer_id"))
+    if peer.get("is_local"):
+        name = f"★ {name}"
+    if peer.get("compatible") is False:
+        name = f"{name} ⚠ incompatible"
+    return name
+
+
+def precision_text(peer: dict) -> str:
+    """``bf16``, or ``bf16/nf4`` when the base model is quantized."""
+    precision = peer.get("precision") or "?"
+    quantization = peer.get("quantization")
+    return f"{precision}/{quantization}" if quantization and quantization != "none" else precision
+
+
+class PeersTable(DataTable):
+    """The run's peers, this machine first."""
+
+    BORDER_TITLE = "Peers"
+
+    peers: reactive[tuple] = reactive(())
+    now: reactive[float] = reactive(0.0)
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+
+    def on_mount(self) -> None:
+        self.add_columns(*COLUMNS)
+        self._refresh_rows()
+
+    def _refresh_rows(self) -> None:
+        # Rows are rebuilt every poll; keep the row the user has selected.
+        selected_row = self.cursor_row
+        self.clear()
+        ordered = sorted(self.peers, key=lambda peer: (not peer.get("is_local"), peer.get("nickname") or ""))
+        for peer in ordered:
+            self.add_row(
+                peer_name(peer),
+                format_number(peer.get("samples_per_second"), 1),
+                str(peer.get("epoch", "—")),
+                format_number(peer.get("loss"), 3),
+                peer.get("reachability") or "?",
+                "now" if peer.get("is_local") else format_age(peer.get("last_seen"), self.now),
+                peer.get("device") or "?",
+                precision_text(peer),
+                str(peer.get("micro_batch") or "—"),
+                key=peer.get("peer_id"),
+            )
+        if ordered:
+            self.move_cursor(row=min(selected_row, len(ordered) - 1))
+        self.border_subtitle = f"{len(ordered)} peers" if ordered else "no peers"
+
+    def watch_peers(self) -> None:
+        if self.is_mounted:
+            self._refresh_rows()
+
+    def watch_now(self) -> None:
+        if self.is_mounted and self.peers:
+            self._refresh_rows()

@@ -1,0 +1,117 @@
+"""The top of the dashboard: the daemon's state and why, the run, this peer, uptime."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Label
+
+from p2ptrain.tui.formatting import format_duration
+
+STATES = ("idle", "joining", "training", "paused", "finishing", "leaving", "error")
+
+PAUSE_REASONS = {
+    "user": "paused by you",
+    "user-active": "you are using this computer",
+    "battery": "running on battery",
+    "gpu-busy": "another program is using the GPU",
+    "temperature": "the GPU is too hot",
+    "schedule": "outside the training schedule",
+    "oom-backoff": "backing off after running out of GPU memory",
+}
+
+
+def short_peer_id(peer_id: str | None) -> str:
+    """The tail of a libp2p peer id, which is the part that differs between peers."""
+    if not peer_id:
+        return "—"
+    return peer_id if len(peer_id) <= 12 else f"…{peer_id[-10:]}"
+
+
+def describe_reason(status: dict, now: float) -> str:
+    """One line on why the daemon is not training (or what it is doing)."""
+    state = status.get("state")
+    if state == "paused":
+        reason = status.get("pause_reason") or "user"
+        words = PAUSE_REASONS.get(reason, reason)
+        until = status.get("paused_until")
+        if until:
+            words += f" · resumes in {format_duration(until - now)}"
+        return f"Paused: {words} · press p to resume"
+    if state == "error":
+        problems = [entry for entry in status.get("health") or [] if entry.get("level") == "error"]
+        if problems:
+            first = problems[0]
+            return f"Error: {first.get('message', '')} · fix: {first.get('fix', '')}"
+        return "Error: see the event log"
+    if state == "idle":
+        return "Not in a run · press j to join one"
+    if state == "finishing":
+        return "Finishing the current epoch, then pausing"
+    warnings = [entry.get("message", "") for entry in status.get("health") or [] if entry.get("level") == "warning"]
+    return f"Warning: {warnings[0]}" if warnings else ""
+
+
+class StatusHeader(Widget):
+    """The daemon's state, pause reason, run name, peer id and uptime."""
+
+    status: reactive[dict | None] = reactive(None)
+    now: reactive[float] = reactive(0.0)
+    connection: reactive[str] = reactive("connecting…")
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="header-line"):
+            yield Label("p2ptrain", id="title")
+            yield Label("", id="state")
+            yield Label("", id="details")
+        yield Label("", id="reason")
+
+    def _refresh_labels(self) -> None:
+        state_label = self.query_one("#state", Label)
+        details = self.query_one("#details", Label)
+        reason = self.query_one("#reason", Label)
+        self.remove_class(*(f"-{state}" for state in (*STATES, "disconnected")))
+        status = self.status
+        if status is None:
+            self.add_class("-disconnected")
+            state_label.update(" DISCONNECTED ")
+            details.update("")
+            reason.update(self.connection)
+            reason.display = True
+            return
+        state = status.get("state", "?")
+        self.add_class(f"-{state}")
+        state_label.update(f" {state.upper()} ")
+        run = status.get("run") or {}
+        local = status.get("local") or {}
+        parts = []
+        if run.get("id"):
+            parts.append(f"run [b]{run['id']}[/b] ({run.get('mode', '?')}, {run.get('model', '?')})")
+        if local.get("peer_id"):
+            nickname = f" {local['nickname']}" if local.get("nickname") else ""
+            parts.append(f"peer {short_peer_id(local['peer_id'])}{nickname}")
+        if status.get("since"):
+            parts.append(f"{state} for {format_duration(self.now - status['since'])}")
+        if status.get("started_at"):
+            parts.append(f"up {format_duration(self.now - status['started_at'])}")
+        details.update(" · ".join(parts))
+        reason_text = describe_reason(status, self.now)
+        reason.update(reason_text)
+        reason.display = bool(reason_text)
+
+    def on_mount(self) -> None:
+        self._refresh_labels()
+
+    def watch_status(self) -> None:
+        if self.is_mounted:
+            self._refresh_labels()
+
+    def watch_now(self) -> None:
+        if self.is_mounted:
+            self._refresh_labels()
+
+    def watch_connection(self) -> None:
+        if self.is_mounted:
+            self._refresh_labels()

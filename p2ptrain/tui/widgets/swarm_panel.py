@@ -1,0 +1,82 @@
+"""The swarm at a glance: global epoch, progress to the next one, peers, last averaging."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.content import Content
+from textual.widgets import Label
+
+from p2ptrain.tui.formatting import format_age, format_count, format_duration
+
+
+class EpochProgress(Widget):
+    """A bar of samples accumulated against the target batch size, with the percentage.
+
+    Drawn as text rather than with Textual's ProgressBar, whose animation would
+    make the screen differ from one moment to the next.
+    """
+
+    fraction: reactive[float | None] = reactive(None)
+
+    def render(self) -> Content:
+        if self.fraction is None:
+            return Content("")
+        cells = max(1, self.size.width - 5)
+        filled = round(cells * self.fraction)
+        return Content.from_markup(
+            f"[$success]{'━' * filled}[/][$text-muted]{'╺' * (cells - filled)}[/] {self.fraction * 100:3.0f}%"
+        )
+
+
+class SwarmPanel(Widget):
+    """Progress of the current run's epoch across all peers."""
+
+    BORDER_TITLE = "Swarm"
+
+    run: reactive[dict | None] = reactive(None)
+    last_averaging: reactive[float | None] = reactive(None)
+    now: reactive[float] = reactive(0.0)
+
+    def compose(self) -> ComposeResult:
+        yield Label("", id="swarm-epoch")
+        yield EpochProgress(id="swarm-progress")
+        yield Label("", id="swarm-facts")
+
+    def _refresh_view(self) -> None:
+        epoch = self.query_one("#swarm-epoch", Label)
+        progress = self.query_one(EpochProgress)
+        facts = self.query_one("#swarm-facts", Label)
+        run = self.run
+        if not run:
+            epoch.update("No run · press [b]j[/b] to join one")
+            progress.fraction = None
+            facts.update(f"last averaging {format_age(self.last_averaging, self.now)}")
+            return
+        accumulated = run.get("samples_accumulated") or 0
+        target = run.get("target_batch_size") or 0
+        epoch.update(
+            f"Epoch [b]{run.get('epoch', 0)}[/b] · samples {format_count(accumulated)} / {format_count(target)}"
+        )
+        progress.fraction = min(1.0, accumulated / target) if target else None
+        facts.update(
+            f"next epoch in {format_duration(run.get('eta_next_epoch_s'))} · "
+            f"{run.get('num_peers', 0)} peers · "
+            f"last averaging {format_age(self.last_averaging, self.now)}"
+        )
+
+    def on_mount(self) -> None:
+        self._refresh_view()
+
+    def watch_run(self) -> None:
+        if self.is_mounted:
+            self._refresh_view()
+
+    def watch_last_averaging(self) -> None:
+        if self.is_mounted:
+            self._refresh_view()
+
+    def watch_now(self) -> None:
+        if self.is_mounted:
+            self._refresh_view()

@@ -1,0 +1,196 @@
+"""The dashboard under Pilot, against a fake daemon speaking the real protocol on a real socket."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_app, wait_until
+from fake_daemon import FakeDaemon, idle_status, paused_status, training_status
+from textual.widgets import Label
+
+from p2ptrain.protocol import ControlClient
+from p2ptrain.tui.widgets.event_log import EventLog
+from p2ptrain.tui.widgets.hardware_panel import HardwarePanel
+from p2ptrain.tui.widgets.peers_table import PeersTable
+from p2ptrain.tui.widgets.status_header import StatusHeader
+from p2ptrain.tui.widgets.swarm_panel import SwarmPanel
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+
+
+def plain_text(widget) -> str:
+    """What a Static or Label shows, without its markup."""
+    return widget.render().plain
+
+
+def label_text(app, selector: str) -> str:
+    return plain_text(app.screen_stack[0].query_one(selector, Label))
+
+
+def notifications(app) -> list[str]:
+    return [notification.message for notification in app._notifications]
+
+
+async def test_dashboard_shows_state_peers_history_and_gpu(daemon):
+    app = make_app(daemon.paths.home)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await wait_until(pilot, lambda: app.snapshot is not None, what="the first poll")
+        await pilot.pause(0.1)
+        assert "TRAINING" in label_text(app, "#state")
+        details = label_text(app, "#details")
+        assert "tiny-demo" in details and "amber-fox" in details and "up 1d 02h" in details
+        assert "Epoch 42" in label_text(app, "#swarm-epoch")
+        facts = label_text(app, "#swarm-facts")
+        assert "next epoch in 31s" in facts and "3 peers" in facts and "last averaging 5m 00s ago" in facts
+        table = app.query_one(PeersTable)
+        assert table.row_count == 3
+        rows = [table.get_row_at(index) for index in range(3)]
+        assert rows[0][0] == "★ amber-fox"
+        assert any("incompatible" in row[0] and row[0].startswith("red-crane") for row in rows)
+        assert any(row[4] == "relayed" for row in rows)
+        hardware = plain_text(app.query_one(HardwarePanel))
+        assert "RTX 3060" in hardware and "162/170 W" in hardware and "fan" in hardware
+        log = app.query_one(EventLog)
+        assert len(log.lines) == len(daemon.events)
+        assert app.query_one(SwarmPanel).last_averaging == daemon.epochs[-1]["ended_at"]
+    assert {"status", "peers", "metrics", "epochs", "events"} <= set(daemon.methods_called())
+
+
+async def test_polls_ask_only_for_newer_history(daemon):
+    app = make_app(daemon.paths.home)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: len(daemon.requests_for("metrics")) >= 2, what="a second poll")
+    first, second = daemon.requests_for("metrics")[:2]
+    assert "since" not in first["params"]
+    assert second["params"]["since"] == daemon.steps[-1]["ts"]
+    assert len(app.snapshot.steps) == len(daemon.steps)
+
+
+async def test_p_opens_pause_dialog_and_sends_the_duration(daemon):
+    app = make_app(daemon.paths.home)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.state == "training", what="training")
+        await pilot.press("p")
+        await wait_until(pilot, lambda: app.screen.query("#pause-duration"), what="the pause dialog")
+        await pilot.press(*"1h30m", "enter")
+        await wait_until(pilot, lambda: app.state == "paused", what="the paused state")
+        assert daemon.requests_for("pause")[0]["params"] == {"for_s": 5400.0}
+        assert "paused by you · resumes in 1h 30m" in label_text(app, "#reason")
+        assert any("Paused for 1h 30m" in text for text in notifications(app))
+
+
+async def test_pause_dialog_rejects_an_unreadable_duration(daemon):
+    app = make_app(daemon.paths.home)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.state == "training", what="training")
+        await pilot.press("p")
+        await wait_until(pilot, lambda: app.screen.query("#pause-duration"), what="the pause dialog")
+        await pilot.press(*"soon", "enter")
+        await pilot.pause(0.1)
+        assert "write e.g. 2h" in plain_text(app.screen.query_one("#pause-error", Label))
+        assert daemon.requests_for("pause") == []
+
+
+async def test_p_resumes_when_paused(tmp_path):
+    with FakeDaemon(tmp_path / "home", paused_status("temperature")) as daemon:
+        app = make_app(daemon.paths.home)
+        async with app.run_test() as pilot:
+            await wait_until(pilot, lambda: app.state == "paused", what="paused")
+            assert "the GPU is too hot" in label_text(app, "#reason")
+            await pilot.press("p")
+            await wait_until(pilot, lambda: app.state == "training", what="training again")
+        assert len(daemon.requests_for("resume")) == 1
+
+
+async def test_leave_asks_first_and_cancel_sends_nothing(daemon):
+    app = make_app(daemon.paths.home)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.state == "training", what="training")
+        await pilot.press("l")
+        await wait_until(pilot, lambda: app.screen.query("#confirm-yes"), what="the confirmation")
+        await pilot.press("escape")
+        await pilot.pause(0.3)
+        assert daemon.requests_for("leave") == []
+        await pilot.press("l")
+        await wait_until(pilot, lambda: app.screen.query("#confirm-yes"), what="the confirmation")
+        await pilot.click("#confirm-yes")
+        await wait_until(pilot, lambda: app.state == "idle", what="idle after leaving")
+        assert len(daemon.requests_for("leave")) == 1
+        assert "press j to join" in label_text(app, "#reason")
+
+
+async def test_join_dialog_sends_run_and_bootstrap_address(tmp_path):
+    with FakeDaemon(tmp_path / "home", idle_status()) as daemon:
+        app = make_app(daemon.paths.home)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_until(pilot, lambda: app.state == "idle", what="idle")
+            await pilot.press("j")
+            await wait_until(pilot, lambda: app.screen.query("#join-run"), what="the join dialog")
+            await pilot.press(*"wiki-lora")
+            app.screen.query_one("#join-bootstrap").focus()
+            await pilot.press(*"/ip4/127.0.0.1/tcp/31337/p2p/12D3KooWBoot")
+            await pilot.click("#join-confirm")
+            await wait_until(pilot, lambda: app.state == "joining", what="joining")
+        assert daemon.requests_for("join")[0]["params"] == {
+            "run": "wiki-lora",
+            "initial_peers": ["/ip4/127.0.0.1/tcp/31337/p2p/12D3KooWBoot"],
+        }
+
+
+async def test_join_dialog_starts_a_new_run_with_mode_and_model(tmp_path):
+    with FakeDaemon(tmp_path / "home", idle_status()) as daemon:
+        app = make_app(daemon.paths.home)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await wait_until(pilot, lambda: app.state == "idle", what="idle")
+            await pilot.press("j")
+            await wait_until(pilot, lambda: app.screen.query("#join-run"), what="the join dialog")
+            await pilot.press(*"my-run")
+            await pilot.click("#join-new-run")
+            app.screen.query_one("#join-mode").value = "diloco"
+            await pilot.click("#join-confirm")
+            await wait_until(pilot, lambda: daemon.requests_for("join"), what="the join request")
+        params = daemon.requests_for("join")[0]["params"]
+        assert params == {"run": "my-run", "initial_peers": [], "new_run": True,
+                          "manifest": {"mode": "diloco", "model": "tiny"}}
+
+
+async def test_refused_action_shows_the_daemons_error_and_fix(tmp_path):
+    with FakeDaemon(tmp_path / "home", paused_status("user")) as daemon:
+        app = make_app(daemon.paths.home)
+        async with app.run_test() as pilot:
+            await wait_until(pilot, lambda: app.state == "paused", what="paused")
+            await pilot.press("f")
+            await wait_until(pilot, lambda: notifications(app), what="a notification")
+        assert daemon.requests_for("finish")
+        assert notifications(app) == ["finish refused: cannot finish while paused (finish works while training)"]
+
+
+async def test_help_lists_every_key(daemon):
+    app = make_app(daemon.paths.home)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await pilot.press("question_mark")
+        await wait_until(pilot, lambda: app.screen.query("#help-dialog"), what="the help screen")
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: len(app.screen_stack) == 1, what="help closed")
+
+
+async def test_quit_leaves_the_daemon_running(daemon):
+    app = make_app(daemon.paths.home)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.state == "training", what="training")
+        await pilot.press("q")
+        await wait_until(pilot, lambda: not app.is_running, what="the app to exit")
+    assert ControlClient(str(daemon.socket_path)).call("status")["state"] == "training"
+    assert set(daemon.methods_called()) <= {"status", "peers", "metrics", "epochs", "events"}
+
+
+async def test_state_change_in_the_daemon_reaches_the_screen(daemon):
+    app = make_app(daemon.paths.home)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.state == "training", what="training")
+        daemon.set_status(paused_status("battery"))
+        await wait_until(pilot, lambda: app.state == "paused", what="the battery pause")
+        assert "running on battery" in label_text(app, "#reason")
+        assert app.query_one(StatusHeader).has_class("-paused")
+        daemon.set_status(training_status())
+        await wait_until(pilot, lambda: app.state == "training", what="training again")
