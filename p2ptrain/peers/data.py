@@ -101,11 +101,11 @@ def stdlib_files(split: str) -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
     chosen = []
     for path in root.rglob("*.py"):
-        relative = path.relative_to(root).as_posix()
-        if "site-packages" in path.relative_to(root).parts:
+        relative = path.relative_to(root)
+        if "site-packages" in relative.parts:
             continue
-        if is_validation_file(relative) == (split == "validation"):
-            chosen.append((relative, path))
+        if is_validation_file(relative.as_posix()) == (split == "validation"):
+            chosen.append((relative.as_posix(), path))
     return [path for _, path in sorted(chosen)]
 
 

@@ -102,8 +102,19 @@ def test_loading_a_state_with_wrong_shapes_names_or_values_raises_value_error(ti
 
 def save_small_llama(directory):
     """A small pretrained-looking Llama with its own BPE tokenizer, saved like a hub model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = save_small_tokenizer(directory)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=128, eos_token_id=1)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(directory)
+
+
+def save_small_tokenizer(directory):
+    """A byte-level BPE tokenizer trained on two lines, saved with save_pretrained (no download)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
@@ -111,11 +122,8 @@ def save_small_llama(directory):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator(["def main():\n    return 0\n", "import os\nprint(os.getcwd())\n"], trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=172, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=128, eos_token_id=1)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    return tokenizer
 
 
 def test_lora_on_a_local_llama_trains_only_the_adapters(tmp_path):
@@ -129,6 +137,20 @@ def test_lora_on_a_local_llama_trains_only_the_adapters(tmp_path):
     batch = torch.tensor([loaded.tokenizer.encode("def main():\n    return 0\n")])
     causal_lm_loss(loaded.model, batch).backward()
     assert all(p.grad is not None for p in loaded.trainable())
+
+
+def test_lora_on_a_local_gpt2_uses_its_attention_layers_by_default(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = save_small_tokenizer(tmp_path)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2,
+                               n_positions=64)).save_pretrained(tmp_path)
+    loaded = build_model(str(tmp_path), lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": None})
+    names = list(loaded.trainable_state())
+    assert any("c_attn.lora_A" in name for name in names)
+    assert all("lora_" in name for name in names)
+    batch = torch.tensor([loaded.tokenizer.encode("import os\n")])
+    assert torch.isfinite(causal_lm_loss(loaded.model, batch))
 
 
 def test_lora_adapters_start_the_same_for_the_same_seed(tmp_path):
