@@ -15,9 +15,7 @@ Standard library only at import time: the CLI resolves paths on every call.
 
 from __future__ import annotations
 
-import hashlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 # sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
@@ -25,17 +23,25 @@ MAX_SOCKET_PATH_BYTES = 107
 SOCKET_NAME = "control.sock"
 
 
-@dataclass(frozen=True)
 class Paths:
-    """The directories of one p2ptrain installation (one daemon)."""
+    """The directories of one p2ptrain installation (one daemon).
 
-    home: Path | None
-    config_file: Path
-    state_dir: Path
-    cache_dir: Path
-    runtime_dir: Path
-    log_dir: Path
-    system: bool = False
+    A plain class, not a dataclass: ``dataclasses`` costs the CLI ~10 ms to import.
+    """
+
+    __slots__ = ("home", "config_file", "state_dir", "cache_dir", "runtime_dir", "log_dir", "system")
+
+    def __init__(self, home: Path | None, config_file: Path, state_dir: Path, cache_dir: Path, runtime_dir: Path, log_dir: Path, system: bool = False):
+        self.home = home
+        self.config_file = config_file
+        self.state_dir = state_dir
+        self.cache_dir = cache_dir
+        self.runtime_dir = runtime_dir
+        self.log_dir = log_dir
+        self.system = system
+
+    def __repr__(self) -> str:
+        return f"Paths(home={self.home}, state_dir={self.state_dir}, runtime_dir={self.runtime_dir})"
 
     @property
     def database(self) -> Path:
@@ -79,6 +85,8 @@ def _home_runtime_dir(home: Path) -> Path:
     runtime = home / "run"
     if len(os.fsencode(runtime / SOCKET_NAME)) <= MAX_SOCKET_PATH_BYTES:
         return runtime
+    import hashlib
+
     digest = hashlib.sha256(os.fsencode(home)).hexdigest()[:16]
     return Path("/tmp") / f"p2ptrain-{digest}"
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any, Iterator
+# typing costs the CLI several ms to import; the names are only needed by type checkers.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Iterator
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1 << 20
