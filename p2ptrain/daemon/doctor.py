@@ -1,0 +1,235 @@
+"""`p2ptrain doctor`: the real hardware, the plan it gets, and checks that each say how to fix a failure.
+
+The CLI runs this module in a subprocess (`python -m p2ptrain.daemon.doctor`)
+so the CLI itself never imports torch. On a machine without a GPU it never
+imports torch either (the CUDA check reads torch's build facts from its
+files), which keeps it within a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import errno
+import grp
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import socket
+import sys
+from pathlib import Path
+
+from p2ptrain.daemon.hardware import DEVICE_GROUPS_FIX, HardwareFacts, nvidia_device_files, probe
+from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
+from p2ptrain.daemon.plan import PlanError, make_plan
+
+DEFAULT_DHT_PORT = 31337
+TIME_ERROR = 5  # adjtimex(2): the kernel's clock is not synchronized
+
+
+def check(name: str, ok: bool, message: str, fix: str = "", level: str | None = None) -> dict:
+    """One check result: {name, ok, level ("ok", "info", "warning", "error"), message, fix}."""
+    return {"name": name, "ok": ok, "level": level or ("ok" if ok else "error"), "message": message,
+            "fix": "" if ok else fix}
+
+
+def check_nvml(hardware: HardwareFacts) -> dict:
+    problems = [line for line in hardware.health if line["level"] in ("warning", "error")]
+    if problems:
+        return check("nvml", False, problems[0]["message"], problems[0]["fix"])
+    if not hardware.gpus:
+        return check("nvml", True, "no NVIDIA GPU or driver found: training on the CPU", level="info")
+    names = ", ".join(f"{gpu.index}: {gpu.name}" for gpu in hardware.gpus)
+    return check("nvml", True, f"NVML {hardware.nvml_version}, driver {hardware.driver_version}; GPUs {names}")
+
+
+def _torch_build() -> tuple[str | None, str | None]:
+    """(torch version, CUDA version it was built for) from torch/version.py, without importing torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None, None
+    text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
+    version = re.search(r"^__version__\s*=\s*'([^']*)'", text, re.MULTILINE)
+    cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*'([^']*)'", text, re.MULTILINE)
+    return (version.group(1) if version else "unknown"), (cuda.group(1) if cuda else None)
+
+
+def check_cuda(hardware: HardwareFacts) -> dict:
+    version, cuda = _torch_build()
+    if version is None:
+        return check("cuda", False, "torch is not installed", "pip install torch")
+    if not hardware.gpus:
+        return check("cuda", True, f"torch {version} ({'CUDA ' + cuda if cuda else 'CPU build'}); no GPU, "
+                     "CUDA not needed", level="info")
+    if cuda is None:
+        return check("cuda", False, f"torch {version} is a CPU build but this machine has an NVIDIA GPU",
+                     "install the CUDA build of torch: pip install --force-reinstall torch")
+    import torch
+
+    if not torch.cuda.is_available():
+        return check("cuda", False, f"torch {version} (CUDA {cuda}) cannot use the GPU",
+                     "update the NVIDIA driver to one that supports CUDA " + cuda)
+    return check("cuda", True, f"torch {version}, CUDA {cuda}, {torch.cuda.device_count()} device(s)")
+
+
+def check_bitsandbytes(hardware: HardwareFacts) -> dict:
+    try:
+        version = importlib.metadata.version("bitsandbytes")
+    except importlib.metadata.PackageNotFoundError:
+        level = "warning" if hardware.gpus else "info"
+        return check("bitsandbytes", not hardware.gpus, "bitsandbytes is not installed: no int8/nf4 (QLoRA)",
+                     "pip install bitsandbytes", level=level)
+    if not hardware.gpus:
+        return check("bitsandbytes", True, f"bitsandbytes {version}; quantization is for GPUs, not needed here",
+                     level="info")
+    try:
+        import bitsandbytes  # noqa: F401  (loads its CUDA library: the part that fails)
+    except Exception as error:
+        return check("bitsandbytes", False, f"bitsandbytes {version} does not load: {error}",
+                     "pip install --force-reinstall bitsandbytes", level="warning")
+    return check("bitsandbytes", True, f"bitsandbytes {version} loads: int8 and nf4 available")
+
+
+def check_device_groups() -> dict:
+    devices = nvidia_device_files() + sorted(Path("/dev/dri").glob("renderD*"))
+    if not nvidia_device_files():
+        return check("device-groups", True, "no NVIDIA device files: nothing to open", level="info")
+    closed = [str(path) for path in devices if not os.access(path, os.R_OK | os.W_OK)]
+    groups = sorted(grp.getgrgid(gid).gr_name for gid in os.getgroups() if _group_exists(gid))
+    if closed:
+        return check("device-groups", False, f"cannot open {', '.join(closed)} (groups: {', '.join(groups)})",
+                     DEVICE_GROUPS_FIX)
+    return check("device-groups", True, f"GPU device files open (groups: {', '.join(groups)})")
+
+
+def _group_exists(gid: int) -> bool:
+    try:
+        grp.getgrgid(gid)
+        return True
+    except KeyError:
+        return False
+
+
+def _dht_port(home: str | None) -> int:
+    """The TCP port of the first configured DHT listen address (default 31337)."""
+    try:
+        from p2ptrain.config import load_config
+        from p2ptrain.paths import resolve_paths
+
+        config = load_config(resolve_paths(home).config_file)
+        for address in config.dht.host_maddrs:
+            match = re.search(r"/tcp/(\d+)", address)
+            if match:
+                return int(match.group(1))
+    except Exception:  # a broken config is the daemon's to report; doctor checks the default port
+        pass
+    return DEFAULT_DHT_PORT
+
+
+def check_dht_port(home: str | None) -> dict:
+    port = _dht_port(home)
+    if port == 0:
+        return check("dht-port", True, "DHT listens on a random port: peers behind NAT reach us through relays",
+                     level="info")
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("0.0.0.0", port))
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            return check("dht-port", True, f"TCP port {port} is in use: the daemon's DHT, if it is running "
+                         f"(otherwise set dht.host_maddrs to a free port)", level="info")
+        return check("dht-port", False, f"cannot listen on TCP port {port}: {error.strerror}",
+                     "set dht.host_maddrs to a port above 1024, e.g. /ip4/0.0.0.0/tcp/31337")
+    finally:
+        listener.close()
+    return check("dht-port", True, f"TCP port {port} is free to listen on; whether the internet can reach it is "
+                 f"found by hivemind when joining (forward it in your router to be directly reachable)")
+
+
+def check_clock() -> dict:
+    """Whether the kernel's clock is synchronized (NTP): DHT records expire by wall-clock time."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        state = libc.adjtimex(ctypes.create_string_buffer(512))  # modes = 0: read only
+    except (OSError, AttributeError):
+        return check("clock", True, "cannot ask the kernel about clock synchronization here", level="info")
+    if state == TIME_ERROR:
+        return check("clock", False, "the clock is not synchronized (no NTP): DHT records expire by wall-clock "
+                     "time, so a clock off by minutes makes peers miss each other",
+                     "enable time synchronization: sudo timedatectl set-ntp true", level="warning")
+    return check("clock", True, "the clock is synchronized (NTP)")
+
+
+def check_user_activity() -> dict:
+    from p2ptrain.daemon.policies import SystemSensors
+
+    sensors = SystemSensors()
+    idle = sensors.user_idle_s()
+    if idle is None:
+        return check("user-activity", False, "cannot tell when the computer is in use (no logind session "
+                     "manager, no X11 display): pausing while the user is active never triggers",
+                     "run under systemd-logind, or set policy.schedule to the hours this machine may train",
+                     level="warning")
+    return check("user-activity", True, f"user activity read from {sensors.idle_source} (idle {idle:.0f} s)")
+
+
+def diagnose(home: str | None, model: str) -> dict:
+    """Everything `doctor` reports: {hardware, plan, plans, checks}."""
+    hardware = probe()
+    checks = [check_nvml(hardware), check_cuda(hardware), check_bitsandbytes(hardware), check_device_groups(),
+              check_dht_port(home), check_clock(), check_user_activity()]
+    plans = []
+    for device in hardware.devices():
+        if device.kind == "cpu" and hardware.gpus:
+            break  # the CPU is only the fallback when there are GPUs
+        try:
+            plans.append(make_plan(model_facts(model, None if model == "tiny" else {"r": 8}), {}, device).to_dict())
+        except (PlanError, ModelFactsError) as error:
+            plans.append({"device": device.torch_device, "error": str(error)})
+    return {"hardware": {**hardware.to_status(), "health": hardware.health}, "plan": plans[0], "plans": plans,
+            "checks": checks}
+
+
+def _print_report(report: dict) -> None:
+    hardware = report["hardware"]
+    print(f"CPU: {hardware['cpu']['model']}, {hardware['cpu']['cores_physical']} cores; RAM "
+          f"{hardware['ram']['available_mib'] / 1024:.1f} of {hardware['ram']['total_mib'] / 1024:.1f} GiB free")
+    for gpu in hardware["gpus"]:
+        print(f"GPU {gpu['index']}: {gpu['name']}, {gpu['memory_free_mib'] / 1024:.1f} of "
+              f"{gpu['memory_total_mib'] / 1024:.1f} GiB free, compute capability {gpu['compute_capability']}, "
+              f"{gpu['temperature_c']} C")
+    for plan in report["plans"]:
+        if "error" in plan:
+            print(f"plan on {plan['device']}: {plan['error']}")
+            continue
+        print(f"plan on {plan['device']}: {plan['precision']}, quantization {plan['quantization']}, micro-batch "
+              f"{plan['micro_batch']} x {plan['grad_accum']}, {plan['cpu_threads']} threads")
+        for line in plan["rationale"]:
+            print(f"  - {line}")
+    for item in report["checks"]:
+        mark = {"ok": "ok  ", "info": "info", "warning": "WARN", "error": "FAIL"}[item["level"]]
+        print(f"[{mark}] {item['name']}: {item['message']}")
+        if item["fix"]:
+            print(f"       fix: {item['fix']}")
+
+
+def doctor_main(argv: list[str]) -> int:
+    """`p2ptrain doctor [--json] [--home DIR] [--model M]`; exit 1 when a check failed with level error."""
+    parser = argparse.ArgumentParser(prog="p2ptrain doctor", description="Check this machine for p2ptrain.")
+    parser.add_argument("--json", action="store_true", help="print {hardware, plan, plans, checks} as JSON")
+    parser.add_argument("--home", help="the daemon's home directory (for its config)")
+    parser.add_argument("--model", default="tiny", help="the model to plan for (default tiny)")
+    options = parser.parse_args(argv)
+    report = diagnose(options.home, options.model)
+    if options.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_report(report)
+    return 1 if any(item["level"] == "error" for item in report["checks"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(doctor_main(sys.argv[1:]))
