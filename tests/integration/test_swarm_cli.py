@@ -1,0 +1,175 @@
+"""Real swarms driven only through the CLI, as the issue's users would: daemons on 127.0.0.1.
+
+One module-scoped `sync` swarm of three daemons serves the checks that build
+on it (they run in file order); DiLoCo gets its own pair.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import psutil
+import pytest
+
+from daemons import cli, start_daemon, write_local_config
+from p2ptrain.paths import resolve_paths
+
+pytestmark = [pytest.mark.swarm]
+
+SYNC_RUN = ["--mode", "sync", "--target-batch-size", "48", "--micro-batch", "8"]
+
+
+def status_json(home) -> dict:
+    result = cli(home, "status", "--json")
+    return json.loads(result.stdout)
+
+
+def epochs_rows(home) -> int:
+    with sqlite3.connect(resolve_paths(home).database) as connection:
+        return connection.execute("SELECT count(*) FROM epochs").fetchone()[0]
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    return [process for process in alive if process.is_running() and process.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture(scope="module")
+def sync_swarm(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sync")
+    daemons = []
+    try:
+        for name in ("a", "b", "c"):
+            write_local_config(root / name)
+            daemons.append(start_daemon(root / name))
+        a, b, c = daemons
+        created = cli(a.home, "join", "--new-run", "cli-sync", *SYNC_RUN)
+        assert created.returncode == 0, created.stderr
+        status = a.wait_until(lambda s: (s.get("local") or {}).get("addresses"), 180, what="A to publish its run")
+        address = status["local"]["addresses"][0]
+        for daemon in (b, c):
+            joined = cli(daemon.home, "join", "cli-sync", "--peers", address)
+            assert joined.returncode == 0, joined.stderr
+        yield daemons, address
+    finally:
+        for daemon in daemons:
+            daemon.terminate(timeout=30)
+            daemon.kill()
+
+
+@pytest.mark.timeout(420)
+def test_three_daemons_reach_epoch_3_together_through_the_cli(sync_swarm):
+    daemons, _ = sync_swarm
+    for daemon in daemons:
+        daemon.wait_until(
+            lambda s: s["state"] == "training" and (s.get("run") or {}).get("num_peers") == 3 and s["run"]["epoch"] >= 3,
+            240,
+            what="training with 3 peers at epoch >= 3",
+        )
+    for daemon in daemons:
+        status = status_json(daemon.home)
+        assert status["state"] == "training"
+        assert status["run"]["num_peers"] == 3 and status["run"]["epoch"] >= 3
+        assert status["local"]["samples_per_second"] > 0
+        deadline = time.monotonic() + 30
+        while epochs_rows(daemon.home) < 3 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert epochs_rows(daemon.home) >= 3
+    peers = json.loads(cli(daemons[0].home, "peers", "--json").stdout)["peers"]
+    assert len(peers) == 3 and sum(peer["is_local"] for peer in peers) == 1
+
+
+@pytest.mark.timeout(180)
+def test_pause_resume_and_a_timed_pause(sync_swarm):
+    daemons, _ = sync_swarm
+    c = daemons[2]
+    assert cli(c.home, "pause").returncode == 0
+    status = status_json(c.home)
+    assert (status["state"], status["pause_reason"]) == ("paused", "user")
+    contributed = status["local"]["contributed_samples"]
+    time.sleep(4)
+    assert status_json(c.home)["local"]["contributed_samples"] <= contributed + 8 * 2  # at most the micro-step in flight
+    assert cli(c.home, "resume").returncode == 0
+    c.wait_until(lambda s: s["state"] == "training", 60, what="resume")
+    assert cli(c.home, "pause", "--for", "3s").returncode == 0
+    assert status_json(c.home)["state"] == "paused"
+    c.wait_until(lambda s: s["state"] == "training", 30, what="the timed pause to end by itself")
+
+
+@pytest.mark.timeout(240)
+def test_finish_completes_the_epoch_then_pauses(sync_swarm):
+    daemons, _ = sync_swarm
+    b = daemons[1]
+    epoch = status_json(b.home)["run"]["epoch"]
+    assert cli(b.home, "finish").returncode == 0
+    status = b.wait_until(lambda s: s["state"] == "paused", 180, what="finish to pause after the epoch")
+    assert status["pause_reason"] == "user" and status["run"]["epoch"] >= epoch
+    assert cli(b.home, "resume").returncode == 0
+    b.wait_until(lambda s: s["state"] == "training", 60, what="resume after finish")
+
+
+@pytest.mark.timeout(300)
+def test_a_restarted_daemon_rejoins_its_run_by_itself(sync_swarm):
+    daemons, _ = sync_swarm
+    b = daemons[1]
+    assert b.terminate(timeout=120) == 0
+    restarted = start_daemon(b.home)
+    daemons[1] = restarted
+    epoch = status_json(daemons[0].home)["run"]["epoch"]
+    restarted.wait_until(
+        lambda s: s["state"] == "training" and (s.get("run") or {}).get("id") == "cli-sync" and s["run"]["epoch"] >= epoch + 1,
+        240,
+        what="the restarted daemon to rejoin and reach the next epoch",
+    )
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_of_a_daemon_leaves_no_orphans_and_the_others_go_on(sync_swarm):
+    daemons, _ = sync_swarm
+    a, b, c = daemons
+    children = descendants(c.process.pid)
+    assert any("p2pd" in " ".join(child.cmdline()) for child in children if child.is_running())
+    c.process.kill()  # the daemon alone, not its group
+    c.process.wait(10)
+    assert wait_gone(children, timeout=12) == []
+    with sqlite3.connect(resolve_paths(c.home).database) as connection:
+        assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    epoch = status_json(a.home)["run"]["epoch"]
+    for daemon in (a, b):
+        daemon.wait_until(lambda s: s["run"]["epoch"] >= epoch + 1, 180, what="the others to go on without C")
+
+
+@pytest.mark.timeout(180)
+def test_leave_checkpoints_and_ends_every_process_of_the_worker(sync_swarm):
+    daemons, _ = sync_swarm
+    b = daemons[1]
+    children = descendants(b.process.pid)
+    assert cli(b.home, "leave").returncode == 0
+    b.wait_until(lambda s: s["state"] == "idle", 120, what="leave to finish")
+    assert wait_gone(children, timeout=15) == []
+    assert list(resolve_paths(b.home).checkpoints_dir.glob("*"))
+    events = json.loads(cli(b.home, "events", "--json", "--limit", "200").stdout)["events"]
+    assert "left" in [event["kind"] for event in events]
+
+
+@pytest.mark.timeout(420)
+def test_two_diloco_daemons_reach_epoch_2(daemons):
+    a = daemons.start("da")
+    b = daemons.start("db")
+    created = cli(a.home, "join", "--new-run", "cli-diloco", "--mode", "diloco", "--local-steps", "20", "--micro-batch", "8")
+    assert created.returncode == 0, created.stderr
+    address = a.wait_until(lambda s: (s.get("local") or {}).get("addresses"), 180, what="A to create the run")["local"]["addresses"][0]
+    assert cli(b.home, "join", "cli-diloco", "--peers", address).returncode == 0
+    for daemon in (a, b):
+        daemon.wait_until(
+            lambda s: s["state"] == "training" and s["run"]["mode"] == "diloco" and s["run"]["epoch"] >= 2, 300, what="DiLoCo epoch 2"
+        )
