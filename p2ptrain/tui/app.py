@@ -145,7 +145,7 @@ class P2PTrainApp(App):
             except DaemonNotRunning as error:
                 delay = self.retry_delays_s[min(failures, len(self.retry_delays_s) - 1)]
                 failures += 1
-                self.post_message(DaemonUnreachable(error.one_line(self.target.start_command), delay))
+                self.post_message(DaemonUnreachable("nothing listens on the control socket", delay))
             except DaemonError as error:
                 delay = self.retry_delays_s[-1]
                 self.post_message(DaemonUnreachable(error.one_line(), delay))
@@ -199,7 +199,7 @@ class P2PTrainApp(App):
             return
         self.snapshot = None
         self._dashboard(StatusHeader).status = None
-        self._dashboard(StatusHeader).connection = f"{message.reason} · retrying in {format_duration(message.retry_in_s)}"
+        self._dashboard(StatusHeader).connection = f"{message.reason} · retrying in {message.retry_in_s:g}s"
         panel = self._dashboard(UnreachablePanel)
         panel.reason = message.reason
         panel.retry_in_s = message.retry_in_s

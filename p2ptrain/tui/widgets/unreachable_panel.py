@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.containers import Vertical
+from textual.containers import Center, Vertical
 from textual.markup import escape
 from textual.message import Message
 from textual.reactive import reactive
@@ -39,11 +39,12 @@ class UnreachablePanel(Vertical):
         yield Label("Start it in another terminal with:", classes="unreachable-line")
         yield Label(escape(self.start_command), id="unreachable-command")
         if self.can_start:
-            yield Button("Start a user daemon", id="start-daemon", variant="primary")
+            with Center():
+                yield Button("Start a user daemon", id="start-daemon", variant="primary")
         yield Label("", id="unreachable-reason")
 
     def _refresh_reason(self) -> None:
-        retry = f"retrying in {self.retry_in_s:.0f}s" if self.retry_in_s else "retrying"
+        retry = f"retrying in {self.retry_in_s:g}s" if self.retry_in_s else "retrying"
         self.query_one("#unreachable-reason", Label).update(f"{escape(self.reason)}\n{retry} · q quits")
 
     def on_mount(self) -> None:
