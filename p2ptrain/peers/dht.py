@@ -165,6 +165,7 @@ def start_dht(
     use_auto_relay: bool = False,
     client_mode: bool = False,
     start_timeout: float = 60,
+    follow_runs: tuple[str, ...] = (),
 ):
     """Start this peer's hivemind DHT (in hivemind's background process) and return it.
 
@@ -180,6 +181,9 @@ def start_dht(
     :param client_mode: take part without serving DHT requests (for peers nobody can dial).
         This, not ``hivemind.Optimizer(client_mode=...)``, is what counts.
     :param start_timeout: give up after this many seconds.
+    :param follow_runs: run ids whose records this peer checks from its first
+        moment (see :func:`follow_run`); pass the run being joined, so nothing
+        unchecked about it is stored before the worker first reads it.
     :raises DHTStartError: one line saying what went wrong and how to fix it.
     :raises ValueError: if an address is not a multiaddr.
 
@@ -198,6 +202,7 @@ def start_dht(
     hosts = [validate_multiaddr(address) for address in (host_maddrs or DEFAULT_HOST_MADDRS)]
     announced = [validate_multiaddr(address) for address in announce_maddrs] if announce_maddrs else None
     identity_path = Path(identity_path)
+    new_identity = not identity_path.exists()
     private_key = load_or_create_identity(identity_path)
     RSAPrivateKey._process_wide_key = private_key
     try:
@@ -212,7 +217,9 @@ def start_dht(
             use_auto_relay=use_auto_relay,
             client_mode=client_mode,
             startup_timeout=start_timeout,
-            record_validators=[RSASignatureValidator(private_key), RunRecordValidator()],
+            # A key made a moment ago cannot be in use elsewhere: skip hivemind's probe (an extra p2pd).
+            check_if_identity_free=not new_identity,
+            record_validators=[RSASignatureValidator(private_key), RunRecordValidator(list(follow_runs))],
         )
     except Exception as error:
         raise _explain_start_failure(error, peers, identity_path) from error
@@ -227,7 +234,7 @@ def start_dht(
             ) from error
         raise _explain_start_failure(error, peers, identity_path) from error
     dht.p2ptrain_private_key = private_key
-    dht.p2ptrain_followed_runs = set()
+    dht.p2ptrain_followed_runs = set(follow_runs)
     logger.info("DHT started as %s, reachable at %s", dht.peer_id, ", ".join(visible_addresses(dht)))
     return dht
 

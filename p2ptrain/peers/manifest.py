@@ -140,7 +140,8 @@ def _error_from_validation(error: pydantic.ValidationError) -> ManifestError:
         return ManifestError(f"manifest field {name!r} is missing", _FIXES.get(name, _FIXES.get(field, "give a value")))
     value = first.get("input")
     shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-    return ManifestError(f"manifest field {name!r} = {shown} is invalid", _FIXES.get(name, _FIXES.get(field, first["msg"])))
+    fix = _FIXES.get(name, _FIXES.get(field, first["msg"]))
+    return ManifestError(f"manifest field {name!r} = {shown} is invalid", fix)
 
 
 def parse_manifest(data: dict) -> Manifest:

@@ -94,22 +94,37 @@ def publish_metrics(dht, run_id: str, metrics: LocalMetrics, expiration_s: float
 def read_metrics(dht, run_id: str) -> list[LocalMetrics]:
     """Every peer's current metrics for ``run_id``, newest DHT state.
 
-    Records that fail the schema are logged and dropped; forged ones (under
-    another peer's key without its signature) never reach us, because the
-    validators installed by :func:`p2ptrain.peers.dht.follow_run` refuse them.
+    Records that fail the schema, or whose ``peer_id`` is not the one of the
+    key they are signed with, are logged and dropped. Signatures are checked
+    when a record reaches this peer (the RSASignatureValidator that
+    :func:`p2ptrain.peers.dht.start_dht` installs), so no record under another
+    peer's key without its signature gets here; the other checks are repeated
+    here because this peer's own storage may hold records it accepted before
+    it followed the run.
     """
+    from hivemind.dht.protocol import DHTProtocol
+
     from p2ptrain.peers.dht import follow_run
+    from p2ptrain.peers.validators import owner_peer_id
 
     follow_run(dht, run_id)
     found = dht.get(metrics_key(run_id), latest=True)
     if found is None or not isinstance(found.value, dict):
         return []
     peers = []
-    for entry in found.value.values():
+    for subkey, entry in found.value.items():
         if entry.value is None:
             continue
         try:
-            peers.append(LocalMetrics.model_validate(entry.value))
+            metrics = LocalMetrics.model_validate(entry.value, strict=True)
         except pydantic.ValidationError as error:
-            logger.warning("dropped a metrics record of run %s: %s", run_id, str(error).splitlines()[0])
+            logger.warning("dropped a metrics record of run %s: %s", run_id, str(error).replace("\n", " "))
+            continue
+        signer = owner_peer_id(DHTProtocol.serializer.dumps(subkey))
+        if signer != metrics.peer_id:
+            logger.warning(
+                "dropped a metrics record of run %s claiming peer %s, signed by %s", run_id, metrics.peer_id, signer
+            )
+            continue
+        peers.append(metrics)
     return sorted(peers, key=lambda metrics: metrics.peer_id)

@@ -21,7 +21,6 @@ import hashlib
 import logging
 
 import multihash
-import pydantic
 from cryptography.hazmat.primitives import serialization
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
@@ -46,6 +45,14 @@ def peer_id_of_public_key(public_key: RSAPublicKey) -> str:
     protobuf = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=encoded).SerializeToString()
     digest = multihash.encode(hashlib.sha256(protobuf).digest(), multihash.coerce_code("sha2-256"))
     return PeerID(digest).to_base58()
+
+
+def owner_peer_id(subkey: bytes) -> str | None:
+    """The peer id of the public key in a record's subkey (``b"[owner:ssh-rsa ...]"``), or None if there is none."""
+    owners = RSASignatureValidator._PUBLIC_KEY_RE.findall(subkey)
+    if len(owners) != 1:
+        return None
+    return peer_id_of_public_key(RSAPublicKey.from_bytes(owners[0]))
 
 
 class RunRecordValidator(RecordValidatorBase):
@@ -81,7 +88,7 @@ class RunRecordValidator(RecordValidatorBase):
                 return True
             metrics = LocalMetrics.model_validate(value, strict=True)
             return metrics.peer_id == peer_id_of_public_key(RSAPublicKey.from_bytes(owners[0]))
-        except (pydantic.ValidationError, ValueError, TypeError) as error:
+        except Exception as error:  # a validator must never raise: msgpack, pydantic and key parsing all can
             logger.debug("refused a %s record of run %s: %s", kind, run_id, error)
             return False
 
