@@ -149,9 +149,11 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
         device: the device to train on, with its free memory now.
         policy: the volunteer's caps; defaults to `PlanPolicy()`.
 
-    Quantization is the least of none / int8 / nf4 whose micro-batch reaches
-    `quantize_below_micro_batch` (or the manifest's micro-batch, if smaller);
-    if none does, the one that fits the most samples (the least on a tie).
+    Quantization is the least of none / int8 / nf4 that fits
+    `quantize_below_micro_batch` samples at once (or the manifest's
+    micro-batch, if smaller); if none does, nf4, which leaves the most room.
+    The micro-batch is the largest that fits and divides the manifest's
+    micro-batch, so accumulation reaches it exactly.
 
     Raises:
         PlanError: the model does not fit even at one sample with the strongest quantization.
@@ -166,10 +168,10 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
     options = QUANTIZATION_ORDER if device.kind == "cuda" and facts.can_quantize else ("none",)
     estimates = {q: estimate_memory(facts, precision, q, seq_len, device.kind) for q in options}
     limit = min(wanted, policy.max_micro_batch)
-    micro_batches = {q: largest_divisor_at_most(wanted, min(limit, e.samples_that_fit(allowed)))
-                     if e.samples_that_fit(allowed) else 0 for q, e in estimates.items()}
+    # Samples that fit at once, per quantization (capped by what the run wants).
+    fits = {q: min(limit, estimate.samples_that_fit(allowed)) for q, estimate in estimates.items()}
     memory_words = f"{format_gib(allowed)} allowed ({share:.0%} of {format_gib(free)} free)"
-    if not any(micro_batches.values()):
+    if not any(fits.values()):
         strongest = options[-1]
         raise PlanError(
             f"{facts.name} does not fit on {device.name}: one sample of {seq_len} tokens needs "
@@ -178,16 +180,14 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
             "use a device with more free memory, a smaller model, or a shorter seq_len",
         )
     floor = min(wanted, policy.quantize_below_micro_batch)
-    quantization = next((q for q in options if micro_batches[q] >= floor), None)
-    if quantization is None:
-        best = max(micro_batches.values())
-        quantization = next(q for q in options if micro_batches[q] == best)
-    micro_batch = micro_batches[quantization]
+    # A device too tight for the floor even in nf4 gets nf4 anyway: the most headroom.
+    quantization = next((q for q in options if fits[q] >= floor), options[-1])
+    micro_batch = largest_divisor_at_most(wanted, fits[quantization])
     chosen = estimates[quantization]
     cpu_threads = _cpu_threads(device, policy)
     rationale = [
         precision_reason,
-        _quantization_reason(facts, estimates, micro_batches, quantization, precision, seq_len, memory_words,
+        _quantization_reason(facts, estimates, fits, quantization, precision, seq_len, memory_words,
                              device),
         f"micro-batch {micro_batch} x {wanted // micro_batch} accumulation steps: the manifest wants {wanted} "
         f"samples per step, {micro_batch} fit at once (needs {format_gib(chosen.total(micro_batch))})",
@@ -209,22 +209,22 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
     )
 
 
-def _quantization_reason(facts: ModelFacts, estimates: dict[str, MemoryEstimate], micro_batches: dict[str, int],
+def _quantization_reason(facts: ModelFacts, estimates: dict[str, MemoryEstimate], fits: dict[str, int],
                          quantization: str, precision: str, seq_len: int, memory_words: str,
                          device: DeviceFacts) -> str:
     plain = estimates["none"]
     need = (f"{format_parameters(facts.parameters)} params need {format_gib(plain.weights)} in {precision} plus "
             f"{format_gib(plain.per_sample)} per sample of {seq_len} tokens")
     if quantization != "none":
-        return (f"quantization {quantization}: {need}; a micro-batch of {micro_batches['none']} fits in "
+        return (f"quantization {quantization}: {need}; a micro-batch of {fits['none']} fits in "
                 f"{memory_words}, in {quantization} the weights take {format_gib(estimates[quantization].weights)} "
-                f"and a micro-batch of {micro_batches[quantization]} fits")
+                f"and a micro-batch of {fits[quantization]} fits")
     if device.kind == "cpu":
         why = "bitsandbytes quantization needs a CUDA GPU"
     elif not facts.can_quantize:
         why = "full training cannot update quantized weights"
     else:
-        why = f"a micro-batch of {micro_batches['none']} fits in {memory_words}"
+        why = f"a micro-batch of {fits['none']} fits in {memory_words}"
     return f"quantization none: {need}; {why}"
 
 
@@ -298,7 +298,7 @@ def _device_from_arguments(options: argparse.Namespace) -> DeviceFacts:
                              "--compute-capability 7.5")
         memory = parse_size_mib(options.gpu_memory)
         capability = parse_compute_capability(options.compute_capability)
-        return DeviceFacts(kind="cuda", name=f"a {memory / 1024:g} GiB GPU of compute capability "
+        return DeviceFacts(kind="cuda", name=f"a {memory / 1024:.3g} GiB GPU of compute capability "
                            f"{capability[0]}.{capability[1]}", memory_total_mib=memory, memory_free_mib=memory,
                            compute_capability=capability, index=0, cpu_cores=hardware.cpu.cores_physical)
     devices = hardware.devices()

@@ -1,0 +1,191 @@
+"""The hardware plan: real GPU profiles x models, the memory arithmetic against measurements, and `p2ptrain plan`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from p2ptrain.daemon.memory import GIB, estimate_memory
+from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
+from p2ptrain.daemon.plan import DeviceFacts, PlanError, PlanPolicy, make_plan, parse_size_mib
+
+LORA = {"r": 8}
+FINE_TUNING = {"seq_len": 512, "micro_batch_hint": 8}
+FROM_SCRATCH = {"seq_len": 128, "micro_batch_hint": 8}
+
+
+def gpu(name: str, total_mib: int, free_mib: int, capability: tuple[int, int]) -> DeviceFacts:
+    return DeviceFacts(kind="cuda", name=name, index=0, memory_total_mib=total_mib, memory_free_mib=free_mib,
+                       compute_capability=capability, cpu_cores=8)
+
+
+# What nvidia-smi reports for these cards, with a desktop's share used on the consumer ones.
+PROFILES = {
+    "t4": gpu("Tesla T4", 15360, 15000, (7, 5)),
+    "rtx3060": gpu("NVIDIA GeForce RTX 3060", 12288, 11500, (8, 6)),
+    "rtx4090": gpu("NVIDIA GeForce RTX 4090", 24564, 23000, (8, 9)),
+    "a100-40": gpu("NVIDIA A100-SXM4-40GB", 40960, 40000, (8, 0)),
+    "a100-80": gpu("NVIDIA A100-SXM4-80GB", 81920, 80000, (8, 0)),
+    "laptop-8gb": gpu("NVIDIA GeForce RTX 3070 Laptop GPU", 8192, 7400, (8, 6)),
+    "cpu": DeviceFacts(kind="cpu", name="AMD Ryzen 7 5800X", memory_total_mib=32768, memory_free_mib=20000,
+                       cpu_cores=8),
+}
+# profile -> model -> (precision, quantization, micro_batch), or None when it cannot fit.
+EXPECTED = {
+    "t4": {"tiny": ("fp16", "none", 8), "tinyllama-1.1b": ("fp16", "none", 4), "gemma-2b": ("fp16", "nf4", 2),
+           "open-llama-7b": ("fp16", "nf4", 2), "open-llama-13b": None},
+    "rtx3060": {"tiny": ("bf16", "none", 8), "tinyllama-1.1b": ("bf16", "int8", 4), "gemma-2b": ("bf16", "nf4", 2),
+                "open-llama-7b": ("bf16", "nf4", 1), "open-llama-13b": None},
+    "rtx4090": {"tiny": ("bf16", "none", 8), "tinyllama-1.1b": ("bf16", "none", 8),
+                "gemma-2b": ("bf16", "none", 4), "open-llama-7b": ("bf16", "nf4", 4),
+                "open-llama-13b": ("bf16", "nf4", 2)},
+    "a100-40": {"tiny": ("bf16", "none", 8), "tinyllama-1.1b": ("bf16", "none", 8),
+                "gemma-2b": ("bf16", "none", 8), "open-llama-7b": ("bf16", "none", 4),
+                "open-llama-13b": ("bf16", "nf4", 4)},
+    "a100-80": {"tiny": ("bf16", "none", 8), "tinyllama-1.1b": ("bf16", "none", 8),
+                "gemma-2b": ("bf16", "none", 8), "open-llama-7b": ("bf16", "none", 8),
+                "open-llama-13b": ("bf16", "none", 4)},
+    "laptop-8gb": {"tiny": ("bf16", "none", 8), "tinyllama-1.1b": ("bf16", "nf4", 2),
+                   "gemma-2b": ("bf16", "nf4", 1), "open-llama-7b": None, "open-llama-13b": None},
+    "cpu": {"tiny": ("fp32", "none", 8), "tinyllama-1.1b": ("fp32", "none", 1), "gemma-2b": None,
+            "open-llama-7b": None, "open-llama-13b": None},
+}
+CASES = [(profile, model, expected) for profile, models in EXPECTED.items() for model, expected in models.items()]
+
+
+def plan_for(model: str, device: DeviceFacts, policy: PlanPolicy | None = None):
+    tiny = model == "tiny"
+    return make_plan(model_facts(model, None if tiny else LORA), FROM_SCRATCH if tiny else FINE_TUNING, device,
+                     policy)
+
+
+@pytest.mark.parametrize(("profile", "model", "expected"), CASES, ids=[f"{p}-{m}" for p, m, _ in CASES])
+def test_plan_for_real_gpu_profiles(profile, model, expected):
+    device = PROFILES[profile]
+    if expected is None:
+        with pytest.raises(PlanError, match="does not fit"):
+            plan_for(model, device)
+        return
+    plan = plan_for(model, device)
+    assert (plan.precision, plan.quantization, plan.micro_batch) == expected
+    assert plan.micro_batch * plan.grad_accum == 8, "accumulation reaches the manifest's samples per step"
+    assert plan.memory_estimate_gib <= plan.memory_allowed_gib
+    assert len(plan.rationale) == 4 and all(plan.rationale)
+
+
+def test_memory_estimates_match_what_the_seeds_measured_on_an_a100():
+    seven, thirteen = model_facts("open-llama-7b", LORA), model_facts("open-llama-13b", LORA)
+    lora_7b = estimate_memory(seven, "bf16", "none", 512).total(4) / 1e9
+    qlora_7b = estimate_memory(seven, "bf16", "nf4", 512).total(4) / 1e9
+    lora_13b = estimate_memory(thirteen, "bf16", "none", 512).total(4) / 1e9
+    assert 27 <= lora_7b <= 33, "7B LoRA in bf16 measured ~30 GB"
+    assert 18.5 <= qlora_7b <= 23.5, "7B QLoRA measured ~21 GB"
+    assert 46 <= lora_13b <= 56, "13B LoRA measured ~51 GB"
+
+
+def test_a_quantized_2b_trains_on_a_16gb_t4():
+    plan = plan_for("gemma-2b", PROFILES["t4"])
+    assert plan.quantization in ("int8", "nf4") and plan.micro_batch >= 1
+
+
+def test_plan_sizes_from_free_memory_not_total():
+    idle = gpu("NVIDIA GeForce RTX 4090", 24564, 23000, (8, 9))
+    busy_desktop = gpu("NVIDIA GeForce RTX 4090", 24564, 9000, (8, 9))
+    assert plan_for("gemma-2b", idle).quantization == "none"
+    busy = plan_for("gemma-2b", busy_desktop)
+    assert busy.quantization == "nf4"
+    assert "7.9 GiB allowed (90% of 8.8 GiB free)" in busy.rationale[1]
+
+
+def test_rationale_names_parameters_memory_and_reason():
+    plan = plan_for("gemma-2b", gpu("T4", 16384, 16384, (7, 5)))
+    assert plan.rationale[0] == "precision fp16: compute capability 7.5 has no bfloat16 (needs 8.0)"
+    assert plan.rationale[1].startswith("quantization nf4: 2.5B params need 4.7 GiB in fp16")
+
+
+def test_full_training_never_quantizes():
+    facts = model_facts("tinyllama-1.1b", None)
+    plan = make_plan(facts, FINE_TUNING, PROFILES["a100-40"])
+    assert plan.quantization == "none"
+    with pytest.raises(PlanError):
+        make_plan(facts, FINE_TUNING, PROFILES["laptop-8gb"])
+
+
+def test_policy_caps_memory_share_and_cpu_threads():
+    generous = plan_for("tinyllama-1.1b", PROFILES["rtx4090"])
+    careful = plan_for("tinyllama-1.1b", PROFILES["rtx4090"], PlanPolicy(memory_share=0.3, max_cpu_threads=1))
+    assert careful.micro_batch < generous.micro_batch or careful.quantization != "none"
+    assert careful.memory_estimate_gib <= careful.memory_allowed_gib < generous.memory_allowed_gib
+    assert careful.cpu_threads == 1
+    assert plan_for("tiny", PROFILES["cpu"]).cpu_threads == 8
+
+
+def test_micro_batch_divides_the_samples_per_step():
+    plan = make_plan(model_facts("tinyllama-1.1b", LORA), {"seq_len": 512, "micro_batch_hint": 12},
+                     PROFILES["t4"])
+    assert 12 % plan.micro_batch == 0 and plan.micro_batch * plan.grad_accum == 12
+
+
+def test_model_facts_match_published_parameter_counts():
+    counts = {"tinyllama-1.1b": 1.10e9, "gemma-2b": 2.51e9, "open-llama-3b": 3.43e9, "open-llama-7b": 6.74e9,
+              "open-llama-13b": 13.0e9, "llama-2-7b": 6.74e9}
+    for model, published in counts.items():
+        assert model_facts(model).parameters == pytest.approx(published, rel=0.01), model
+    assert model_facts("google/gemma-2b").parameters == model_facts("gemma-2b").parameters
+    assert 0.8e6 <= model_facts("tiny").parameters <= 1e6
+
+
+def test_model_facts_read_a_local_config_and_refuse_unknown_models(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "vocab_size": 1000}))
+    facts = model_facts(str(tmp_path), LORA)
+    assert facts.parameters == 2 * 1000 * 256 + 2 * (4 * 256 * 256 + 3 * 256 * 688 + 2 * 256) + 256
+    with pytest.raises(ModelFactsError, match="not in the local Hugging Face cache"):
+        model_facts("nobody/no-such-model-anywhere")
+
+
+def test_tiny_facts_agree_with_the_real_preset():
+    from p2ptrain.peers.models import tiny_config
+
+    config = tiny_config()
+    facts = model_facts("tiny")
+    assert (facts.vocab_size, facts.hidden_size, facts.intermediate_size, facts.num_layers) == (
+        config.vocab_size, config.hidden_size, config.intermediate_size, config.num_hidden_layers)
+
+
+@pytest.mark.parametrize("text,mib", [("16GiB", 16384), ("16 GB", 16384), ("8192MiB", 8192), ("80G", 81920)])
+def test_sizes_parse(text, mib):
+    assert parse_size_mib(text) == mib
+
+
+def run_plan(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "p2ptrain.daemon.plan", *arguments], capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_plan_command_for_hypothetical_gpus():
+    small = run_plan("--model", "gemma-2b", "--gpu-memory", "16GiB", "--compute-capability", "7.5", "--json")
+    assert small.returncode == 0, small.stderr
+    small_plan = json.loads(small.stdout)
+    assert small_plan["quantization"] in ("int8", "nf4") and small_plan["precision"] == "fp16"
+    assert {"micro_batch", "grad_accum", "rationale"} <= set(small_plan)
+    big = json.loads(run_plan("--model", "gemma-2b", "--gpu-memory", "80GiB", "--compute-capability", "8.0",
+                              "--json").stdout)
+    assert (big["precision"], big["quantization"]) == ("bf16", "none")
+
+
+@pytest.mark.timeout(120)
+def test_plan_command_rejects_bad_input_in_one_line():
+    for arguments, words in ((("--gpu-memory", "16 gigs", "--compute-capability", "7.5"), "16GiB"),
+                             (("--gpu-memory", "16GiB"), "--compute-capability"),
+                             (("--gpu-memory", "16GiB", "--compute-capability", "seven"), "7.5")):
+        result = run_plan("--model", "gemma-2b", *arguments)
+        assert result.returncode == 2
+        assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr
+    cpu = run_plan("--model", "tiny", "--device", "cpu")
+    assert cpu.returncode == 0 and "fp32" in cpu.stdout
