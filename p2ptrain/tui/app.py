@@ -63,6 +63,8 @@ class P2PTrainApp(App):
     """
 
     CSS_PATH = "app.tcss"
+    # Focusing the peers table on start would scroll a narrow dashboard past the swarm panel.
+    AUTO_FOCUS = None
     TITLE = "p2ptrain"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     BINDINGS = [

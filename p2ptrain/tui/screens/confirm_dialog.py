@@ -16,6 +16,7 @@ class ConfirmDialog(ModalScreen[bool]):
         confirm_label: the label of the button that goes ahead.
     """
 
+    AUTO_FOCUS = "#confirm-no"
     BINDINGS = [("escape", "cancel", "Cancel"), ("y", "confirm", "Yes"), ("n", "cancel", "No")]
 
     def __init__(self, question: str, confirm_label: str) -> None:

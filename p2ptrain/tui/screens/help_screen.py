@@ -35,6 +35,7 @@ The same controls from a shell: `p2ptrain status`, `p2ptrain pause --for 2h`,
 class HelpScreen(ModalScreen[None]):
     """Key bindings and states; any of escape, ? or q closes it."""
 
+    AUTO_FOCUS = "#help-dialog"
     BINDINGS = [("escape", "dismiss_help", "Close"), ("question_mark", "dismiss_help", "Close"), ("q", "dismiss_help", "Close")]
 
     def compose(self) -> ComposeResult:

@@ -41,6 +41,7 @@ def join_params(run: str, bootstrap: str, new_run: bool, mode: str, model: str) 
 class JoinDialog(ModalScreen[dict | None]):
     """Asks for a run to join; dismisses with the ``join`` params, or None when cancelled."""
 
+    AUTO_FOCUS = "#join-run"
     BINDINGS = [("escape", "cancel", "Cancel")]
 
     def compose(self) -> ComposeResult:

@@ -13,6 +13,7 @@ from p2ptrain.tui.formatting import parse_duration
 class PauseDialog(ModalScreen[dict | None]):
     """Dismisses with the ``pause`` params (``for_s`` when a duration was given), or None when cancelled."""
 
+    AUTO_FOCUS = "#pause-duration"
     BINDINGS = [("escape", "cancel", "Cancel")]
 
     def compose(self) -> ComposeResult:
