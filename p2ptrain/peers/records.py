@@ -91,6 +91,27 @@ def publish_metrics(dht, run_id: str, metrics: LocalMetrics, expiration_s: float
     return bool(stored)
 
 
+def withdraw_metrics(dht, run_id: str, expiration_s: float = METRICS_EXPIRATION_S) -> bool:
+    """Say goodbye: replace this peer's metrics with an empty entry, so readers drop it at once.
+
+    A record with a *shorter* life cannot replace ours (the DHT keeps the entry
+    that expires last), so an empty entry that outlives the last published
+    record is stored instead; ``expiration_s`` must be at least the one used
+    by :func:`publish_metrics`.
+
+    :returns: whether the DHT accepted it.
+    """
+    from hivemind.utils import get_dht_time
+
+    from p2ptrain.peers.dht import follow_run, own_public_key
+
+    follow_run(dht, run_id)
+    stored = dht.store(
+        metrics_key(run_id), subkey=own_public_key(dht), value=None, expiration_time=get_dht_time() + expiration_s
+    )
+    return bool(stored)
+
+
 def read_metrics(dht, run_id: str) -> list[LocalMetrics]:
     """Every peer's current metrics for ``run_id``, newest DHT state.
 

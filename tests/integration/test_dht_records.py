@@ -33,7 +33,7 @@ from p2ptrain.peers.manifest import (
     publish_manifest,
     read_manifests,
 )
-from p2ptrain.peers.records import LocalMetrics, metrics_key, publish_metrics, read_metrics
+from p2ptrain.peers.records import LocalMetrics, metrics_key, publish_metrics, read_metrics, withdraw_metrics
 from p2ptrain.peers.swarm import read_swarm
 
 pytestmark = pytest.mark.swarm
@@ -218,6 +218,18 @@ def test_read_metrics_returns_every_peers_record(peers):
         assert set(by_name) == {"alice", "bob"}
         assert by_name["alice"].loss == 2.5 and by_name["alice"].peer_id == alice.peer_id.to_base58()
         assert by_name["bob"].loss is None and by_name["bob"].epoch == 3
+
+
+@pytest.mark.timeout(90)
+def test_withdrawn_metrics_disappear_for_other_peers(peers):
+    alice = peers("a")
+    bob = peers("b", alice)
+    assert publish_metrics(alice, "leave-run", metrics_of(alice, "alice"))
+    assert publish_metrics(bob, "leave-run", metrics_of(bob, "bob"))
+    assert wait_for(lambda: len(read_metrics(alice, "leave-run")), lambda count: count == 2) == 2
+
+    assert withdraw_metrics(bob, "leave-run")
+    assert [record.nickname for record in read_metrics(alice, "leave-run")] == ["alice"]
 
 
 @pytest.mark.timeout(90)
