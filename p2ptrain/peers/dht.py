@@ -268,19 +268,36 @@ def follow_run(dht, run_id: str) -> None:
 
 def _address_rank(address: str) -> tuple[int, int, int]:
     parts = address.split("/")
-    host = parts[2] if len(parts) > 2 else ""
     loopback = private = 0
-    if parts[1:2] in (["ip4"], ["ip6"]):
-        ip = ipaddress.ip_address(host)
+    if parts[1] in ("ip4", "ip6"):
+        ip = ipaddress.ip_address(parts[2])
         loopback = int(ip.is_loopback)
         private = int(not ip.is_global)
     return loopback, int("p2p-circuit" in parts), private
 
 
+def rank_addresses(addresses: list[str]) -> list[str]:
+    """Addresses without duplicates, best first: public, then private, relayed, loopback last."""
+    return sorted(dict.fromkeys(addresses), key=_address_rank)
+
+
+def reachability_of(addresses: list[str], client_mode: bool = False) -> str:
+    """How others reach a peer that announces ``addresses``; see :func:`reachability`."""
+    if client_mode:
+        return "unknown"
+    direct = [address for address in addresses if "p2p-circuit" not in address.split("/")]
+    for address in direct:
+        protocol, host = address.split("/")[1:3]
+        if protocol not in ("ip4", "ip6") or ipaddress.ip_address(host).is_global:
+            return "direct"
+    if addresses and not direct:
+        return "relayed"
+    return "unknown"
+
+
 def visible_addresses(dht) -> list[str]:
     """Multiaddrs (with ``/p2p/<peer id>``) that other peers can dial: public first, loopback last."""
-    addresses = list(dict.fromkeys(str(address) for address in dht.get_visible_maddrs(latest=True)))
-    return sorted(addresses, key=_address_rank)
+    return rank_addresses([str(address) for address in dht.get_visible_maddrs(latest=True)])
 
 
 def reachability(dht) -> str:
@@ -291,13 +308,4 @@ def reachability(dht) -> str:
     ``"unknown"``: only private or loopback addresses, or a DHT client -- peers on
     the same network can dial it, the internet probably cannot.
     """
-    addresses = visible_addresses(dht)
-    if dht.client_mode:
-        return "unknown"
-    direct = [address for address in addresses if "p2p-circuit" not in address]
-    for address in direct:
-        if address.split("/")[1] not in ("ip4", "ip6") or ipaddress.ip_address(address.split("/")[2]).is_global:
-            return "direct"
-    if addresses and not direct:
-        return "relayed"
-    return "unknown"
+    return reachability_of(visible_addresses(dht), client_mode=dht.client_mode)
