@@ -189,3 +189,70 @@ def test_plan_command_rejects_bad_input_in_one_line():
         assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr
     cpu = run_plan("--model", "tiny", "--device", "cpu")
     assert cpu.returncode == 0 and "fp32" in cpu.stdout
+
+
+def cpu_plan(micro_batch_hint: int, seq_len: int):
+    from p2ptrain.daemon.hardware import probe
+
+    device = probe().devices()[-1]
+    return make_plan(model_facts("tiny"), {"seq_len": seq_len, "micro_batch_hint": micro_batch_hint}, device,
+                     PlanPolicy(max_cpu_threads=1))
+
+
+def test_back_off_halves_then_quantizes_more_strongly():
+    from p2ptrain.daemon.calibrate import back_off
+
+    plan = plan_for("gemma-2b", PROFILES["rtx4090"])
+    assert (plan.quantization, plan.micro_batch, plan.grad_accum) == ("none", 4, 2)
+    halved = back_off(plan, plan.micro_batch, can_quantize=True)
+    assert (halved.micro_batch, halved.grad_accum) == (2, 4)
+    assert "out of memory at micro-batch 4" in halved.rationale[-1]
+    at_one = back_off(halved, 4, True)
+    assert (at_one.micro_batch, at_one.quantization) == (1, "none")
+    stronger = back_off(at_one, 4, True)
+    assert (stronger.quantization, stronger.micro_batch, stronger.grad_accum) == ("int8", 4, 2)
+    assert back_off(at_one, 4, can_quantize=False) is None
+
+
+@pytest.mark.timeout(240)
+def test_calibration_runs_real_steps_on_the_cpu_and_caches_them(tmp_path):
+    from p2ptrain.daemon.calibrate import calibrate, read_cache
+
+    plan = cpu_plan(micro_batch_hint=4, seq_len=64)
+    measured = calibrate("tiny", plan, tmp_path, steps=2)
+    assert measured.calibrated and measured.samples_per_second > 0
+    assert (measured.micro_batch, measured.grad_accum) == (4, 1)
+    cache = read_cache(tmp_path)
+    (key, entry), = cache.items()
+    assert key == f"tiny|{plan.device_name}|fp32|none"
+    assert entry["samples_per_second"] == measured.samples_per_second and entry["seq_len"] == 64
+    again = calibrate("tiny", plan, tmp_path, steps=2)
+    assert again.samples_per_second == measured.samples_per_second, "a cached measurement is not repeated"
+    assert "cached" in again.rationale[-1]
+
+
+OUT_OF_MEMORY_SCRIPT = """
+import json, resource, sys
+import psutil, torch, transformers, p2ptrain.peers.models  # loaded before the address space is capped
+from p2ptrain.daemon.calibrate import calibrate
+from p2ptrain.daemon.plan import Plan
+plan = Plan.from_dict(json.loads(sys.argv[1]))
+headroom = int(sys.argv[3]) * 2**20
+resource.setrlimit(resource.RLIMIT_AS, (psutil.Process().memory_info().vms + headroom, resource.RLIM_INFINITY))
+print(json.dumps(calibrate("tiny", plan, sys.argv[2], steps=1).to_dict()))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_calibration_backs_off_after_a_real_out_of_memory(tmp_path):
+    # A capped address space makes the CPU allocator fail for real, as a full GPU would.
+    plan = cpu_plan(micro_batch_hint=32, seq_len=256)
+    assert plan.micro_batch == 32
+    result = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY_SCRIPT, json.dumps(plan.to_dict()), str(tmp_path),
+                             "450"], capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-2000:]
+    backed_off = json.loads(result.stdout.strip().splitlines()[-1])
+    assert 1 <= backed_off["micro_batch"] < 32
+    assert backed_off["micro_batch"] * backed_off["grad_accum"] == 32
+    assert any(line.startswith("back-off: out of memory at micro-batch 32") for line in backed_off["rationale"])
+    assert backed_off["samples_per_second"] > 0
