@@ -1,0 +1,483 @@
+"""The training worker: one process (torch + hivemind) that the daemon starts with ``spawn``.
+
+``main(conn, spec)`` joins a run, trains, and talks to the daemon over ``conn``
+(commands down, reports up: see "Worker pipe" in DEVELOPERS.md). It leads its
+own process group and dies with the daemon (PR_SET_PDEATHSIG); on SIGTERM it
+checkpoints and ends everything it started (DHT process, averagers, p2pd).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from p2ptrain.peers import process
+
+logger = logging.getLogger(__name__)
+
+STEP_REPORT_INTERVAL_S = 1.0
+SWARM_REPORT_INTERVAL_S = 5.0
+METRICS_INTERVAL_S = 5.0
+GOODBYE_EXPIRATION_S = 1.0
+VALIDATION_BATCHES = 3
+
+
+class WorkerFailure(Exception):
+    """A failure the volunteer can fix: reported as an ``error`` with ``fix``."""
+
+    def __init__(self, message: str, fix: str):
+        super().__init__(message)
+        self.message, self.fix = message, fix
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM arrived while the worker was blocked outside the training loop."""
+
+
+def main(conn, spec: dict) -> None:
+    """Entry point of the worker process (see the module docstring)."""
+    pgid = process.become_group_leader()
+    process.die_with_parent()
+    # a spawned child inherits "spawn" as its default start method, but
+    # hivemind's averagers are plain mp.Process objects that must be forked
+    multiprocessing.set_start_method("fork", force=True)
+    logging.basicConfig(
+        level=getattr(logging, str(spec.get("log_level", "INFO")).upper(), logging.INFO),
+        format="%(asctime)s worker[%(process)d] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    worker = Worker(conn, spec)
+    process.install_stop_handlers(worker.on_signal)
+    exit_code = 0
+    try:
+        worker.start()
+        worker.run()
+    except Stopped:
+        logger.info("Stopped by a signal")
+    except WorkerFailure as failure:
+        worker.report("error", message=failure.message, fix=failure.fix, fatal=True)
+        exit_code = 1
+    except Exception as error:
+        logger.exception("The training worker failed")
+        worker.report("error", message=f"training worker failed: {error}", fix="see the worker log; the daemon restarts the worker", fatal=True)
+        exit_code = 1
+    finally:
+        worker.close()
+        process.kill_descendants()
+        process.kill_group(pgid)
+    # hivemind's atexit hooks would wait for processes we already ended
+    os._exit(exit_code)
+
+
+def stream_seed(manifest_seed: int, peer_id: str) -> int:
+    """Each peer reads its own sample stream: the seed mixes the run's seed and the peer id."""
+    return int.from_bytes(hashlib.sha256(f"{manifest_seed}:{peer_id}".encode()).digest()[:8], "little")
+
+
+class Worker:
+    """Holds one run's DHT, model, data and trainer, and the loop that drives them."""
+
+    def __init__(self, conn, spec: dict):
+        self.conn, self.spec = conn, spec
+        self.send_lock = threading.Lock()
+        self.stop_requested = False
+        self.interruptible = True  # a signal may interrupt setup, never a training step
+        self.dht = self.trainer = self.loaded = self.batches = None
+        self.state = "joining"
+        self.finish_at_epoch: int | None = None
+        self.contributed_samples = 0
+        self.last_loss: float | None = None
+        self.samples_per_second = 0.0
+        self.peer_id = ""
+        self.left = False
+
+    # --- pipe ---------------------------------------------------------
+    def report(self, report_type: str, **fields) -> None:
+        try:
+            with self.send_lock:
+                self.conn.send({"type": report_type, **fields})
+        except (BrokenPipeError, OSError, EOFError):
+            logger.warning("The daemon is gone; could not send %s", report_type)
+
+    def event(self, kind: str, message: str, **data) -> None:
+        logger.info("%s: %s", kind, message)
+        self.report("event", kind=kind, message=message, data=data)
+
+    def on_signal(self, signum, frame) -> None:
+        logger.info("Received signal %d: checkpointing and stopping", signum)
+        self.stop_requested = True
+        if self.interruptible:
+            raise Stopped()
+
+    # --- setup --------------------------------------------------------
+    def start(self) -> None:
+        import torch
+
+        from p2ptrain.peers.data import DatasetUnavailable, train_batches, validation_batches
+        from p2ptrain.peers.dht import DHTStartError, reachability, start_dht, visible_addresses
+        from p2ptrain.peers.manifest import ManifestError, fetch_manifest, parse_manifest, publish_manifest
+        from p2ptrain.peers.models import build_model
+        from p2ptrain.peers.tokenizers import ModelUnavailable
+
+        spec, paths, dht_options = self.spec, self.spec["paths"], self.spec.get("dht") or {}
+        if spec.get("torch_threads"):
+            torch.set_num_threads(int(spec["torch_threads"]))
+        try:
+            self.dht = start_dht(
+                list(spec.get("initial_peers") or []),
+                Path(paths["identity_key"]),
+                host_maddrs=dht_options.get("host_maddrs"),
+                announce_maddrs=dht_options.get("announce_maddrs"),
+                use_relay=dht_options.get("use_relay", True),
+                use_auto_relay=dht_options.get("use_auto_relay", False),
+                client_mode=dht_options.get("client_mode", False),
+            )
+            if spec.get("new_run"):
+                self.manifest = parse_manifest(spec["manifest"])
+            else:
+                self.manifest = fetch_manifest(self.dht, spec["run_id"], timeout=float(spec.get("manifest_timeout_s", 60)))
+            # every peer republishes the manifest, so the run outlives its creator
+            publish_manifest(self.dht, self.manifest)
+        except (DHTStartError, ManifestError) as error:
+            raise WorkerFailure(error.message, error.fix) from error
+
+        plan = spec.get("plan") or {}
+        self.device = plan.get("device", "cpu")
+        self.precision = plan.get("precision", "fp32")
+        self.quantization = plan.get("quantization", "none")
+        self.micro_batch = int(plan.get("micro_batch") or self.manifest.micro_batch_hint)
+        self.grad_accum = int(plan.get("grad_accum") or 1)
+        self.manifest_hash = self.manifest.manifest_hash()
+        self.peer_id = self.dht.peer_id.to_base58()
+        manifest = self.manifest
+        try:
+            self.loaded = build_model(manifest.model, manifest.lora.model_dump() if manifest.lora else None, self.precision, self.quantization, self.device, manifest.seed)
+            cache_dir = Path(paths["cache_dir"])
+            checkpoint = self._read_checkpoint()
+            start_position = int(checkpoint.get("data_position", 0)) if checkpoint else 0
+            self.batches = train_batches(manifest.dataset, self.loaded.tokenizer, manifest.seq_len, self.micro_batch, stream_seed(manifest.seed, self.peer_id), cache_dir, start_position)
+            self.validation = validation_batches(manifest.dataset, self.loaded.tokenizer, manifest.seq_len, self.micro_batch, cache_dir, max_batches=VALIDATION_BATCHES)
+        except (ModelUnavailable, DatasetUnavailable) as error:
+            raise WorkerFailure(str(error), "use the 'tiny' model and the built-in stdlib dataset, or make the model/data available offline") from error
+        except ValueError as error:
+            raise WorkerFailure(str(error), "fix the run manifest or the hardware plan") from error
+
+        if checkpoint:
+            try:
+                self.loaded.load_trainable_state(checkpoint["trainable"])
+            except (KeyError, ValueError) as error:
+                self.event("checkpoint-ignored", f"checkpoint not used: {error}")
+                checkpoint = None
+        self.trainer = self._make_trainer()
+        if checkpoint:
+            self.trainer.load_state_dict(checkpoint["trainer"])
+            self.contributed_samples = int(checkpoint.get("contributed_samples", 0))
+            self.event("checkpoint-loaded", f"resumed from a checkpoint at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
+        self._catch_up()
+        self.reachability = reachability(self.dht)
+        self.report(
+            "joined", peer_id=self.peer_id, addresses=visible_addresses(self.dht), reachability=self.reachability,
+            manifest=manifest.model_dump(mode="json"), manifest_hash=self.manifest_hash, device=self.device,
+            precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
+            grad_accum=self.grad_accum, parameters=self.loaded.parameters,
+            trainable_parameters=self.loaded.trainable_parameters, nickname=spec.get("nickname", ""),
+        )
+
+    def _make_trainer(self):
+        from p2ptrain.peers.manifest import averaging_prefix
+        from p2ptrain.peers.sync import averaging_timings
+
+        manifest = self.manifest
+        common = dict(
+            dht=self.dht, prefix=averaging_prefix(manifest), parameters=self.loaded.trainable(),
+            target_batch_size=manifest.target_batch_size, batch_size_per_step=self.micro_batch * self.grad_accum,
+            inner_lr=manifest.inner_lr, compression=manifest.compression,
+            client_mode=bool((self.spec.get("dht") or {}).get("client_mode", False)),
+            **averaging_timings(self.spec.get("averaging"), (self.spec.get("dht") or {}).get("host_maddrs") or ()),
+        )
+        if manifest.mode == "diloco":
+            from p2ptrain.peers.diloco import DiLoCoTrainer
+
+            trainer = DiLoCoTrainer(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr, outer_momentum=manifest.outer_momentum, **common)
+        else:
+            from p2ptrain.peers.sync import SyncTrainer
+
+            trainer = SyncTrainer(**common)
+        # hivemind's averagers set SIGINT to ignored when they start
+        process.install_stop_handlers(self.on_signal)
+        return trainer
+
+    def _catch_up(self) -> None:
+        """Download the swarm's state if it is ahead of ours (checkpoint or fresh model)."""
+        if self.trainer.local_epoch < self.trainer.tracker.global_epoch:
+            before = self.trainer.local_epoch
+            self.trainer.load_state_from_peers()
+            if self.trainer.local_epoch > before:
+                self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch, previous_epoch=before)
+
+    # --- checkpoints --------------------------------------------------
+    def _checkpoint_file(self) -> Path:
+        from p2ptrain.peers.checkpoint import checkpoint_path
+
+        return checkpoint_path(self.spec["paths"]["checkpoints_dir"], self.spec["run_id"])
+
+    def _read_checkpoint(self) -> dict | None:
+        from p2ptrain.peers.checkpoint import load_checkpoint
+
+        path = self._checkpoint_file()
+        state = load_checkpoint(path, manifest_hash=self.manifest.manifest_hash())
+        if state is None and path.exists():
+            self.event("checkpoint-ignored", f"checkpoint {path} is unreadable or of another manifest; starting without it")
+        return state
+
+    def save_checkpoint(self, why: str) -> None:
+        from p2ptrain.peers.checkpoint import save_checkpoint
+
+        if self.trainer is None:
+            return
+        state = {
+            "trainable": self.loaded.trainable_state(), "trainer": self.trainer.state_dict(),
+            "epoch": self.trainer.local_epoch, "data_position": self.batches.position,
+            "manifest_hash": self.manifest_hash, "contributed_samples": self.contributed_samples,
+        }
+        try:
+            save_checkpoint(self._checkpoint_file(), state)
+        except OSError as error:
+            self.report("error", message=f"could not write the checkpoint: {error}", fix="free disk space or fix permissions of the state directory", fatal=False)
+            return
+        self.last_checkpoint = time.monotonic()
+        self.event("checkpoint-saved", f"checkpoint saved ({why}) at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch, reason=why)
+
+    # --- the loop -------------------------------------------------------
+    def run(self) -> None:
+        """Train until ``leave`` or a signal; commands are polled between micro-steps."""
+        self.interruptible = False
+        self.last_checkpoint = time.monotonic()
+        self.checkpoint_interval_s = float(self.spec.get("checkpoint_interval_s", 600))
+        self.set_state("paused" if self.spec.get("start_paused") else "training")
+        threading.Thread(target=self._report_swarm_forever, name="swarm-reporter", daemon=True).start()
+        self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
+        self.epoch_started_at, self.epoch_losses = time.time(), []
+        while not self.stop_requested and not self.left:
+            self.handle_commands()
+            if self.stop_requested or self.left:
+                break
+            if time.monotonic() - self.last_checkpoint > self.checkpoint_interval_s:
+                self.save_checkpoint("timer")
+            if self.state != "training":
+                self.conn.poll(0.2)
+                continue
+            if self.trainer.is_behind():
+                self._catch_up()
+            if not self.trainer.wants_batch():
+                self.after_step(self.trainer.tick())
+                time.sleep(0.05)
+                continue
+            self.train_one_step()
+
+    def set_state(self, state: str) -> None:
+        self.state = state
+        self.report("state", state=state)
+
+    def handle_commands(self) -> None:
+        while self.conn.poll():
+            try:
+                command = self.conn.recv()
+            except (EOFError, OSError):
+                logger.warning("The daemon closed the pipe: stopping")
+                self.stop_requested = True
+                return
+            name = command.get("cmd") if isinstance(command, dict) else None
+            if name == "pause" and self.state == "training":
+                self.pause()
+            elif name == "resume" and self.state != "training":
+                self.finish_at_epoch = None
+                self._catch_up()
+                self.set_state("training")
+            elif name == "finish":
+                self.finish_at_epoch = self.trainer.local_epoch + 1
+                if self.state != "training":
+                    self.set_state("training")
+            elif name == "leave":
+                self.leave()
+                return
+            elif name not in ("pause", "resume"):
+                self.report("error", message=f"unknown worker command {command!r}", fix="send pause, resume, finish or leave", fatal=False)
+
+    def pause(self, finished: bool = False) -> None:
+        self.trainer.skip_batch()
+        self.save_checkpoint("pause")
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.set_state("finished" if finished else "paused")
+
+    def leave(self) -> None:
+        self.save_checkpoint("leave")
+        self.left = True
+        self.goodbye()
+        for closing in (self.trainer, self.dht):
+            try:
+                closing.shutdown()
+            except Exception:
+                logger.exception("Error while shutting down %s", type(closing).__name__)
+        self.trainer = self.dht = None
+        self.report("left")
+
+    def train_one_step(self) -> None:
+        """Accumulate ``grad_accum`` micro-batches and hand them to the trainer,
+        unless a loss or gradient is not finite (then nothing is contributed)."""
+        import torch
+
+        from p2ptrain.peers.models import causal_lm_loss
+
+        losses = []
+        for _ in range(self.grad_accum):
+            loss = causal_lm_loss(self.loaded.model, next(self.batches))
+            if not torch.isfinite(loss):
+                self.trainer.skip_batch()
+                self.event("non-finite", "skipped a batch with a non-finite loss; nothing was contributed", loss=str(loss.item()))
+                return
+            (loss / self.grad_accum).backward()
+            losses.append(loss.item())
+            if self.grad_accum > 1:
+                self.handle_commands()
+                if self.state != "training" or self.left or self.stop_requested:
+                    self.trainer.skip_batch()
+                    return
+        gradients = [p.grad for p in self.trainer.parameters if p.grad is not None]
+        if not all(bool(torch.isfinite(g).all()) for g in gradients):
+            self.trainer.skip_batch()
+            self.event("non-finite", "skipped a batch with non-finite gradients; nothing was contributed")
+            return
+        samples = self.micro_batch * self.grad_accum
+        outcome = self.trainer.step(samples)
+        self.contributed_samples += samples
+        self.last_loss = sum(losses) / len(losses)
+        self.window["samples"] += samples
+        self.window["losses"].append(self.last_loss)
+        self.epoch_losses.append(self.last_loss)
+        self.after_step(outcome)
+        self.report_steps()
+
+    def report_steps(self) -> None:
+        elapsed = time.monotonic() - self.window["started"]
+        if elapsed < STEP_REPORT_INTERVAL_S or not self.window["losses"]:
+            return
+        self.samples_per_second = self.window["samples"] / elapsed
+        self.report(
+            "step", ts=time.time(), epoch=self.trainer.local_epoch,
+            loss=sum(self.window["losses"]) / len(self.window["losses"]),
+            samples=self.window["samples"], samples_per_second=self.samples_per_second,
+        )
+        self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
+
+    def after_step(self, outcome) -> None:
+        """Report what the trainer's step changed: averaging rounds, epoch ends, downloads."""
+        if outcome.averaged_with is not None:
+            self.last_group = outcome.averaged_with
+            self.event("averaged", f"averaged with {outcome.averaged_with} peers", peers=outcome.averaged_with, epoch=self.trainer.local_epoch)
+        if outcome.loaded_state:
+            self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
+        if outcome.epoch_advanced:
+            self.end_epoch(self.trainer.local_epoch - 1)
+
+    def end_epoch(self, epoch: int) -> None:
+        now = time.time()
+        progress = self.trainer.tracker.global_progress
+        self.report(
+            "epoch", epoch=epoch, started_at=self.epoch_started_at, ended_at=now, duration_s=now - self.epoch_started_at,
+            num_peers=max(progress.num_peers, 1), global_samples=self.manifest.target_batch_size,
+            loss=sum(self.epoch_losses) / len(self.epoch_losses) if self.epoch_losses else None,
+            val_loss=self.validation_loss(), averaged_with=getattr(self, "last_group", 1),
+        )
+        self.epoch_started_at, self.epoch_losses, self.last_group = now, [], 1
+        if self.finish_at_epoch is not None and self.trainer.local_epoch >= self.finish_at_epoch:
+            self.finish_at_epoch = None
+            self.pause(finished=True)
+
+    def validation_loss(self) -> float:
+        import torch
+
+        from p2ptrain.peers.models import causal_lm_loss
+
+        self.loaded.model.eval()
+        try:
+            with torch.no_grad():
+                losses = [causal_lm_loss(self.loaded.model, batch).item() for batch in self.validation]
+        finally:
+            self.loaded.model.train()
+        return sum(losses) / len(losses)
+
+    def _report_swarm_forever(self) -> None:
+        from hivemind.utils import get_dht_time
+
+        from p2ptrain import __version__
+        from p2ptrain.peers.records import LocalMetrics, publish_metrics
+        from p2ptrain.peers.swarm import read_swarm
+
+        while not self.left and not self.stop_requested:
+            if self.trainer is None:
+                return
+            try:
+                metrics = LocalMetrics(
+                    peer_id=self.peer_id, nickname=self.spec.get("nickname", "")[:64], device=self.device,
+                    precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
+                    samples_per_second=self.samples_per_second if self.state == "training" else 0.0,
+                    loss=self.last_loss, epoch=self.trainer.local_epoch, contributed_samples=self.contributed_samples,
+                    manifest_hash=self.manifest_hash, version=__version__, reachability=self.reachability, time=get_dht_time(),
+                )
+                publish_metrics(self.dht, self.manifest.run_id, metrics)
+                view = read_swarm(self.dht, self.manifest.run_id, self.manifest_hash, self.manifest.target_batch_size)
+                self.report(
+                    "swarm", epoch=view.epoch, samples_accumulated=view.samples_accumulated,
+                    target_batch_size=view.target_batch_size, eta_next_epoch_s=view.eta_next_epoch_s,
+                    num_peers=view.num_peers, peers=view.peers,
+                )
+            except Exception:
+                logger.exception("Could not publish metrics or read the swarm")
+            time.sleep(SWARM_REPORT_INTERVAL_S)
+
+    def goodbye(self) -> None:
+        """Publish a last metrics record that expires at once, so peers drop us quickly."""
+        from hivemind.utils import get_dht_time
+
+        from p2ptrain import __version__
+        from p2ptrain.peers.records import LocalMetrics, publish_metrics
+
+        try:
+            metrics = LocalMetrics(
+                peer_id=self.peer_id, nickname=self.spec.get("nickname", "")[:64], device=self.device,
+                precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
+                samples_per_second=0.0, loss=self.last_loss, epoch=self.trainer.local_epoch,
+                contributed_samples=self.contributed_samples, manifest_hash=self.manifest_hash,
+                version=__version__, reachability=self.reachability, time=get_dht_time(),
+            )
+            publish_metrics(self.dht, self.manifest.run_id, metrics, expiration_s=GOODBYE_EXPIRATION_S)
+        except Exception:
+            logger.exception("Could not say goodbye to the swarm")
+
+    def close(self) -> None:
+        """Checkpoint (unless already done by leave) and shut hivemind down."""
+        self.interruptible = False
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.trainer is not None and not self.left:
+            try:
+                self.save_checkpoint("stop")
+            except Exception:
+                logger.exception("Could not checkpoint while stopping")
+        for closing in (self.trainer, self.dht):
+            if closing is None:
+                continue
+            try:
+                closing.shutdown()
+            except Exception:
+                logger.exception("Error while shutting down %s", type(closing).__name__)

@@ -1,0 +1,183 @@
+"""Real training workers on 127.0.0.1, started exactly as the daemon starts them:
+``multiprocessing`` spawn + a pipe, ``p2ptrain.peers.worker.main(conn, spec)``."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from p2ptrain.peers.worker import main as worker_main
+
+pytestmark = pytest.mark.swarm
+
+SHARED_CACHE = Path(os.environ.get("P2PTRAIN_TEST_CACHE", "/tmp/p2ptrain-test-token-cache"))
+
+
+def run_manifest(run_id: str, mode: str = "sync", **overrides) -> dict:
+    manifest = {
+        "run_id": run_id, "mode": mode, "model": "tiny", "dataset": {"kind": "stdlib"}, "seq_len": 32,
+        "target_batch_size": 64, "local_steps": 6, "micro_batch_hint": 4, "inner_lr": 3e-3,
+        "outer_lr": 0.7, "outer_momentum": 0.9, "compression": "none", "seed": 1, "created_at": time.time(),
+    }
+    manifest.update(overrides)
+    return manifest
+
+
+class WorkerHandle:
+    """One worker process and the reports it sent."""
+
+    def __init__(self, tmp_path: Path, name: str, manifest: dict, new_run: bool, initial_peers: list[str]):
+        home = tmp_path / name
+        for sub in ("state", "checkpoints"):
+            (home / sub).mkdir(parents=True, exist_ok=True)
+        self.spec = {
+            "run_id": manifest["run_id"], "manifest": manifest if new_run else {}, "new_run": new_run,
+            "initial_peers": initial_peers,
+            "paths": {"state_dir": str(home / "state"), "cache_dir": str(SHARED_CACHE),
+                      "checkpoints_dir": str(home / "checkpoints"), "identity_key": str(home / "state" / "identity.key")},
+            "dht": {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "announce_maddrs": [], "use_relay": False,
+                    "use_auto_relay": False, "client_mode": False},
+            "nickname": name, "plan": {"device": "cpu", "precision": "fp32", "quantization": "none", "micro_batch": 4, "grad_accum": 1},
+            "start_paused": False, "log_level": os.environ.get("WORKER_LOG", "WARNING"), "torch_threads": 1,
+            "averaging": {"matchmaking_time": 2.0, "averaging_timeout": 20.0},
+        }
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(target=worker_main, args=(child_conn, self.spec), name=f"worker-{name}")
+        self.process.start()
+        child_conn.close()
+        self.reports: list[dict] = []
+        self.pgid: int | None = None
+
+    def drain(self, timeout: float = 0.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                if not self.conn.poll(remaining):
+                    return
+                report = self.conn.recv()
+            except (EOFError, OSError):
+                return
+            self.reports.append(report)
+            if report["type"] == "error":
+                print("worker error:", report)
+
+    def of_type(self, kind: str) -> list[dict]:
+        return [report for report in self.reports if report["type"] == kind]
+
+    def events(self, kind: str) -> list[dict]:
+        return [report for report in self.of_type("event") if report["kind"] == kind]
+
+    def epoch(self) -> int:
+        epochs = [report["epoch"] + 1 for report in self.of_type("epoch")]
+        steps = [report["epoch"] for report in self.of_type("step")]
+        return max(epochs + steps, default=0)
+
+    def wait_for(self, condition, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.drain(0.2)
+            if condition(self):
+                return
+            fatal = [r for r in self.of_type("error") if r.get("fatal")]
+            assert not fatal, f"{self.spec['nickname']} failed: {fatal}"
+            assert self.process.is_alive() or condition(self), f"{self.spec['nickname']} exited with {self.process.exitcode}"
+        raise AssertionError(f"{self.spec['nickname']}: timed out waiting for {what}; last reports {self.reports[-5:]}")
+
+    def joined(self) -> dict:
+        self.wait_for(lambda w: w.of_type("joined"), 120, "joined")
+        self.pgid = os.getpgid(self.process.pid)
+        return self.of_type("joined")[0]
+
+    def send(self, command: str) -> None:
+        self.conn.send({"cmd": command})
+
+    def kill_group(self) -> None:
+        """What the daemon does to a worker it gives up on: SIGKILL the whole process group."""
+        pgid = self.pgid
+        if pgid is None and self.process.pid is not None:
+            try:
+                pgid = os.getpgid(self.process.pid)
+            except ProcessLookupError:
+                pgid = None
+        if pgid is not None and pgid != os.getpgid(0):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(10)
+
+
+def group_processes(pgid: int) -> list[psutil.Process]:
+    found = []
+    for candidate in psutil.process_iter(["pid", "name"]):
+        try:
+            if os.getpgid(candidate.pid) == pgid and candidate.status() != psutil.STATUS_ZOMBIE:
+                found.append(candidate)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return found
+
+
+def start_swarm(tmp_path, manifest: dict, count: int) -> list[WorkerHandle]:
+    first = WorkerHandle(tmp_path, "peer0", manifest, True, [])
+    workers = [first]
+    address = first.joined()["addresses"][0]
+    for index in range(1, count):
+        workers.append(WorkerHandle(tmp_path, f"peer{index}", manifest, False, [address]))
+    for worker in workers[1:]:
+        worker.joined()
+    return workers
+
+
+def stop_all(workers: list[WorkerHandle]) -> None:
+    for worker in workers:
+        worker.kill_group()
+
+
+def assert_learns_together(workers: list[WorkerHandle], epochs: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for worker in workers:
+        worker.wait_for(lambda w: w.epoch() >= epochs, max(1.0, deadline - time.monotonic()), f"epoch {epochs}")
+    for worker in workers:
+        worker.drain()
+        averaged = [event["data"]["peers"] for event in worker.events("averaged")]
+        assert averaged and max(averaged) >= 2, f"{worker.spec['nickname']} never averaged with a peer: {averaged}"
+        validation = [report["val_loss"] for report in worker.of_type("epoch")]
+        assert validation[-1] < validation[0], f"validation loss did not improve: {validation}"
+
+
+@pytest.mark.timeout(240)
+def test_three_sync_workers_train_together_and_clean_up(tmp_path):
+    workers = start_swarm(tmp_path, run_manifest("sync-swarm"), 3)
+    try:
+        assert_learns_together(workers, epochs=4, timeout=150)
+        # a graceful leave: checkpoint, goodbye, exit 0, nothing of its group left behind
+        leaver = workers[2]
+        leaver.send("leave")
+        leaver.wait_for(lambda w: w.of_type("left"), 60, "left")
+        leaver.process.join(30)
+        assert leaver.process.exitcode == 0
+        assert leaver.events("checkpoint-saved")
+        assert (Path(leaver.spec["paths"]["checkpoints_dir"]) / "sync-swarm.pt").exists()
+        time.sleep(1)
+        assert group_processes(leaver.pgid) == []
+
+        # SIGTERM (what PR_SET_PDEATHSIG sends when the daemon dies): the worker ends its own group
+        stopped = workers[1]
+        os.kill(stopped.process.pid, signal.SIGTERM)
+        stopped.process.join(60)
+        assert stopped.process.exitcode == 0
+        time.sleep(1)
+        assert group_processes(stopped.pgid) == [], "hivemind or p2pd processes outlived their worker"
+    finally:
+        stop_all(workers)
