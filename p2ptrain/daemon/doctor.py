@@ -24,7 +24,7 @@ from pathlib import Path
 
 from p2ptrain.daemon.hardware import DEVICE_GROUPS_FIX, HardwareFacts, nvidia_device_files, probe
 from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
-from p2ptrain.daemon.plan import PlanError, make_plan
+from p2ptrain.daemon.plan import PlanError, PlanPolicy, make_plan
 
 DEFAULT_DHT_PORT = 31337
 TIME_ERROR = 5  # adjtimex(2): the kernel's clock is not synchronized
@@ -113,24 +113,40 @@ def _group_exists(gid: int) -> bool:
         return False
 
 
-def _dht_port(home: str | None) -> int:
-    """The TCP port of the first configured DHT listen address (default 31337)."""
+def _load_config(home: str | None):
+    """The daemon's config, or None when it is missing or broken (the daemon reports that itself)."""
     try:
         from p2ptrain.config import load_config
         from p2ptrain.paths import resolve_paths
 
-        config = load_config(resolve_paths(home).config_file)
-        for address in config.dht.host_maddrs:
-            match = re.search(r"/tcp/(\d+)", address)
-            if match:
-                return int(match.group(1))
-    except Exception:  # a broken config is the daemon's to report; doctor checks the default port
-        pass
+        return load_config(resolve_paths(home).config_file)
+    except Exception:
+        return None
+
+
+def _dht_port(config) -> int:
+    """The TCP port of the first configured DHT listen address (default 31337)."""
+    for address in config.dht.host_maddrs if config is not None else []:
+        match = re.search(r"/tcp/(\d+)", address)
+        if match:
+            return int(match.group(1))
     return DEFAULT_DHT_PORT
 
 
-def check_dht_port(home: str | None) -> dict:
-    port = _dht_port(home)
+def _plan_policy(config) -> PlanPolicy:
+    """The volunteer's caps from the config's [policy] table (defaults when it is missing or invalid)."""
+    from p2ptrain.daemon.policies import PolicySettings
+
+    policy = getattr(config, "policy", None) or {}
+    try:
+        settings = policy if isinstance(policy, PolicySettings) else PolicySettings(**policy)
+    except ValueError:
+        settings = PolicySettings()
+    return settings.plan_policy()
+
+
+def check_dht_port(config) -> dict:
+    port = _dht_port(config)
     if port == 0:
         return check("dht-port", True, "DHT listens on a random port: peers behind NAT reach us through relays",
                      level="info")
@@ -179,14 +195,17 @@ def check_user_activity() -> dict:
 def diagnose(home: str | None, model: str) -> dict:
     """Everything `doctor` reports: {hardware, plan, plans, checks}."""
     hardware = probe()
+    config = _load_config(home)
     checks = [check_nvml(hardware), check_cuda(hardware), check_bitsandbytes(hardware), check_device_groups(),
-              check_dht_port(home), check_clock(), check_user_activity()]
+              check_dht_port(config), check_clock(), check_user_activity()]
+    policy = _plan_policy(config)
     plans = []
     for device in hardware.devices():
         if device.kind == "cpu" and hardware.gpus:
             break  # the CPU is only the fallback when there are GPUs
         try:
-            plans.append(make_plan(model_facts(model, None if model == "tiny" else {"r": 8}), {}, device).to_dict())
+            plans.append(make_plan(model_facts(model, None if model == "tiny" else {"r": 8}), {}, device,
+                                   policy).to_dict())
         except (PlanError, ModelFactsError) as error:
             plans.append({"device": device.torch_device, "error": str(error)})
     return {"hardware": {**hardware.to_status(), "health": hardware.health}, "plan": plans[0], "plans": plans,
@@ -206,7 +225,7 @@ def _print_report(report: dict) -> None:
             print(f"plan on {plan['device']}: {plan['error']}")
             continue
         print(f"plan on {plan['device']}: {plan['precision']}, quantization {plan['quantization']}, micro-batch "
-              f"{plan['micro_batch']} x {plan['grad_accum']}, {plan['cpu_threads']} threads")
+              f"{plan['micro_batch']} x {plan['grad_accum']}, {plan['cpu_threads']} CPU threads")
         for line in plan["rationale"]:
             print(f"  - {line}")
     for item in report["checks"]:

@@ -237,11 +237,12 @@ def _cpu_threads(device: DeviceFacts, policy: PlanPolicy) -> int:
 
 
 def _threads_reason(device: DeviceFacts, policy: PlanPolicy, threads: int) -> str:
+    words = f"{threads} CPU thread{'' if threads == 1 else 's'}"
     if policy.max_cpu_threads is not None and threads == policy.max_cpu_threads:
-        return f"{threads} CPU threads: capped by max_cpu_threads = {policy.max_cpu_threads}"
+        return f"{words}: capped by max_cpu_threads = {policy.max_cpu_threads}"
     if device.kind == "cpu":
-        return f"{threads} CPU threads: one per physical core"
-    return f"{threads} CPU threads: enough to feed the GPU"
+        return f"{words}: one per physical core"
+    return f"{words}: enough to feed the GPU"
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(tib|tb|t|gib|gb|g|mib|mb|m)?\s*$", re.IGNORECASE)
@@ -331,7 +332,7 @@ def plan_main(argv: list[str]) -> int:
         print(json.dumps(plan.to_dict(), indent=2))
         return 0
     print(f"{plan.model} on {plan.device_name} ({plan.device}): {plan.precision}, quantization "
-          f"{plan.quantization}, micro-batch {plan.micro_batch} x {plan.grad_accum}, {plan.cpu_threads} threads, "
+          f"{plan.quantization}, micro-batch {plan.micro_batch} x {plan.grad_accum}, {plan.cpu_threads} CPU threads, "
           f"~{plan.memory_estimate_gib} GiB of {plan.memory_allowed_gib} GiB allowed")
     for line in plan.rationale:
         print(f"  - {line}")

@@ -34,18 +34,20 @@ def test_doctor_json_on_a_machine_without_a_gpu(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_doctor_reads_the_dht_port_from_the_config(tmp_path):
+def test_doctor_reads_the_dht_port_and_the_policy_from_the_config(tmp_path):
     holder = socket.socket()
     holder.bind(("0.0.0.0", 0))
     holder.listen()
     port = holder.getsockname()[1]
-    (tmp_path / "config.toml").write_text(f'[dht]\nhost_maddrs = ["/ip4/0.0.0.0/tcp/{port}"]\n')
+    (tmp_path / "config.toml").write_text(
+        f'[dht]\nhost_maddrs = ["/ip4/0.0.0.0/tcp/{port}"]\n[policy]\nmax_cpu_threads = 1\n')
     try:
         report = json.loads(run_doctor("--json", "--home", str(tmp_path)).stdout)
     finally:
         holder.close()
     dht = next(item for item in report["checks"] if item["name"] == "dht-port")
     assert f"TCP port {port} is in use" in dht["message"]
+    assert report["plan"]["cpu_threads"] == 1
 
 
 @pytest.mark.timeout(120)
