@@ -25,7 +25,6 @@ logger = logging.getLogger(__name__)
 MIB = 1024**2
 # NVML return codes (pynvml.NVML_ERROR_*): kept here so a fake NVML needs only its functions.
 NVML_ERROR_NO_PERMISSION = 4
-NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 # After boot the driver may still be loading when the daemon starts.

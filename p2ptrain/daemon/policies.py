@@ -208,8 +208,9 @@ class PolicyEngine:
         if uses_gpu and settings.pause_when_gpu_busy:
             others = sensors.other_gpu_processes() or []
             conditions["gpu-busy"] = (bool(others), not others, settings.gpu_busy_after_s)
-            names = ", ".join(sorted({f"{p.get('name', '?')} ({p.get('pid')})" for p in others})) or "none"
-            self._details["gpu-busy"] = f"another program uses the GPU: {names}"
+            if others:  # keep naming the last program seen while the pause waits out its hold times
+                names = ", ".join(sorted({f"{p.get('name', '?')} ({p.get('pid')})" for p in others}))
+                self._details["gpu-busy"] = f"another program uses the GPU: {names}"
         return conditions
 
 
