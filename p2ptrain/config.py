@@ -11,7 +11,6 @@ config through the control protocol: ``config.get`` / ``config.set``).
 from __future__ import annotations
 
 import os
-import re
 import socket
 import tomllib
 from pathlib import Path
@@ -20,14 +19,11 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-_MULTIADDR = re.compile(r"^(/[a-z0-9-]+/[^/\s]+)+(/p2p/[1-9A-HJ-NP-Za-km-z]+)?$")
-
+from p2ptrain.daemon.policies import PolicySettings
+from p2ptrain.peers.dht import validate_multiaddr
 
 def _check_multiaddrs(values: list[str]) -> list[str]:
-    for value in values:
-        if not _MULTIADDR.match(value):
-            raise ValueError(f"{value!r} is not a multiaddr (expected e.g. /ip4/0.0.0.0/tcp/31337)")
-    return values
+    return [validate_multiaddr(value) for value in values]
 
 
 class _Section(BaseModel):
@@ -76,7 +72,7 @@ class Config(_Section):
     dht: DhtSettings = Field(default_factory=DhtSettings)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
-    policy: dict[str, Any] = Field(default_factory=dict)  # TODO(lead): PolicySettings from daemon.policies
+    policy: PolicySettings = Field(default_factory=PolicySettings)
 
 
 class ConfigError(ValueError):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import time
 
+from p2ptrain.daemon.hardware import HardwareFacts, probe
+
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +22,7 @@ class HardwareView:
 
     def __init__(self, nvml=None):
         self._nvml = nvml
-        self._facts = None
+        self._facts: HardwareFacts | None = None
         self._probed_at = 0.0
 
     def refresh_if_due(self) -> None:
@@ -28,8 +30,6 @@ class HardwareView:
             return
         self._probed_at = time.monotonic()
         try:
-            from p2ptrain.daemon.hardware import probe
-
             self._facts = probe(nvml=self._nvml)
         except Exception:
             log.exception("hardware probe failed")

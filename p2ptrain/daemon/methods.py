@@ -158,7 +158,7 @@ class ControlMethods:
             save_config(config, self.daemon.paths.config_file)
         except OSError as error:
             raise RequestError(protocol.INTERNAL, f"cannot write {self.daemon.paths.config_file}: {error.strerror}", "check that directory's permissions")
-        self.daemon.config = config
+        self.daemon.apply_config(config)
         self.daemon.record_event("config-changed", f"{key} set", {"key": key})
         restart = key.split(".")[0] in ("dht", "training")
         return {"config": config_as_dict(config), "path": str(self.daemon.paths.config_file), "applies": "at the next join or daemon restart" if restart else "now"}

@@ -17,8 +17,12 @@ from typing import Any
 from p2ptrain import __version__, protocol
 from p2ptrain.config import Config
 from p2ptrain.daemon import state as states
+from p2ptrain.daemon.hardware import select_gpus
 from p2ptrain.daemon.hardware_view import HardwareView
+from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
 from p2ptrain.daemon.notify import SystemdNotifier
+from p2ptrain.daemon.plan import PlanError, make_plan
+from p2ptrain.daemon.policies import PolicyEngine, SystemSensors
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster, RequestError
 from p2ptrain.daemon.state import DESIRED_STATE_KEY, DesiredState, Lifecycle
@@ -53,10 +57,12 @@ class Daemon:
         self.desired = DesiredState.from_dict(database.get_setting(DESIRED_STATE_KEY))
         self.run = RunView()
         self.hardware = HardwareView()
+        self.policy = PolicyEngine(config.policy, SystemSensors(gpu_index=self._gpu_index(), own_pids=self._worker_pids))
         self.broadcaster = Broadcaster(self.status)
         self.worker: WorkerHandle | None = None
         self.crashes_in_a_row = 0
         self.restart_at: float | None = None
+        self._notified_status = ""
         self._stopping = asyncio.Event()
 
     # ----- life of the daemon -------------------------------------------------
@@ -102,8 +108,58 @@ class Daemon:
             self.restart_at = None
             self._start_worker()
         self.hardware.refresh_if_due()
+        self._apply_policies()
         self.db.maybe_flush()
-        self.notifier.status(self.one_line_status())
+        line = self.one_line_status()
+        if line != self._notified_status:
+            self.notifier.status(line)
+            self._notified_status = line
+
+    def apply_config(self, config: Config) -> None:
+        """Take a changed config: policies apply now, DHT and training settings at the next worker start."""
+        self.config = config
+        self.policy.settings = config.policy
+
+    def _apply_policies(self) -> None:
+        reason = self.policy.evaluate()
+        state = self.lifecycle.state
+        if reason and state in (states.TRAINING, states.JOINING, states.FINISHING):
+            self.pause(reason)
+        elif reason and state == states.PAUSED and self.lifecycle.pause_reason != reason and not self.desired.paused:
+            self._enter(states.PAUSED, reason)
+        elif not reason and state == states.PAUSED and self.lifecycle.pause_reason in states.POLICY_REASONS and not self.desired.paused:
+            self.resume()
+
+    def _gpu_index(self) -> int | None:
+        device = self._device()
+        return device.index if device is not None and device.kind == "cuda" else None
+
+    def _device(self):
+        from p2ptrain.daemon.hardware import probe
+
+        try:
+            return select_gpus(self.config.training.gpus, probe(retries=0))[0]
+        except (ValueError, IndexError) as error:
+            log.warning("no device to train on: %s", error)
+            return None
+
+    def _worker_pids(self) -> set[int]:
+        return {self.worker.pid} if self.worker is not None and self.worker.pid else set()
+
+    def _plan(self, manifest: dict | None) -> dict | None:
+        """The hardware plan for a known manifest; None lets the worker use the manifest's hints."""
+        device = self._device()
+        if not manifest or device is None:
+            return None
+        try:
+            facts = model_facts(manifest["model"], manifest.get("lora"))
+            plan = make_plan(facts, manifest, device, self.config.policy.plan_policy())
+        except (ModelFactsError, PlanError) as error:
+            self.record_event("plan-failed", f"no hardware plan: {error}")
+            return None
+        for line in plan.rationale:
+            log.info("plan: %s", line)
+        return plan.to_dict()
 
     # ----- verbs ---------------------------------------------------------------
 
@@ -172,6 +228,7 @@ class Daemon:
 
     def _start_worker(self) -> None:
         run_request = self.desired.run
+        plan = self._plan(run_request.get("manifest"))
         spec = {
             "run_id": run_request["run_id"],
             "manifest": run_request.get("manifest"),
@@ -185,7 +242,8 @@ class Daemon:
             },
             "dht": self.config.dht.model_dump(mode="json"),
             "nickname": self.config.nickname,
-            "plan": None,
+            "plan": plan,
+            "torch_threads": plan["cpu_threads"] if plan else None,
             "start_paused": self.desired.paused,
             "checkpoint_interval_s": self.config.training.checkpoint_interval_s,
             "log_level": self.config.log_level,
