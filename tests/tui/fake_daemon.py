@@ -244,6 +244,11 @@ class FakeDaemon:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
         self.socket_path.unlink(missing_ok=True)
+        # A long --home puts the socket in a short directory under /tmp: leave nothing behind there.
+        if self.paths.runtime_dir.parent != self.paths.home:
+            for leftover in self.paths.runtime_dir.glob("*"):
+                leftover.unlink()
+            self.paths.runtime_dir.rmdir()
 
     def __enter__(self) -> "FakeDaemon":
         return self.start()

@@ -167,6 +167,7 @@ async def test_refused_action_shows_the_daemons_error_and_fix(tmp_path):
 async def test_help_lists_every_key(daemon):
     app = make_app(daemon.paths.home)
     async with app.run_test(size=(100, 40)) as pilot:
+        await wait_until(pilot, lambda: app.state == "training", what="training")
         await pilot.press("question_mark")
         await wait_until(pilot, lambda: app.screen.query("#help-dialog"), what="the help screen")
         assert type(app.screen).__name__ == "HelpScreen"
