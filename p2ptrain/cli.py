@@ -76,8 +76,8 @@ def format_status(status: dict) -> str:
     headline = state + (f" ({status['pause_reason']})" if status.get("pause_reason") else "")
     since = status.get("since")
     lines = [f"{dot} p2ptrain: {headline} since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))}; {_ago(since)}" if since else f"{dot} p2ptrain: {headline}"]
-    if status.get("pause_until"):
-        lines.append(f"   Resumes: {time.strftime('%H:%M:%S', time.localtime(status['pause_until']))} (timed pause)")
+    if status.get("paused_until"):
+        lines.append(f"   Resumes: {time.strftime('%H:%M:%S', time.localtime(status['paused_until']))} (timed pause)")
     run = status.get("run")
     if run:
         eta = f", next epoch in ~{run['eta_next_epoch_s']:.0f}s" if run.get("eta_next_epoch_s") is not None else ""
@@ -167,7 +167,7 @@ def _verb(method: str, done: str):
         if method == "pause" and args.for_:
             params["for_s"] = parse_duration(args.for_)
         status = _call(args, method, **params)
-        until = f" until {time.strftime('%H:%M', time.localtime(status['pause_until']))}" if status.get("pause_until") else ""
+        until = f" until {time.strftime('%H:%M', time.localtime(status['paused_until']))}" if status.get("paused_until") else ""
         print(f"{done}{until}; now {status['state']}" + (f" ({status['pause_reason']})" if status.get("pause_reason") else ""))
         return EXIT_OK
 
