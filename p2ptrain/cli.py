@@ -29,6 +29,24 @@ class UsageError(Exception):
     """A bad command line; the message says how to fix it."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the help to read, not the whole usage block."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: {message}; see {self.prog} --help\n")
+
+
+def positive_seconds(text: str) -> float:
+    """``--timeout``: a number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds; use e.g. --timeout 30")
+    return value
+
+
 def parse_duration(text: str) -> float:
     """'90', '90s', '15m', '2h', '1d' -> seconds."""
     match = _DURATION.match(text)
@@ -271,11 +289,11 @@ def cmd_tui(args, rest: list[str]) -> int:
 # ----- argument parsing -------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     common.add_argument("--home", default=argparse.SUPPRESS, help="keep config, state, database, socket and logs under this directory (or set P2PTRAIN_HOME)")
-    common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds to wait for the daemon (default 10)")
+    common.add_argument("--timeout", type=positive_seconds, default=argparse.SUPPRESS, help="seconds to wait for the daemon (default 10)")
 
-    parser = argparse.ArgumentParser(prog="p2ptrain", parents=[common], description="Donate your GPU (or CPU) to peer-to-peer training runs.")
+    parser = OneLineParser(prog="p2ptrain", parents=[common], description="Donate your GPU (or CPU) to peer-to-peer training runs.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(name: str, help_text: str, handler, **kwargs) -> argparse.ArgumentParser:
