@@ -81,7 +81,8 @@ class ConfigError(ValueError):
 
 def _describe(error: ValidationError, source: str) -> ConfigError:
     first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    # A union type adds its member's name (e.g. "literal['all']") to the location; the user knows only the key.
+    key = ".".join(part for part in first["loc"] if isinstance(part, str) and part.isidentifier()) or "(top level)"
     if first["type"] == "extra_forbidden":
         return ConfigError(f"{source}: unknown key {key!r}; remove it or check its spelling (p2ptrain config show lists the keys)")
     value = first.get("input")
@@ -101,6 +102,8 @@ def load_config(path: Path) -> Config:
         return Config()
     except OSError as error:
         raise ConfigError(f"cannot read {path}: {error.strerror}; check its permissions") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {error.start}); save it as UTF-8 or delete it to use defaults") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

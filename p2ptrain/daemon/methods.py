@@ -153,7 +153,7 @@ class ControlMethods:
         try:
             config = with_value(self.daemon.config, key, params["value"])
         except ConfigError as error:
-            raise _bad(str(error), "p2ptrain config show lists the keys and their values") from None
+            raise _bad(str(error), "") from None  # the ConfigError message already names the fix
         try:
             save_config(config, self.daemon.paths.config_file)
         except OSError as error:

@@ -151,7 +151,8 @@ class ControlServer:
         """The request, or an error reply for a line that is not a well-formed request."""
         try:
             request = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        # ValueError covers undecodable bytes and integers too long to convert; RecursionError, nesting too deep.
+        except (ValueError, RecursionError) as error:
             return {}, error_reply(None, protocol.BAD_REQUEST, f"not a JSON line: {error}", 'send e.g. {"id": 1, "method": "status", "params": {}}')
         if not isinstance(request, dict):
             return {}, error_reply(None, protocol.BAD_REQUEST, "a request must be a JSON object", 'send e.g. {"id": 1, "method": "status"}')
