@@ -251,3 +251,20 @@ def test_daemon_refuses_a_database_from_a_newer_p2ptrain_and_keeps_it(tmp_path):
     start_refused(tmp_path, "upgrade p2ptrain")
     with sqlite3.connect(database) as connection:
         assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
+
+
+@pytest.mark.timeout(90)
+def test_new_run_with_a_model_that_is_nowhere_ends_in_error_saying_what_to_use(daemons):
+    """An unknown model passes the manifest check (it may be a hub id); the worker's failure must explain it."""
+    daemon = daemons.start("unknown-model")
+    result = cli(daemon.home, "join", "--new-run", "nowhere", "--model", "no-such-model")
+    assert result.returncode == 0, result.stderr
+    status = daemon.wait_until(lambda status: status["state"] == "error", timeout=60, what="the worker to fail")
+    errors = [health for health in status["health"] if health["level"] == "error"]
+    assert errors and "no-such-model" in errors[0]["message"] and "tiny" in errors[0]["fix"]
+    assert "\n" not in errors[0]["message"] + errors[0]["fix"]
+    human = cli(daemon.home, "status")
+    assert human.returncode == EXIT_ERROR and "Traceback" not in human.stdout + human.stderr
+    # A fatal error already dropped the run: the way on is another join, and leave says so in one line.
+    assert_short_error(cli(daemon.home, "leave"), EXIT_ERROR, "join one first")
+    assert daemon.status()["state"] == "error"
