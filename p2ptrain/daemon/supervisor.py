@@ -209,6 +209,11 @@ class Daemon:
         self._enter(states.FINISHING)
 
     def leave(self) -> None:
+        if self.lifecycle.state == states.ERROR and self.desired.run is None:
+            # Leaving after a fatal error only acknowledges it.
+            self.record_event("left", "error acknowledged; idle")
+            self._left()
+            return
         self._require_in_run("leave")
         run_id = self.desired.run["run_id"] if self.desired.run else self.run.run_id
         self.desired = DesiredState()
@@ -327,7 +332,7 @@ class Daemon:
             # A fatal error (no such run, bad manifest...) needs the user: stop retrying.
             self.desired = DesiredState()
             self._save_desired()
-            self._enter(states.ERROR, error={"message": message, "fix": fix})
+            self._enter(states.ERROR, error={"message": message, "fix": f"{fix}; then join again (p2ptrain leave clears this error)"})
         else:
             self.run.warnings.append({"level": "warning", "message": message, "fix": fix})
 
@@ -337,7 +342,9 @@ class Daemon:
     def _on_worker_exit(self, exitcode: int | None) -> None:
         self.worker = None
         if self.desired.run is None:
-            if self.lifecycle.state != states.ERROR:
+            if self.lifecycle.state == states.ERROR:
+                self.run = RunView()  # the error stays shown until the user leaves or joins again
+            else:
                 self._left()
             return
         if self._stopping.is_set():
