@@ -253,7 +253,7 @@ class Daemon:
             "checkpoint_interval_s": self.config.training.checkpoint_interval_s,
             "log_level": self.config.log_level,
         }
-        self.run = RunView(run_id=run_request["run_id"])
+        self.run = RunView(run_id=run_request["run_id"], manifest=run_request.get("manifest") or {})
         self.worker = WorkerHandle(spec, self.paths.worker_pgid_file, self.on_report, self._on_worker_exit)
         self.worker.start()
         if self.desired.paused:
