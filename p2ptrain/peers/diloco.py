@@ -149,6 +149,7 @@ class DiLoCoTrainer:
             dht=dht,
             prefix=f"{prefix}_diloco",
             min_matchmaking_time=matchmaking_time,
+            request_timeout=min(3.0, matchmaking_time / 2),
             allreduce_timeout=averaging_timeout,
             compression=make_compression(compression, self.global_parameters),
             client_mode=client_mode,

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 # Averaging timings. On 127.0.0.1 groups form in well under a second; over the
 # internet peers need several seconds to find each other and to stream tensors.
-LOCAL_AVERAGING = {"matchmaking_time": 2.0, "averaging_timeout": 30.0}
+LOCAL_AVERAGING = {"matchmaking_time": 3.0, "averaging_timeout": 30.0}
 INTERNET_AVERAGING = {"matchmaking_time": 15.0, "averaging_timeout": 120.0}
 
 
@@ -200,7 +200,9 @@ class SyncTrainer:
             # dropped before it reaches them (see skip_batch)
             reuse_grad_buffers=False,
             client_mode=client_mode,
-            verbose=False,
+            # hivemind warns (and can deadlock) when a request may outlive matchmaking
+            averager_opts={"request_timeout": min(3.0, matchmaking_time / 2)},
+            verbose=logger.isEnabledFor(logging.DEBUG),
         )
         self.tracker = self.optimizer.tracker
 

@@ -8,6 +8,7 @@ checkpoints and ends everything it started (DHT process, averagers, p2pd).
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import logging
 import multiprocessing
@@ -53,6 +54,8 @@ def main(conn, spec: dict) -> None:
         format="%(asctime)s worker[%(process)d] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # `kill -USR1 <worker pid>` writes every thread's stack to the log: for a stuck worker
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     worker = Worker(conn, spec)
     process.install_stop_handlers(worker.on_signal)
     exit_code = 0
@@ -139,6 +142,8 @@ class Worker:
                 use_auto_relay=dht_options.get("use_auto_relay", False),
                 client_mode=dht_options.get("client_mode", False),
             )
+            # ask now: once the averagers are up, hivemind can stall this query for minutes
+            self.addresses, self.reachability = visible_addresses(self.dht), reachability(self.dht)
             if spec.get("new_run"):
                 self.manifest = parse_manifest(spec["manifest"])
             else:
@@ -181,9 +186,8 @@ class Worker:
             self.contributed_samples = int(checkpoint.get("contributed_samples", 0))
             self.event("checkpoint-loaded", f"resumed from a checkpoint at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
         self._catch_up()
-        self.reachability = reachability(self.dht)
         self.report(
-            "joined", peer_id=self.peer_id, addresses=visible_addresses(self.dht), reachability=self.reachability,
+            "joined", peer_id=self.peer_id, addresses=self.addresses, reachability=self.reachability,
             manifest=manifest.model_dump(mode="json"), manifest_hash=self.manifest_hash, device=self.device,
             precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             grad_accum=self.grad_accum, parameters=self.loaded.parameters,

@@ -22,7 +22,7 @@ SHARED_CACHE = Path(os.environ.get("P2PTRAIN_TEST_CACHE", "/tmp/p2ptrain-test-to
 def run_manifest(run_id: str, mode: str = "sync", **overrides) -> dict:
     manifest = {
         "run_id": run_id, "mode": mode, "model": "tiny", "dataset": {"kind": "stdlib"}, "seq_len": 32,
-        "target_batch_size": 64, "local_steps": 6, "micro_batch_hint": 4, "inner_lr": 3e-3,
+        "target_batch_size": 320, "local_steps": 6, "micro_batch_hint": 4, "inner_lr": 3e-3,
         "outer_lr": 0.7, "outer_momentum": 0.9, "compression": "none", "seed": 1, "created_at": time.time(),
     }
     manifest.update(overrides)
@@ -45,7 +45,7 @@ class WorkerHandle:
                     "use_auto_relay": False, "client_mode": False},
             "nickname": name, "plan": {"device": "cpu", "precision": "fp32", "quantization": "none", "micro_batch": 4, "grad_accum": 1},
             "start_paused": False, "log_level": os.environ.get("WORKER_LOG", "WARNING"), "torch_threads": 1,
-            "averaging": {"matchmaking_time": 2.0, "averaging_timeout": 20.0},
+            "averaging": {"matchmaking_time": 3.0, "averaging_timeout": 20.0},
         }
         context = multiprocessing.get_context("spawn")
         self.conn, child_conn = context.Pipe()
@@ -179,5 +179,47 @@ def test_three_sync_workers_train_together_and_clean_up(tmp_path):
         assert stopped.process.exitcode == 0
         time.sleep(1)
         assert group_processes(stopped.pgid) == [], "hivemind or p2pd processes outlived their worker"
+    finally:
+        stop_all(workers)
+
+
+@pytest.mark.timeout(240)
+def test_diloco_workers_meet_at_outer_steps_and_a_late_joiner_catches_up(tmp_path):
+    manifest = run_manifest("diloco-swarm", mode="diloco", local_steps=8, target_batch_size=64, inner_lr=2e-3)
+    workers = start_swarm(tmp_path, manifest, 2)
+    try:
+        assert_learns_together(workers, epochs=3, timeout=150)
+        swarm_epoch = max(worker.epoch() for worker in workers)
+        late = WorkerHandle(tmp_path, "late", manifest, False, [workers[0].of_type("joined")[0]["addresses"][0]])
+        workers.append(late)
+        late.joined()
+        late.wait_for(lambda w: w.events("state-downloaded"), 60, "a state download")
+        downloaded = late.events("state-downloaded")[0]["data"]["epoch"]
+        assert downloaded >= swarm_epoch, f"late joiner started at epoch {downloaded}, the swarm was at {swarm_epoch}"
+    finally:
+        stop_all(workers)
+
+
+@pytest.mark.timeout(200)
+def test_swarm_keeps_training_after_a_worker_is_killed(tmp_path):
+    workers = start_swarm(tmp_path, run_manifest("kill-swarm", target_batch_size=192), 3)
+    try:
+        for worker in workers:
+            worker.wait_for(lambda w: w.epoch() >= 1, 90, "epoch 1")
+        victim = workers[2]
+        members = {process.pid for process in group_processes(victim.pgid)}
+        assert any("p2pd" in process.name() for process in group_processes(victim.pgid)), "p2pd runs in the worker's group"
+        os.kill(victim.process.pid, signal.SIGKILL)
+        victim.process.join(10)
+        victim.kill_group()  # the daemon's cleanup of the recorded group
+        time.sleep(1)
+        assert [p for p in group_processes(victim.pgid) if p.pid in members] == []
+
+        survivors = workers[:2]
+        for worker in survivors:
+            worker.drain()
+        reached = {id(worker): worker.epoch() for worker in survivors}
+        for worker in survivors:
+            worker.wait_for(lambda w: w.epoch() >= reached[id(w)] + 2, 120, "two more epochs without the killed peer")
     finally:
         stop_all(workers)
