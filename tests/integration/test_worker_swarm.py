@@ -150,15 +150,17 @@ def rounds_with_others(worker: WorkerHandle) -> int:
 
 def assert_learns_together(workers: list[WorkerHandle], rounds: int, timeout: float) -> None:
     """Each worker takes part in ``rounds`` averaging rounds with at least one other
-    peer (one per epoch), and its validation loss falls meanwhile."""
+    peer (one per epoch), and ends below the validation loss of the run's first
+    epoch (measured by the creator, which started from the initial weights)."""
     deadline = time.monotonic() + timeout
     for worker in workers:
         worker.wait_for(lambda w: rounds_with_others(w) >= rounds, max(1.0, deadline - time.monotonic()), f"{rounds} averaging rounds")
+    first_validation = workers[0].of_type("epoch")[0]["val_loss"]
     for worker in workers:
         worker.drain()
         assert worker.epoch() >= rounds
         validation = [report["val_loss"] for report in worker.of_type("epoch")]
-        assert validation[-1] < validation[0], f"validation loss did not improve: {validation}"
+        assert validation[-1] < first_validation - 0.3, f"validation loss did not improve from {first_validation}: {validation}"
 
 
 @pytest.mark.timeout(240)
