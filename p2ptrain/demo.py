@@ -32,7 +32,7 @@ use_auto_relay = false
 flush_interval_s = 1.0
 """
 # Small enough that an epoch takes seconds on a laptop CPU, so the demo shows averaging quickly.
-DEMO_MANIFEST = {"target_batch_size": 128, "local_steps": 20, "micro_batch_hint": 8}
+DEMO_MANIFEST = {"target_batch_size": 256, "local_steps": 20, "micro_batch_hint": 8}
 
 
 class DemoPeer:
