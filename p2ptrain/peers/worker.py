@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from p2ptrain.daemon.calibrate import is_out_of_memory
 from p2ptrain.peers import process
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ STEP_REPORT_INTERVAL_S = 1.0
 SWARM_REPORT_INTERVAL_S = 5.0
 METRICS_INTERVAL_S = 5.0
 GOODBYE_EXPIRATION_S = 1.0
+OUT_OF_MEMORY_EXIT_CODE = 3  # the daemon restarts the worker with half the micro-batch
 VALIDATION_BATCHES = 3
 
 
@@ -69,8 +71,14 @@ def main(conn, spec: dict) -> None:
         exit_code = 1
     except Exception as error:
         logger.exception("The training worker failed")
-        worker.report("error", message=f"training worker failed: {error}", fix="see the worker log; the daemon restarts the worker", fatal=True)
-        exit_code = 1
+        if isinstance(error, MemoryError) or is_out_of_memory(error):
+            # not fatal: the daemon restarts the worker with half the micro-batch
+            micro_batch = getattr(worker, "micro_batch", None)
+            worker.report("error", kind="oom", message=f"out of memory at micro-batch {micro_batch}: {error}", fix="the daemon retries with a smaller micro-batch", fatal=False, micro_batch=micro_batch)
+            exit_code = OUT_OF_MEMORY_EXIT_CODE
+        else:
+            worker.report("error", message=f"training worker failed: {error}", fix="see the worker log; the daemon restarts the worker", fatal=True)
+            exit_code = 1
     finally:
         worker.close()
         process.kill_descendants()
