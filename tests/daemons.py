@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -140,3 +141,16 @@ def start_daemon(home: Path, env: dict | None = None, wait: bool = True, log_lev
     if wait:
         daemon.wait_until(lambda status: True, timeout=30, interval=0.1, what="the daemon to answer")
     return daemon
+
+
+def raw_exchange(socket_path, payload: bytes, timeout: float = 10) -> list[dict]:
+    """Send raw bytes on a control socket, hang up the sending side, and return every JSON line answered."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(socket_path))
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return [json.loads(line) for line in data.splitlines() if line.strip()]

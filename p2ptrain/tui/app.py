@@ -144,7 +144,7 @@ class P2PTrainApp(App):
             delay = self.poll_interval_s
             try:
                 snapshot = fetch_snapshot(client, history)
-            except DaemonNotRunning as error:
+            except DaemonNotRunning:
                 delay = self.retry_delays_s[min(failures, len(self.retry_delays_s) - 1)]
                 failures += 1
                 self.post_message(DaemonUnreachable("nothing listens on the control socket", delay))

@@ -12,13 +12,12 @@ with the test that pins them.
 from __future__ import annotations
 
 import json
-import socket
 import sqlite3
 import subprocess
 
 import pytest
 
-from daemons import cli, start_daemon, write_local_config
+from daemons import cli, raw_exchange, start_daemon, write_local_config
 from p2ptrain.paths import resolve_paths
 from p2ptrain.storage import SCHEMA_VERSION, Database
 
@@ -122,16 +121,7 @@ def test_a_home_under_a_regular_file_is_reported_as_no_daemon(tmp_path):
 # ----- control messages on the socket (beyond test_daemon_skeleton.py) ------------------------
 
 def exchange(daemon, payload: bytes) -> list[dict]:
-    """Send raw bytes on the daemon's socket, hang up the sending side, and return every reply line."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
-        sock.connect(str(resolve_paths(daemon.home).socket))
-        sock.sendall(payload)
-        sock.shutdown(socket.SHUT_WR)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    return [json.loads(line) for line in data.splitlines() if line.strip()]
+    return raw_exchange(resolve_paths(daemon.home).socket, payload)
 
 
 SOCKET_CASES = {

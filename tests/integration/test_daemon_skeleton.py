@@ -12,24 +12,11 @@ import time
 
 import pytest
 
-from daemons import cli, start_daemon
+from daemons import cli, raw_exchange, start_daemon
 from p2ptrain.paths import resolve_paths
 from p2ptrain.protocol import ControlClient, DaemonError
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def raw_exchange(socket_path, payload: bytes, timeout: float = 10) -> list[dict]:
-    """Send raw bytes on the control socket and return the JSON lines answered before the daemon waits again."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(str(socket_path))
-        sock.sendall(payload)
-        sock.shutdown(socket.SHUT_WR)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    return [json.loads(line) for line in data.splitlines() if line.strip()]
 
 
 def test_status_without_daemon_exits_3_with_state_stopped(short_tmp):

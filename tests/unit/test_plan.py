@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from p2ptrain.daemon.memory import GIB, estimate_memory
+from p2ptrain.daemon.memory import estimate_memory
 from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
 from p2ptrain.daemon.plan import DeviceFacts, PlanError, PlanPolicy, make_plan, parse_size_mib
 
