@@ -156,11 +156,14 @@ def _manifest_options(args) -> dict:
         "seed": args.seed,
         "micro_batch_hint": args.micro_batch,
     }
+    if args.model and os.path.isdir(os.path.expanduser(args.model)):
+        # the daemon runs in another directory: a local model is named by its absolute path
+        options["model"] = os.path.abspath(os.path.expanduser(args.model))
     if args.lora_r is not None:
         lora = {"r": args.lora_r, "alpha": args.lora_alpha or 2 * args.lora_r, "dropout": args.lora_dropout}
         if args.lora_targets:
             lora["target_modules"] = args.lora_targets.split(",")
-        options["lora"] = lora
+        options["lora"] = {key: value for key, value in lora.items() if value is not None}
     return {key: value for key, value in options.items() if value is not None}
 
 

@@ -1,0 +1,82 @@
+"""LoRA fine-tuning of a local pretrained Llama in a DiLoCo run, through the CLI, with a restart.
+
+The model is a small LlamaConfig model and a BPE tokenizer saved with
+``save_pretrained`` in a temporary directory: no network, as a volunteer with a
+downloaded model would have it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from daemons import cli
+
+pytestmark = [pytest.mark.swarm]
+
+
+def save_small_llama(directory: Path) -> None:
+    """A small pretrained-looking Llama (~0.3 M parameters) with its own byte-level BPE tokenizer."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(["def main():\n    return 0\n", "import os\nprint(os.getcwd())\n", "class A:\n    pass\n"], trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
+    tokenizer.save_pretrained(directory)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256, eos_token_id=1)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(directory)
+
+
+def status_json(home) -> dict:
+    return json.loads(cli(home, "status", "--json").stdout)
+
+
+def events(home) -> list[dict]:
+    return json.loads(cli(home, "events", "--json", "--limit", "500").stdout)["events"]
+
+
+@pytest.mark.timeout(600)
+def test_two_daemons_fine_tune_lora_adapters_and_a_restarted_one_rejoins(daemons, tmp_path):
+    model_dir = tmp_path / "small-llama"
+    save_small_llama(model_dir)
+    a = daemons.start("la")
+    b = daemons.start("lb")
+    created = cli(a.home, "join", "--new-run", "lora-run", "--mode", "diloco", "--model", str(model_dir),
+                  "--lora-r", "8", "--local-steps", "10", "--micro-batch", "4", "--seq-len", "64",
+                  "--target-batch-size", "80")
+    assert created.returncode == 0, created.stderr
+    address = a.wait_until(lambda s: (s.get("local") or {}).get("addresses"), 180, what="A to create the run")["local"]["addresses"][0]
+    joined = cli(b.home, "join", "lora-run", "--peers", address)
+    assert joined.returncode == 0, joined.stderr
+
+    for daemon in (a, b):
+        daemon.wait_until(lambda s: s["state"] == "training" and (s.get("run") or {}).get("epoch", 0) >= 2, 300,
+                          what="LoRA DiLoCo epoch 2")
+    for daemon in (a, b):
+        local = status_json(daemon.home)["local"]
+        assert local["parameters"] > 0 and local["trainable_parameters"] > 0
+        assert local["trainable_parameters"] / local["parameters"] < 0.2, local
+        assert local["precision"] == "fp32" and local["quantization"] == "none"
+
+    assert a.terminate(timeout=120) == 0
+    restarted = daemons.start("la")
+    restarted.wait_until(lambda s: s["state"] == "training" and (s.get("run") or {}).get("id") == "lora-run", 180,
+                         what="the restarted daemon to rejoin lora-run by itself")
+    history = events(restarted.home)
+    kinds = [event["kind"] for event in history]
+    assert "checkpoint-loaded" in kinds, f"the restarted daemon did not resume from its checkpoint: {kinds}"
+    loaded_at = kinds.index("checkpoint-loaded")
+    saved = [event for event in history[:loaded_at] if event["kind"] == "checkpoint-saved"]
+    assert saved and saved[-1]["data"]["reason"] == "stop", saved[-1:]
+    assert history[loaded_at]["data"]["epoch"] == saved[-1]["data"]["epoch"] >= 2
+    for daemon in (restarted, b):
+        daemon.wait_until(lambda s: s["state"] == "training" and s["run"]["epoch"] >= 3, 300, what="the pair to reach epoch 3")
