@@ -51,6 +51,10 @@ _FIXES = {
     "outer_lr": "use a finite number > 0, e.g. 0.7",
     "outer_momentum": "use a number in [0, 1), e.g. 0.9",
     "compression": "use one of none, fp16, uniform8bit, blockwise8bit",
+    "optimizer": "use 'adamw' or 'lamb'",
+    "warmup_epochs": "use a whole number of epochs >= 0",
+    "lr_schedule": "use 'constant', 'cosine' or 'linear'",
+    "total_epochs": "use a whole number of epochs >= 1 (the cosine and linear schedules decay to 0 there), or leave it out",
     "seed": "use a whole number >= 0",
     "created_at": "leave it out: new_manifest sets it",
 }
@@ -85,7 +89,10 @@ class Manifest(pydantic.BaseModel):
     pseudo-gradient is applied by an outer Nesterov SGD with ``outer_lr`` and
     ``outer_momentum``). ``model`` is a preset name, hub id or path; ``lora`` is
     null for full training. ``micro_batch_hint`` is only a starting point for
-    the hardware plan. ``compression`` applies to averaged tensors. ``seed``
+    the hardware plan. ``compression`` applies to averaged tensors. ``optimizer``
+    (``adamw`` or ``lamb``), ``warmup_epochs``, ``lr_schedule`` and
+    ``total_epochs`` set the sync optimizer's learning rate per global epoch
+    (DiLoCo's inner optimizer is AdamW at ``inner_lr``). ``seed``
     fixes initial weights and data order; ``created_at`` is when the run was
     defined (seconds since the epoch).
     """
@@ -105,6 +112,10 @@ class Manifest(pydantic.BaseModel):
     outer_lr: float = pydantic.Field(0.7, gt=0)
     outer_momentum: float = pydantic.Field(0.9, ge=0, lt=1)
     compression: Literal["none", "fp16", "uniform8bit", "blockwise8bit"] = "none"
+    optimizer: Literal["adamw", "lamb"] = "adamw"
+    warmup_epochs: int = pydantic.Field(0, ge=0)
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    total_epochs: int | None = pydantic.Field(None, ge=1)
     seed: int = pydantic.Field(0, ge=0)
     created_at: float = pydantic.Field(0.0, ge=0)
 
@@ -119,6 +130,16 @@ class Manifest(pydantic.BaseModel):
         except (TypeError, ValueError) as error:
             raise ValueError(f"the dataset spec is not plain JSON ({error})") from None
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _decaying_schedule_has_an_end(self) -> "Manifest":
+        if self.lr_schedule != "constant" and self.total_epochs is None:
+            raise ValueError(f"lr_schedule {self.lr_schedule!r} needs total_epochs; give total_epochs (where the "
+                             f"rate reaches 0) or use lr_schedule 'constant'")
+        if self.total_epochs is not None and self.total_epochs <= self.warmup_epochs and self.lr_schedule != "constant":
+            raise ValueError(f"total_epochs {self.total_epochs} leaves no epoch after {self.warmup_epochs} warm-up "
+                             f"epochs; give total_epochs greater than warmup_epochs")
+        return self
 
     def manifest_hash(self) -> str:
         """The first 16 hex digits of the sha256 of the canonical JSON of every field."""
@@ -138,6 +159,10 @@ def _error_from_validation(error: pydantic.ValidationError) -> ManifestError:
         )
     if first["type"] == "missing":
         return ManifestError(f"manifest field {name!r} is missing", _FIXES.get(name, _FIXES.get(field, "give a value")))
+    if not location and first["type"] == "value_error":
+        # a check across fields: its message is "what is wrong; how to fix it"
+        message, _, fix = first["msg"].removeprefix("Value error, ").partition("; ")
+        return ManifestError(message, fix or "fix the manifest")
     value = first.get("input")
     shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
     fix = _FIXES.get(name, _FIXES.get(field, first["msg"]))

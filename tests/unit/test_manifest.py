@@ -57,6 +57,10 @@ def test_hash_is_stable_for_equal_manifests():
         {"compression": "fp16"},
         {"seed": 1},
         {"created_at": 1001.0},
+        {"optimizer": "lamb"},
+        {"warmup_epochs": 2},
+        {"lr_schedule": "cosine", "total_epochs": 10},
+        {"total_epochs": 10},
     ],
 )
 def test_hash_changes_with_any_field(change):
@@ -69,7 +73,23 @@ def test_hash_changes_with_any_field(change):
 def test_every_field_is_covered_by_the_hash_test():
     covered = {"run_id", "mode", "model", "lora", "dataset", "seq_len", "target_batch_size", "local_steps"}
     covered |= {"micro_batch_hint", "inner_lr", "outer_lr", "outer_momentum", "compression", "seed", "created_at"}
+    covered |= {"optimizer", "warmup_epochs", "lr_schedule", "total_epochs"}
     assert set(Manifest.model_fields) == covered
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lr_schedule": "cosine"}, "lr_schedule 'cosine' needs total_epochs; give total_epochs"),
+        ({"lr_schedule": "linear", "warmup_epochs": 5, "total_epochs": 5}, "no epoch after 5 warm-up epochs; give total_epochs greater"),
+        ({"optimizer": "sgd"}, "'optimizer' = 'sgd' is invalid; use 'adamw' or 'lamb'"),
+        ({"warmup_epochs": -1}, "'warmup_epochs' = -1 is invalid"),
+    ],
+)
+def test_bad_optimizer_settings_are_one_line_errors_with_a_fix(options, message):
+    with pytest.raises(ManifestError) as error:
+        new_manifest("demo", **options)
+    assert message in str(error.value) and "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize(
