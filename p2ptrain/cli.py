@@ -155,6 +155,10 @@ def _manifest_options(args) -> dict:
         "compression": args.compression,
         "seed": args.seed,
         "micro_batch_hint": args.micro_batch,
+        "optimizer": args.optimizer,
+        "warmup_epochs": args.warmup_epochs,
+        "lr_schedule": args.lr_schedule,
+        "total_epochs": args.total_epochs,
     }
     if args.model and os.path.isdir(os.path.expanduser(args.model)):
         # the daemon runs in another directory: a local model is named by its absolute path
@@ -323,6 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     new_run.add_argument("--outer-momentum", type=float)
     new_run.add_argument("--compression", choices=["none", "fp16", "uniform8bit", "blockwise8bit"])
     new_run.add_argument("--seed", type=int)
+    new_run.add_argument("--optimizer", choices=["adamw", "lamb"], help="sync mode's optimizer (default adamw)")
+    new_run.add_argument("--warmup-epochs", type=int, help="raise the learning rate linearly over this many epochs")
+    new_run.add_argument("--lr-schedule", choices=["constant", "cosine", "linear"], help="after warm-up (cosine and linear need --total-epochs)")
+    new_run.add_argument("--total-epochs", type=int, help="the epoch where a cosine or linear schedule reaches 0")
     new_run.add_argument("--lora-r", type=int, help="train LoRA adapters of this rank instead of all weights")
     new_run.add_argument("--lora-alpha", type=float)
     new_run.add_argument("--lora-dropout", type=float)

@@ -17,6 +17,7 @@ import threading
 from typing import Sequence
 
 import hivemind
+import numpy as np
 import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.compression import (
@@ -24,11 +25,15 @@ from hivemind.compression import (
     CompressionBase,
     Float16Compression,
     NoCompression,
+    Quantile8BitQuantization,
     Uniform8BitQuantization,
 )
+from hivemind.compression import serialization as hivemind_serialization
+from hivemind.proto import runtime_pb2
 from hivemind.optim.state_averager import TrainingStateAverager
 
 from p2ptrain.peers.checkpoint import state_problem
+from p2ptrain.peers.optimizers import make_optimizer, make_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +67,58 @@ def averaging_timings(spec_averaging: dict | None, host_maddrs: Sequence[str] = 
     return timings
 
 
+def _int64_at(buffer: bytes, offset: int = 0) -> int:
+    return int(np.frombuffer(buffer, count=1, offset=offset, dtype=np.int64)[0])
+
+
+class _CodebookExtract:
+    """hivemind 1.1's ``Quantization.extract`` calls ``int()`` on a 1-element array,
+    which numpy >= 2.4 refuses ("only 0-dimensional arrays..."): every 8-bit
+    tensor a peer received failed. This is the same decoding with the header read
+    as a scalar."""
+
+    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
+        buffer = serialized_tensor.buffer
+        codebook = np.frombuffer(buffer, offset=8, count=_int64_at(buffer), dtype=self.codebook_dtype)
+        quantized = np.frombuffer(buffer, offset=8 + codebook.nbytes, dtype=self.indices_dtype)
+        quantized = torch.as_tensor(quantized, dtype=torch.int64).reshape(tuple(serialized_tensor.size))
+        codebook = torch.as_tensor(codebook).to(dtype=getattr(torch, serialized_tensor.dtype))
+        return codebook[quantized].requires_grad_(serialized_tensor.requires_grad)
+
+
+class Uniform8Bit(_CodebookExtract, Uniform8BitQuantization):
+    """hivemind's uniform 8-bit quantization, readable under numpy >= 2.4."""
+
+
+class Quantile8Bit(_CodebookExtract, Quantile8BitQuantization):
+    """hivemind's quantile 8-bit quantization, readable under numpy >= 2.4."""
+
+
+class Blockwise8Bit(BlockwiseQuantization):
+    """hivemind's blockwise 8-bit quantization (bitsandbytes), readable under numpy >= 2.4."""
+
+    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
+        from bitsandbytes.functional import dequantize_blockwise
+        from hivemind.compression.quantization import _BLOCKWISE_QUANTIZATION_BLOCKSIZE
+
+        buffer = serialized_tensor.buffer
+        absmax = np.frombuffer(buffer, offset=16, count=_int64_at(buffer), dtype=self.codebook_dtype)
+        codebook = np.frombuffer(buffer, offset=16 + absmax.nbytes, count=_int64_at(buffer, 8), dtype=self.codebook_dtype)
+        quantized = np.frombuffer(buffer, offset=16 + absmax.nbytes + codebook.nbytes, dtype=self.indices_dtype)
+        result = dequantize_blockwise(
+            torch.as_tensor(quantized).reshape(tuple(serialized_tensor.size)), absmax=torch.as_tensor(absmax),
+            code=torch.as_tensor(codebook), blocksize=_BLOCKWISE_QUANTIZATION_BLOCKSIZE, nested=False,
+        )
+        return result.to(getattr(torch, serialized_tensor.dtype)).requires_grad_(serialized_tensor.requires_grad)
+
+
+# hivemind decodes every received tensor through this registry (in the averager
+# processes, which are forked after this import)
+hivemind_serialization._BASE_COMPRESSION_TYPES.update(
+    UNIFORM_8BIT=Uniform8Bit(), QUANTILE_8BIT=Quantile8Bit(), BLOCKWISE_8BIT=Blockwise8Bit()
+)
+
+
 def make_compression(name: str, tensors: Sequence[torch.Tensor]) -> CompressionBase:
     """The hivemind compression for the manifest's ``compression`` name.
 
@@ -74,9 +131,9 @@ def make_compression(name: str, tensors: Sequence[torch.Tensor]) -> CompressionB
             return NoCompression()
         return Float16Compression()
     if name == "uniform8bit":
-        return Uniform8BitQuantization()
+        return Uniform8Bit()
     if name == "blockwise8bit":
-        return BlockwiseQuantization()
+        return Blockwise8Bit()
     if name == "none":
         return NoCompression()
     raise ValueError(f"unknown compression {name!r}: use none, fp16, uniform8bit or blockwise8bit")
@@ -161,11 +218,14 @@ class SyncTrainer:
         target_batch_size: samples the whole swarm gathers per epoch.
         batch_size_per_step: samples this peer contributes per ``step``
             (micro_batch * grad_accum).
-        inner_lr: AdamW learning rate.
+        inner_lr: the optimizer's base learning rate.
         compression: manifest compression name, used for gradients and state.
         matchmaking_time: seconds peers spend forming an averaging group.
         averaging_timeout: seconds before a stuck averaging round is abandoned.
         client_mode: this peer cannot accept connections (behind NAT, no relay).
+        optimizer: "adamw" or "lamb" (see ``p2ptrain.peers.optimizers``).
+        warmup_epochs, lr_schedule, total_epochs: the learning rate per global
+            epoch (``optimizers.learning_rate_factor``).
     """
 
     def __init__(
@@ -181,16 +241,23 @@ class SyncTrainer:
         matchmaking_time: float,
         averaging_timeout: float,
         client_mode: bool = False,
+        optimizer: str = "adamw",
+        warmup_epochs: int = 0,
+        lr_schedule: str = "constant",
+        total_epochs: int | None = None,
     ):
         self.parameters = list(parameters)
         compressor = make_compression(compression, self.parameters)
+        optimizer_name = optimizer
         self.optimizer = SyncOptimizer(
             dht=dht,
             run_id=prefix,
             target_batch_size=target_batch_size,
             batch_size_per_step=batch_size_per_step,
             params=self.parameters,
-            optimizer=lambda params: torch.optim.AdamW(params, lr=inner_lr),
+            optimizer=lambda params: make_optimizer(optimizer_name, params, lr=inner_lr),
+            # stepped by hivemind once per global epoch, so all peers share one learning rate
+            scheduler=make_scheduler(warmup_epochs, lr_schedule, total_epochs),
             matchmaking_time=matchmaking_time,
             averaging_timeout=averaging_timeout,
             load_state_timeout=max(averaging_timeout, 30.0),
@@ -254,6 +321,8 @@ class SyncTrainer:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.optimizer.state_averager.local_epoch = int(state["epoch"])
+        # hivemind moves the schedule only when an epoch ends: bring it to the restored epoch now
+        self.optimizer.state_averager._update_scheduler()
         self.optimizer.tracker.report_local_progress(self.local_epoch, 0)
 
     def shutdown(self) -> None:

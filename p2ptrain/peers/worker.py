@@ -221,7 +221,8 @@ class Worker:
         else:
             from p2ptrain.peers.sync import SyncTrainer
 
-            trainer = SyncTrainer(**common)
+            trainer = SyncTrainer(optimizer=manifest.optimizer, warmup_epochs=manifest.warmup_epochs,
+                                  lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs, **common)
         # hivemind's averagers set SIGINT to ignored when they start
         process.install_stop_handlers(self.on_signal)
         return trainer
