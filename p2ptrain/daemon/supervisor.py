@@ -4,7 +4,10 @@ Everything runs in one asyncio event loop: control requests, worker reports
 (read from the pipe as they arrive) and a tick every second that ends timed
 pauses, applies the volunteer policies, flushes the database and pings the
 systemd watchdog. The worker may crash; the supervisor records it and starts
-it again with back-off, and never goes down with it.
+it again with back-off, and never goes down with it. A worker that ran out of
+memory is started again with half the micro-batch (and twice the gradient
+accumulation, so a step holds as many samples); the daemon shows
+``paused (oom-backoff)`` until then.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from p2ptrain.daemon.server import Broadcaster, RequestError
 from p2ptrain.daemon.state import DESIRED_STATE_KEY, DesiredState, Lifecycle
 from p2ptrain.daemon.worker_handle import WorkerHandle
 from p2ptrain.paths import Paths
+from p2ptrain.peers.worker import OUT_OF_MEMORY_EXIT_CODE  # no torch: the worker imports it lazily
 from p2ptrain.storage.database import Database
 
 log = logging.getLogger(__name__)
@@ -62,6 +66,8 @@ class Daemon:
         self.worker: WorkerHandle | None = None
         self.crashes_in_a_row = 0
         self.restart_at: float | None = None
+        self.micro_batch_halvings = 0  # after out-of-memory errors in this run
+        self._worker_ran_out_of_memory = False
         self._notified_status = ""
         self._stopping = asyncio.Event()
 
@@ -173,6 +179,7 @@ class Daemon:
         self.desired = DesiredState(run=run_request)
         self._save_desired()
         self.crashes_in_a_row = 0
+        self.micro_batch_halvings = 0
         self.record_event("join", f"joining run {run_request['run_id']!r}", {"new_run": run_request.get("new_run", False)})
         self._start_worker()
 
@@ -233,7 +240,7 @@ class Daemon:
 
     def _start_worker(self) -> None:
         run_request = self.desired.run
-        plan = self._plan(run_request.get("manifest"))
+        plan = self._smaller_after_out_of_memory(self._plan(run_request.get("manifest")), run_request.get("manifest") or {})
         spec = {
             "run_id": run_request["run_id"],
             "manifest": run_request.get("manifest"),
@@ -254,12 +261,31 @@ class Daemon:
             "log_level": self.config.log_level,
         }
         self.run = RunView(run_id=run_request["run_id"], manifest=run_request.get("manifest") or {})
+        self._worker_ran_out_of_memory = False
         self.worker = WorkerHandle(spec, self.paths.worker_pgid_file, self.on_report, self._on_worker_exit)
         self.worker.start()
         if self.desired.paused:
             self._enter(states.PAUSED, "user")
         else:
             self._enter(states.JOINING)
+
+    def _smaller_after_out_of_memory(self, plan: dict | None, manifest: dict) -> dict | None:
+        """The plan with the micro-batch halved once per out-of-memory error so
+        far (never below one), and grad_accum raised to keep the samples per step.
+
+        Args:
+            plan: the hardware plan (None: the worker would use the manifest's hint).
+            manifest: the run manifest, for its ``micro_batch_hint``.
+        """
+        if not self.micro_batch_halvings:
+            return plan
+        plan = dict(plan or {})
+        micro_batch = int(plan.get("micro_batch") or manifest.get("micro_batch_hint") or 1)
+        samples_per_step = micro_batch * int(plan.get("grad_accum") or 1)
+        smaller = max(1, micro_batch >> self.micro_batch_halvings)
+        plan["micro_batch"], plan["grad_accum"] = smaller, max(1, samples_per_step // smaller)
+        log.info("plan: micro-batch %d x %d after %d out-of-memory error(s)", smaller, plan["grad_accum"], self.micro_batch_halvings)
+        return plan
 
     def on_report(self, report: dict) -> None:
         kind = report["type"]
@@ -327,6 +353,8 @@ class Daemon:
 
     def _report_error(self, report: dict) -> None:
         message, fix = report.get("message", "training worker error"), report.get("fix", "")
+        if report.get("kind") == "oom":
+            self._worker_ran_out_of_memory = True
         self.record_event("worker-error", message, {"fix": fix, "fatal": bool(report.get("fatal"))})
         if report.get("fatal"):
             # A fatal error (no such run, bad manifest...) needs the user: stop retrying.
@@ -340,7 +368,7 @@ class Daemon:
         self.record_event("left", f"left run {self.run.run_id!r}")
 
     def _on_worker_exit(self, exitcode: int | None) -> None:
-        self.worker = None
+        worker, self.worker = self.worker, None
         if self.desired.run is None:
             if self.lifecycle.state == states.ERROR:
                 self.run = RunView()  # the error stays shown until the user leaves or joins again
@@ -352,12 +380,24 @@ class Daemon:
         self.crashes_in_a_row += 1
         delay = RESTART_BACKOFF_S[min(self.crashes_in_a_row, len(RESTART_BACKOFF_S)) - 1]
         self.restart_at = time.monotonic() + delay
+        self.run.joined = False
+        if self._worker_ran_out_of_memory or exitcode == OUT_OF_MEMORY_EXIT_CODE:
+            self.micro_batch_halvings += 1
+            plan = (worker.spec.get("plan") if worker is not None else None) or {}
+            self.record_event(
+                "worker-oom",
+                f"training worker ran out of memory; restarting in {delay} s with a smaller micro-batch",
+                {"exitcode": exitcode, "restart_in_s": delay, "micro_batch_halvings": self.micro_batch_halvings,
+                 "micro_batch": plan.get("micro_batch"), "grad_accum": plan.get("grad_accum")},
+            )
+            if self.lifecycle.state != states.PAUSED:
+                self._enter(states.PAUSED, "oom-backoff")
+            return
         self.record_event(
             "worker-crashed",
             f"training worker exited with code {exitcode}; restarting in {delay} s",
             {"exitcode": exitcode, "restart_in_s": delay, "crashes_in_a_row": self.crashes_in_a_row},
         )
-        self.run.joined = False
         if self.lifecycle.state != states.PAUSED:
             self._enter(states.JOINING)
 

@@ -6,6 +6,13 @@ process-group leader (its DHT process, averagers and p2pd stay in that group)
 and asks the kernel for SIGTERM when the daemon dies. The group id is written
 to ``worker_pgid_file`` so that a daemon started after a SIGKILL can end
 whatever the previous one left behind.
+
+``P2PTRAIN_WORKER_MEMORY_HEADROOM_MB`` (environment of the daemon) caps the
+worker's address space, once it has joined, at its size then plus that many
+MiB (RLIMIT_AS, soft limit, set from outside with prlimit; the DHT, averager
+and p2pd processes it started before are not capped). Allocations beyond the
+cap fail for real, so this is how the fault tests make a CPU worker run out of
+memory; a volunteer may also use it to bound what training takes.
 """
 
 from __future__ import annotations
@@ -14,11 +21,15 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import resource
 import signal
 import time
 from pathlib import Path
 from typing import Callable
 
+import psutil
+
+MEMORY_HEADROOM_ENV = "P2PTRAIN_WORKER_MEMORY_HEADROOM_MB"
 log = logging.getLogger(__name__)
 
 
@@ -121,11 +132,26 @@ class WorkerHandle:
             while self._conn.poll():
                 report = self._conn.recv()
                 if isinstance(report, dict) and isinstance(report.get("type"), str):
+                    if report["type"] == "joined":
+                        self._cap_address_space()
                     self.on_report(report)
                 else:
                     log.warning("ignoring a malformed report from the worker: %.200r", report)
         except (EOFError, OSError):
             self._loop.remove_reader(self._conn.fileno())
+
+    def _cap_address_space(self) -> None:
+        """Apply ``P2PTRAIN_WORKER_MEMORY_HEADROOM_MB`` (see the module docstring)."""
+        headroom_mb = os.environ.get(MEMORY_HEADROOM_ENV)
+        if not headroom_mb:
+            return
+        try:
+            limit = psutil.Process(self._process.pid).memory_info().vms + int(headroom_mb) * 2**20
+            resource.prlimit(self._process.pid, resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+        except (ValueError, OSError, psutil.Error) as error:
+            log.warning("could not cap the worker's memory (%s=%r): %s", MEMORY_HEADROOM_ENV, headroom_mb, error)
+            return
+        log.info("worker address space capped at %d MiB (%s)", limit >> 20, MEMORY_HEADROOM_ENV)
 
     def _process_ended(self) -> None:
         self._loop.remove_reader(self._process.sentinel)
