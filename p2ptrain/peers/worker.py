@@ -259,6 +259,7 @@ class Worker:
             "trainable": self.loaded.trainable_state(), "trainer": self.trainer.state_dict(),
             "epoch": self.trainer.local_epoch, "data_position": self.batches.position,
             "manifest_hash": self.manifest_hash, "contributed_samples": self.contributed_samples,
+            "manifest": self.manifest.model_dump(mode="json"),  # what `p2ptrain export` rebuilds the model from
         }
         try:
             save_checkpoint(self._checkpoint_file(), state)
