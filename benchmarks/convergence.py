@@ -1,0 +1,448 @@
+"""Convergence and communication at equal total samples, shaped like Table 2 of the DiLoCo paper.
+
+    .venv/bin/python benchmarks/convergence.py [--total-samples N] [--quick]
+
+writes ``benchmarks/convergence_results.md``, ``convergence_loss.png`` and
+``convergence_bytes.png`` (the plots need matplotlib). Configurations, all on the
+built-in ``tiny`` model and stdlib corpus, all from the same initial weights:
+
+- 1 peer at micro-batch B and at 4B: a plain PyTorch AdamW loop in this process;
+- 4 peers ``sync``: four real worker processes (hivemind on 127.0.0.1),
+  target_batch_size 4B, each contributing B per step;
+- 4 peers ``diloco`` at H = 20, 50, 100 (8-bit blockwise compression) and at
+  H = 50 without compression.
+
+Every configuration trains on the same total number of samples. The eval loss is
+measured here, on the same fixed validation windows, for each peer's final model
+(read from the checkpoint the worker writes when it finishes), averaged over peers.
+Bytes per sample are computed from the averaging rounds the workers report, and
+measured as the TCP bytes the workers' p2pd daemons sent (``ss -tin``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+
+from p2ptrain.peers.checkpoint import checkpoint_path, load_checkpoint
+from p2ptrain.peers.data import train_batches, validation_batches
+from p2ptrain.peers.models import build_model, causal_lm_loss
+from p2ptrain.peers.worker import VALIDATION_BATCHES, main as worker_main, stream_seed
+
+HERE = Path(__file__).resolve().parent
+PEERS = 4
+DATASET = {"kind": "stdlib"}
+SEED = 1
+FINAL_EVAL_BATCHES = 32
+# Bytes a value takes on the wire. Blockwise 8-bit: one byte, a float32 scale per
+# 4096 values, and a 256-entry float32 codebook per chunk of 2**19 fp32 bytes
+# (hivemind's default part size for all-reduce), i.e. 1024 bytes per 131072 values.
+BYTES_PER_VALUE = {"none": 4.0, "fp16": 2.0, "blockwise8bit": 1.0 + 4 / 4096 + 1040 / 131072}
+
+
+@dataclass
+class Result:
+    """One configuration's outcome: what goes in a table row and on the plots."""
+
+    name: str
+    samples: int
+    eval_losses: list[float]
+    curve: list[tuple[int, float]]
+    rounds: int = 0
+    computed_bytes: float = 0.0
+    measured_bytes: float | None = None
+    notes: str = ""
+
+    @property
+    def eval_loss(self) -> float:
+        return sum(self.eval_losses) / len(self.eval_losses)
+
+
+@dataclass
+class Setup:
+    """What every configuration shares: sizes, lr, data and the validation windows."""
+
+    total_samples: int
+    micro_batch: int
+    seq_len: int
+    inner_lr: float
+    cache_dir: Path
+    work_dir: Path
+    timeout_s: float
+    parameters: int = 0
+    final_windows: list = field(default_factory=list)
+    curve_windows: list = field(default_factory=list)
+
+    def __post_init__(self):
+        tokenizer = build_model("tiny", seed=SEED).tokenizer
+        self.final_windows = validation_batches(DATASET, tokenizer, self.seq_len, self.micro_batch, self.cache_dir, FINAL_EVAL_BATCHES)
+        # what a worker's epoch report measures, so the curves compare
+        self.curve_windows = validation_batches(DATASET, tokenizer, self.seq_len, self.micro_batch, self.cache_dir, VALIDATION_BATCHES)
+
+
+@torch.no_grad()
+def mean_loss(model: torch.nn.Module, windows: list) -> float:
+    model.eval()
+    try:
+        return sum(causal_lm_loss(model, batch).item() for batch in windows) / len(windows)
+    finally:
+        model.train()
+
+
+def allreduce_bytes(group_size: int, values: int, bytes_per_value: float) -> float:
+    """Bytes one peer sends in one butterfly all-reduce: its share of the other peers'
+    parts in reduce-scatter, and its averaged part back to them in all-gather."""
+    return 2 * (group_size - 1) / group_size * values * bytes_per_value
+
+
+def every_step_allreduce_bytes_per_sample(setup: Setup) -> float:
+    """The reference: 4 peers all-reduce fp32 gradients after every step of B samples each."""
+    return PEERS * allreduce_bytes(PEERS, setup.parameters, 4.0) / (PEERS * setup.micro_batch)
+
+
+def run_single(setup: Setup, batch: int) -> Result:
+    """One peer, a plain AdamW loop at ``batch`` samples per step."""
+    torch.manual_seed(SEED)
+    loaded = build_model("tiny", seed=SEED)
+    setup.parameters = loaded.trainable_parameters
+    optimizer = torch.optim.AdamW(loaded.trainable(), lr=setup.inner_lr)
+    batches = train_batches(DATASET, loaded.tokenizer, setup.seq_len, batch, stream_seed(SEED, "baseline"), setup.cache_dir)
+    steps = setup.total_samples // batch
+    every = max(1, steps // 30)
+    curve = []
+    for step in range(1, steps + 1):
+        causal_lm_loss(loaded.model, next(batches)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % every == 0 or step == steps:
+            curve.append((step * batch, mean_loss(loaded.model, setup.curve_windows)))
+    label = "B" if batch == setup.micro_batch else f"{batch // setup.micro_batch}B"
+    return Result(f"1 peer, batch {label} ({batch})", steps * batch, [mean_loss(loaded.model, setup.final_windows)], curve)
+
+
+class Worker:
+    """One real worker process started as the daemon starts it, and its reports."""
+
+    def __init__(self, home: Path, name: str, manifest: dict, initial_peers: list[str], setup: Setup, matchmaking_time: float):
+        for sub in ("state", "checkpoints"):
+            (home / sub).mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.checkpoint = checkpoint_path(home / "checkpoints", manifest["run_id"])
+        spec = {
+            "run_id": manifest["run_id"], "manifest": manifest if not initial_peers else {}, "new_run": not initial_peers,
+            "initial_peers": initial_peers,
+            "paths": {"state_dir": str(home / "state"), "cache_dir": str(setup.cache_dir),
+                      "checkpoints_dir": str(home / "checkpoints"), "identity_key": str(home / "state" / "identity.key")},
+            "dht": {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "announce_maddrs": [], "use_relay": False,
+                    "use_auto_relay": False, "client_mode": False},
+            "nickname": name, "plan": {"device": "cpu", "precision": "fp32", "quantization": "none",
+                                       "micro_batch": setup.micro_batch, "grad_accum": 1},
+            # paused until every peer joined, so no peer trains alone at the start
+            "start_paused": True, "log_level": "ERROR", "torch_threads": 1,
+            "averaging": {"matchmaking_time": matchmaking_time, "averaging_timeout": 60.0},
+        }
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(target=worker_main, args=(child_conn, spec), name=f"worker-{name}")
+        self.process.start()
+        child_conn.close()
+        self.reports: list[dict] = []
+        self.local_epoch = 0
+        self.finish_sent = False
+
+    def drain(self) -> None:
+        while True:
+            try:
+                if not self.conn.poll():
+                    return
+                report = self.conn.recv()
+            except (EOFError, OSError):
+                return
+            self.reports.append(report)
+            if report["type"] == "epoch":
+                self.local_epoch = max(self.local_epoch, report["epoch"] + 1)
+            elif report["type"] == "event" and report["kind"] == "state-downloaded":
+                self.local_epoch = max(self.local_epoch, int(report["data"]["epoch"]))
+            elif report["type"] == "error" and report.get("fatal"):
+                raise RuntimeError(f"{self.name} failed: {report['message']}")
+
+    def of_type(self, kind: str) -> list[dict]:
+        return [report for report in self.reports if report["type"] == kind]
+
+    def state(self) -> str | None:
+        states = self.of_type("state")
+        return states[-1]["state"] if states else None
+
+    def wait_joined(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while not self.of_type("joined"):
+            if time.monotonic() > deadline or not self.process.is_alive():
+                raise RuntimeError(f"{self.name} did not join (alive: {self.process.is_alive()}); last reports {self.reports[-3:]}")
+            self.conn.poll(0.2)
+            self.drain()
+        return self.of_type("joined")[0]
+
+    def rounds(self) -> list[int]:
+        """Sizes of the averaging rounds this peer finished with at least one other peer."""
+        return [r["data"]["peers"] for r in self.of_type("event") if r["kind"] == "averaged" and r["data"]["peers"] >= 2]
+
+    def p2pd_pids(self) -> set[int]:
+        try:
+            children = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return set()
+        return {child.pid for child in children if "p2pd" in child.name()}
+
+    def kill_group(self) -> None:
+        try:
+            pgid = os.getpgid(self.process.pid)
+            if pgid != os.getpgid(0):
+                os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, TypeError):
+            pass
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(10)
+
+
+class SentBytes:
+    """TCP bytes sent by a set of processes, from the kernel's per-socket counters (``ss -tin``).
+
+    Sockets are polled; a socket that closes between two polls loses what it sent
+    since the last poll, so this slightly undercounts.
+    """
+
+    def __init__(self):
+        self.per_socket: dict[tuple, int] = {}
+
+    def poll(self, pids: set[int]) -> None:
+        if not pids:
+            return
+        output = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=30).stdout
+        key = None
+        for line in output.splitlines():
+            if not line.startswith((" ", "\t")):
+                fields = line.split()
+                owner = next((int(part.split("=")[1].rstrip(")").split(",")[0]) for part in line.split(",") if part.startswith("pid=")), None)
+                key = (owner, fields[3], fields[4]) if owner in pids and len(fields) >= 5 else None
+            elif key is not None:
+                for part in line.split():
+                    if part.startswith("bytes_sent:"):
+                        self.per_socket[key] = max(self.per_socket.get(key, 0), int(part.split(":")[1]))
+
+    @property
+    def total(self) -> int:
+        return sum(self.per_socket.values())
+
+
+def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Result:
+    """Four real workers; each is told to finish once the swarm reached the epoch
+    that makes ``total_samples``, and is evaluated from the checkpoint it then writes."""
+    per_epoch = PEERS * setup.micro_batch * (local_steps if mode == "diloco" else 1)
+    epochs = max(1, setup.total_samples // per_epoch)
+    name = "4 peers, sync" if mode == "sync" else f"4 peers, diloco H={local_steps}, {compression}"
+    run_id = f"convergence-{mode}-{local_steps}-{compression}-{os.getpid()}"
+    manifest = {
+        "run_id": run_id, "mode": mode, "model": "tiny", "dataset": DATASET, "seq_len": setup.seq_len,
+        "target_batch_size": per_epoch, "local_steps": local_steps, "micro_batch_hint": setup.micro_batch,
+        "inner_lr": setup.inner_lr, "outer_lr": 0.7, "outer_momentum": 0.9, "compression": compression,
+        "seed": SEED, "created_at": time.time(),
+    }
+    matchmaking_time = 1.0 if mode == "sync" else 3.0
+    home = setup.work_dir / run_id
+    workers: list[Worker] = []
+    sent = SentBytes()
+    try:
+        workers.append(Worker(home / "peer0", "peer0", manifest, [], setup, matchmaking_time))
+        address = workers[0].wait_joined(180)["addresses"][0]
+        for index in range(1, PEERS):
+            workers.append(Worker(home / f"peer{index}", f"peer{index}", manifest, [address], setup, matchmaking_time))
+        for worker in workers:
+            worker.wait_joined(180)
+        pids = set().union(*(worker.p2pd_pids() for worker in workers))
+        sent.poll(pids)
+        baseline_bytes = sent.total
+        for worker in workers:
+            worker.conn.send({"cmd": "resume"})
+        deadline = time.monotonic() + setup.timeout_s
+        last_poll = 0.0
+        while not all(worker.state() == "finished" for worker in workers):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: not finished after {setup.timeout_s:.0f} s (epochs {[w.local_epoch for w in workers]} of {epochs})")
+            time.sleep(0.2)
+            for worker in workers:
+                worker.drain()
+                if not worker.process.is_alive():
+                    raise RuntimeError(f"{name}: {worker.name} exited with {worker.process.exitcode}")
+                # finish = complete the current epoch, checkpoint, pause
+                if not worker.finish_sent and worker.local_epoch >= epochs - 1:
+                    worker.conn.send({"cmd": "finish"})
+                    worker.finish_sent = True
+            if time.monotonic() - last_poll > 2.0:
+                sent.poll(pids)
+                last_poll = time.monotonic()
+        sent.poll(pids)
+        states = [load_checkpoint(worker.checkpoint) for worker in workers]
+        if any(state is None for state in states):
+            raise RuntimeError(f"{name}: a finished worker left no readable checkpoint")
+    finally:
+        for worker in workers:
+            worker.kill_group()
+    eval_losses = []
+    for state in states:
+        loaded = build_model("tiny", seed=SEED)
+        loaded.load_trainable_state(state["trainable"])
+        eval_losses.append(mean_loss(loaded.model, setup.final_windows))
+    samples = sum(int(state["contributed_samples"]) for state in states)
+    value_bytes = BYTES_PER_VALUE[compression]
+    rounds = [worker.rounds() for worker in workers]
+    computed = sum(allreduce_bytes(size, setup.parameters, value_bytes) for sizes in rounds for size in sizes)
+    notes = f"{epochs} epochs of {per_epoch} samples"
+    if mode == "sync":
+        # hivemind.Optimizer also averages the parameters after each epoch (average_state_every=1)
+        computed *= 2
+        notes += "; gradients and parameters averaged each epoch"
+    curve = [((report["epoch"] + 1) * per_epoch, report["val_loss"]) for report in workers[0].of_type("epoch")]
+    return Result(name, samples, eval_losses, curve, rounds=max(len(r) for r in rounds),
+                  computed_bytes=computed / samples, measured_bytes=(sent.total - baseline_bytes) / samples, notes=notes)
+
+
+def markdown(setup: Setup, results: list[Result], command: str, seconds: float) -> str:
+    reference = every_step_allreduce_bytes_per_sample(setup)
+    baseline = next(result for result in results if result.name.startswith("1 peer, batch 4B"))
+    lines = [
+        "# Convergence at equal total samples (DiLoCo Table 2 shape)", "",
+        f"Command: `{command}` ({seconds / 60:.0f} min on this machine).", "",
+        f"Model `tiny` ({setup.parameters:,} parameters, byte vocabulary), stdlib corpus, seq_len {setup.seq_len}, "
+        f"B = {setup.micro_batch} samples, AdamW lr {setup.inner_lr} (the inner lr for DiLoCo), outer Nesterov SGD lr 0.7 "
+        f"momentum 0.9. Every configuration starts from the same weights and trains on ~{setup.total_samples:,} samples. "
+        f"Eval loss: mean cross-entropy (nats/byte) on {FINAL_EVAL_BATCHES * setup.micro_batch} fixed validation windows, "
+        f"measured on each peer's final model, mean over peers.", "",
+        "| config | total samples | eval loss | Δ vs 1 peer 4B | averaging rounds per peer | bytes/sample computed | "
+        "bytes/sample measured | reduction vs every-step fp32 all-reduce (computed) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| every-step fp32 all-reduce, 4 peers (reference) | | | | 1 per step | {reference:,.0f} | | 1x |",
+    ]
+    for result in results:
+        delta = 100 * (result.eval_loss - baseline.eval_loss) / baseline.eval_loss
+        spread = f" (±{(max(result.eval_losses) - min(result.eval_losses)) / 2:.3f})" if len(result.eval_losses) > 1 else ""
+        if result.rounds:
+            communication = (f"{result.rounds} | {result.computed_bytes:,.0f} | {result.measured_bytes:,.0f} | "
+                             f"{reference / result.computed_bytes:,.0f}x")
+        else:
+            communication = "0 | 0 | | no communication"
+        lines.append(f"| {result.name} | {result.samples:,} | {result.eval_loss:.4f}{spread} | {delta:+.2f} % | {communication} |")
+    lines += ["", "Notes:", ""]
+    lines += [f"- {result.name}: {result.notes}" for result in results if result.notes]
+    lines += [
+        "- bytes/sample = bytes sent by all peers together ÷ samples trained by all peers together.",
+        "- computed: for each averaging round a peer finished with g peers, 2·(g−1)/g · parameters · bytes per value "
+        "(butterfly all-reduce: reduce-scatter + all-gather); fp32 4 bytes, blockwise 8-bit "
+        f"{BYTES_PER_VALUE['blockwise8bit']:.4f} bytes (scales and codebooks included). The reference is that formula "
+        "for 4 peers, fp32, after every step of 4·B samples.",
+        "- measured: TCP bytes_sent of every socket of the four workers' p2pd daemons (`ss -tin`), from the moment all "
+        "peers joined to the end: includes DHT traffic, progress records, matchmaking, libp2p framing and encryption, "
+        "and state downloads of peers that fell behind. Polled every 2 s; sockets closed between polls are undercounted.",
+        "- The reduction factor of DiLoCo vs the every-step all-reduce is H × (4 bytes ÷ bytes per value) by construction: "
+        "≥ 1000x with 8-bit values needs H ≥ ~250.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[Result], setup: Setup, out_dir: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots (pip install matplotlib)", file=sys.stderr)
+        return False
+    figure, (curves, finals) = plt.subplots(1, 2, figsize=(13, 5))
+    for result in results:
+        if result.curve:
+            curves.plot(*zip(*result.curve), marker="." if len(result.curve) < 40 else None, label=result.name)
+    curves.set(xlabel="samples trained (swarm total)", ylabel=f"validation loss ({VALIDATION_BATCHES * setup.micro_batch} windows)",
+               title="Validation loss while training")
+    curves.legend(fontsize=8)
+    finals.barh([r.name for r in results], [r.eval_loss for r in results], color="tab:blue")
+    low = min(r.eval_loss for r in results)
+    finals.set_xlim(low * 0.95, max(r.eval_loss for r in results) * 1.02)
+    finals.set(xlabel="final eval loss (mean over peers)", title=f"At {setup.total_samples:,} samples")
+    figure.tight_layout()
+    figure.savefig(out_dir / "convergence_loss.png", dpi=110)
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    names = ["every-step fp32 all-reduce"] + [r.name for r in results if r.rounds]
+    values = [every_step_allreduce_bytes_per_sample(setup)] + [r.computed_bytes for r in results if r.rounds]
+    measured = [math.nan] + [r.measured_bytes or math.nan for r in results if r.rounds]
+    positions = range(len(names))
+    axis.barh([p - 0.2 for p in positions], values, height=0.4, label="computed")
+    axis.barh([p + 0.2 for p in positions], measured, height=0.4, label="measured (TCP bytes of p2pd)")
+    axis.set_yticks(list(positions), names)
+    axis.set_xscale("log")
+    axis.set(xlabel="bytes sent per sample (log scale)", title="Communication per training sample")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out_dir / "convergence_bytes.png", dpi=110)
+    return True
+
+
+def write_outputs(setup: Setup, results: list[Result], command: str, started: float, out_dir: Path) -> str:
+    """Write the markdown table and the plots for the results so far; returns the markdown."""
+    text = markdown(setup, results, command, time.monotonic() - started)
+    (out_dir / "convergence_results.md").write_text(text)
+    plot(results, setup, out_dir)
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--total-samples", type=int, default=None, help="samples per configuration (default 6400, --quick 1280)")
+    parser.add_argument("--quick", action="store_true", help="shorter sequences and fewer samples: a smoke run")
+    parser.add_argument("--micro-batch", type=int, default=8, help="B, samples per step per peer")
+    parser.add_argument("--inner-lr", type=float, default=3e-3)
+    parser.add_argument("--local-steps", type=int, nargs="+", default=[20, 50, 100], help="H values for diloco")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="token cache to reuse (default: a temporary one)")
+    parser.add_argument("--out-dir", type=Path, default=HERE)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds one swarm configuration may take")
+    args = parser.parse_args()
+    total = args.total_samples or (1280 if args.quick else 6400)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="p2ptrain-convergence-") as temp:
+        setup = Setup(total, args.micro_batch, 32 if args.quick else 64, args.inner_lr,
+                      args.cache_dir or Path(temp) / "cache", Path(temp) / "peers", args.timeout)
+        torch.set_num_threads(1)
+        results = [run_single(setup, setup.micro_batch), run_single(setup, PEERS * setup.micro_batch)]
+        plans = [("diloco", h, "blockwise8bit") for h in args.local_steps] + [("sync", 1, "none")]
+        plans.append(("diloco", args.local_steps[len(args.local_steps) // 2], "none"))
+        command = ".venv/bin/python " + " ".join(["benchmarks/convergence.py"] + sys.argv[1:])
+        text = write_outputs(setup, results, command, started, args.out_dir)
+        for mode, local_steps, compression in plans:
+            print(f"running {mode} H={local_steps} {compression}", file=sys.stderr, flush=True)
+            began = time.monotonic()
+            try:
+                results.append(run_swarm(setup, mode, local_steps, compression))
+            except RuntimeError as error:
+                print(f"skipped: {error}", file=sys.stderr, flush=True)
+                continue
+            print(f"{time.monotonic() - began:.0f} s:", json.dumps(results[-1].__dict__, default=str)[:400], file=sys.stderr, flush=True)
+            # after every configuration, so a cut-short run still leaves its results
+            text = write_outputs(setup, results, command, started, args.out_dir)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
