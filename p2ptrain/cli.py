@@ -281,6 +281,13 @@ def cmd_doctor(args, rest: list[str]) -> int:
     return subprocess.call([sys.executable, "-m", "p2ptrain.daemon.doctor", *home, *rest])
 
 
+def cmd_export(args, rest: list[str]) -> int:
+    import subprocess
+
+    home = ["--home", args.home] if args.home else []
+    return subprocess.call([sys.executable, "-m", "p2ptrain.peers.export", *home, *rest])
+
+
 def cmd_demo(args) -> int:
     from p2ptrain.demo import run_demo
 
@@ -373,10 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("plan", "what a device would do with a model (p2ptrain plan --help)", cmd_plan, add_help=False)
     add("doctor", "check this machine: hardware, plan, NVML, CUDA, ports (p2ptrain doctor --help)", cmd_doctor, add_help=False)
     add("tui", "open the dashboard (same as p2ptrain-tui)", cmd_tui, add_help=False)
+    add("export", "write the trained adapters or model in the Hugging Face format (p2ptrain export PATH)", cmd_export, add_help=False)
     return parser
 
 
-PASSTHROUGH = {"plan", "doctor", "tui"}
+PASSTHROUGH = {"plan", "doctor", "tui", "export"}
 
 
 def main(argv: list[str] | None = None) -> int:
