@@ -92,6 +92,13 @@ def stream_seed(manifest_seed: int, peer_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{manifest_seed}:{peer_id}".encode()).digest()[:8], "little")
 
 
+async def connected_peer_addresses(dht, node) -> list[str]:
+    """Run in the DHT process: dialable multiaddrs (with /p2p/ID) of the peers it is connected to."""
+    peers = await node.p2p.list_peers()
+    return [f"{address}/p2p/{peer.peer_id.to_base58()}" for peer in peers for address in peer.addrs
+            if "p2p-circuit" not in str(address)]
+
+
 class Worker:
     """Holds one run's DHT, model, data and trainer, and the loop that drives them."""
 
@@ -140,9 +147,9 @@ class Worker:
         spec, paths, dht_options = self.spec, self.spec["paths"], self.spec.get("dht") or {}
         if spec.get("torch_threads"):
             torch.set_num_threads(int(spec["torch_threads"]))
-        try:
-            self.dht = start_dht(
-                list(spec.get("initial_peers") or []),
+        def start(initial_peers: list[str]):
+            return start_dht(
+                initial_peers,
                 Path(paths["identity_key"]),
                 host_maddrs=dht_options.get("host_maddrs"),
                 announce_maddrs=dht_options.get("announce_maddrs"),
@@ -150,6 +157,19 @@ class Worker:
                 use_auto_relay=dht_options.get("use_auto_relay", False),
                 client_mode=dht_options.get("client_mode", False),
             )
+
+        try:
+            initial_peers = list(spec.get("initial_peers") or [])
+            remembered = [] if initial_peers else self._remembered_peers()
+            try:
+                # a run's creator has no bootstrap peers: after a restart it finds
+                # its swarm again through the peers it was connected to
+                self.dht = start(initial_peers or remembered)
+            except DHTStartError:
+                if not remembered:
+                    raise
+                logger.info("None of the %d remembered peers answered: starting alone", len(remembered))
+                self.dht = start(initial_peers)
             # ask now: once the averagers are up, hivemind can stall this query for minutes
             self.addresses, self.reachability = visible_addresses(self.dht), reachability(self.dht)
             if spec.get("new_run"):
@@ -250,6 +270,29 @@ class Worker:
             self.event("checkpoint-ignored", f"checkpoint {path} is unreadable or of another manifest; starting without it")
         return state
 
+    def _peers_file(self) -> Path:
+        return self._checkpoint_file().with_suffix(".peers.json")
+
+    def _remembered_peers(self) -> list[str]:
+        """Addresses of the peers this one was connected to when it last checkpointed this run."""
+        import json
+
+        try:
+            addresses = json.loads(self._peers_file().read_text())
+        except (OSError, ValueError):
+            return []
+        return [address for address in addresses if isinstance(address, str)] if isinstance(addresses, list) else []
+
+    def _remember_peers(self) -> None:
+        import json
+
+        try:
+            addresses = self.dht.run_coroutine(connected_peer_addresses, return_future=True).result(timeout=5)
+            if addresses:
+                self._peers_file().write_text(json.dumps(addresses[:20]))
+        except Exception as error:  # only a hint for the next start: never fail a checkpoint for it
+            logger.info("Could not remember the connected peers: %r", error)
+
     def save_checkpoint(self, why: str) -> None:
         from p2ptrain.peers.checkpoint import save_checkpoint
 
@@ -263,6 +306,7 @@ class Worker:
         }
         try:
             save_checkpoint(self._checkpoint_file(), state)
+            self._remember_peers()
         except OSError as error:
             self.report("error", message=f"could not write the checkpoint: {error}", fix="free disk space or fix permissions of the state directory", fatal=False)
             return

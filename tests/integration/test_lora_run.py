@@ -84,3 +84,14 @@ def test_two_daemons_fine_tune_lora_adapters_and_a_restarted_one_rejoins(daemons
     for daemon in (restarted, b):
         daemon.wait_until(lambda s: s["state"] == "training" and s["run"]["epoch"] >= goal and s["run"].get("num_peers") == 2,
                           300, what=f"the pair to reach epoch {goal}")
+
+    # the adapters the swarm trained, as Hugging Face peft adapters of the local model
+    assert cli(b.home, "pause").returncode == 0  # writes a checkpoint
+    exported = cli(b.home, "export", str(tmp_path / "adapters"), timeout=180)
+    assert exported.returncode == 0, exported.stderr
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), tmp_path / "adapters")
+    adapters = [p for name, p in adapted.named_parameters() if "lora_B" in name]
+    assert adapters and any(bool(p.abs().sum() > 0) for p in adapters)  # LoRA's B starts at zero: it was trained
