@@ -30,6 +30,7 @@ from typing import Callable
 import psutil
 
 MEMORY_HEADROOM_ENV = "P2PTRAIN_WORKER_MEMORY_HEADROOM_MB"
+EXIT_POLL_S = 1.0
 log = logging.getLogger(__name__)
 
 
@@ -115,6 +116,7 @@ class WorkerHandle:
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._conn.fileno(), self._read_reports)
         self._loop.add_reader(self._process.sentinel, self._process_ended)
+        self._loop.call_later(EXIT_POLL_S, self._poll_exit)
         log.info("training worker started (pid %d)", self._process.pid)
 
     def send(self, command: str) -> bool:
@@ -153,14 +155,32 @@ class WorkerHandle:
             return
         log.info("worker address space capped at %d MiB (%s)", limit >> 20, MEMORY_HEADROOM_ENV)
 
+    def _poll_exit(self) -> None:
+        """Notice a worker that died without its children (SIGKILL, OOM killer).
+
+        The sentinel is a pipe whose write end the worker's forked children
+        (DHT, averagers) inherited: it reads EOF only once they are gone too.
+        waitpid sees the worker's own exit at once.
+        """
+        if self._exited:
+            return
+        if self._process.is_alive():
+            self._loop.call_later(EXIT_POLL_S, self._poll_exit)
+        else:
+            self._process_ended()
+
     def _process_ended(self) -> None:
+        if self._exited:
+            return
         self._loop.remove_reader(self._process.sentinel)
+        # Whatever the worker started (DHT, averagers, p2pd) goes with it, first:
+        # its forked children hold the pipe's write end, so after a SIGKILL in
+        # the middle of a report, reading would wait for the rest of it forever.
+        kill_group(self._process.pid)
         self._read_reports_if_open()
         self._process.join(0)
         exitcode = self._process.exitcode
         self._exited = True
-        # Whatever the worker started (DHT, averagers, p2pd) goes with it.
-        kill_group(self._process.pid)
         self.pgid_file.unlink(missing_ok=True)
         log.info("training worker exited with code %s", exitcode)
         self.on_exit(exitcode)
