@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.swarm]
 
 SYNC_RUN = ["--mode", "sync", "--target-batch-size", "192", "--micro-batch", "8"]
 CHECKPOINT_INTERVAL_S = 20
+ORPHAN_LIMIT_S = 12  # the "must show"; its fault list says 10
 AVERAGING_TIMEOUT_S = 30  # the worker's default on loopback (p2ptrain.peers.sync.LOCAL_AVERAGING)
 
 
@@ -237,7 +238,10 @@ def test_sigkill_of_a_daemon_then_restart_rejoins_and_loses_at_most_a_checkpoint
     c.process.kill()  # the daemon alone, not its group
     killed_at = time.time()
     c.process.wait(10)
-    assert still_running(before, timeout=10) == []
+    # the worker checkpoints on the parent-death SIGTERM, then ends its group
+    left = still_running(before, timeout=ORPHAN_LIMIT_S)
+    gone_after = time.time() - killed_at
+    assert left == [], f"still running {gone_after:.0f} s after the kill: {left}; after 20 s more: {still_running(before, 20)}"
     assert integrity(c.home) == "ok"
     checkpoints = list(resolve_paths(c.home).checkpoints_dir.glob("*"))
     assert checkpoints
@@ -253,5 +257,5 @@ def test_sigkill_of_a_daemon_then_restart_rejoins_and_loses_at_most_a_checkpoint
     [loaded] = [e for e in events(restarted.home, "checkpoint-loaded") if e["ts"] > killed_at]
     assert loaded["data"]["epoch"] >= saved[-1]["data"]["epoch"]
     assert loaded["data"]["epoch"] >= last_epoch - 1, "more than an epoch of local progress lost"
-    print(f"\nrestarted daemon at epoch {target} after {time.monotonic() - restarted_at:.0f} s; "
+    print(f"\nworker group gone {gone_after:.1f} s after the daemon's SIGKILL; restarted daemon at epoch {target} after {time.monotonic() - restarted_at:.0f} s; "
           f"checkpoint {killed_at - newest:.1f} s older than the kill; loaded epoch {loaded['data']['epoch']} (was {last_epoch})")
