@@ -163,6 +163,9 @@ def _manifest_options(args) -> dict:
     if args.model and os.path.isdir(os.path.expanduser(args.model)):
         # the daemon runs in another directory: a local model is named by its absolute path
         options["model"] = os.path.abspath(os.path.expanduser(args.model))
+    if args.dataset and args.dataset != ["stdlib"]:
+        # every peer reads the files at these paths: they must exist there on each machine
+        options["dataset"] = {"kind": "files", "paths": [os.path.abspath(os.path.expanduser(path)) for path in args.dataset]}
     if args.lora_r is not None:
         lora = {"r": args.lora_r, "alpha": args.lora_alpha or 2 * args.lora_r, "dropout": args.lora_dropout}
         if args.lora_targets:
@@ -334,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
     new_run.add_argument("--outer-momentum", type=float)
     new_run.add_argument("--compression", choices=["none", "fp16", "uniform8bit", "blockwise8bit"])
     new_run.add_argument("--seed", type=int)
+    new_run.add_argument(
+        "--dataset", nargs="+", metavar="SOURCE", help="'stdlib' (the built-in corpus, default) or .txt/.jsonl files present at the same path on every peer"
+    )
     new_run.add_argument("--optimizer", choices=["adamw", "lamb"], help="sync mode's optimizer (default adamw)")
     new_run.add_argument("--warmup-epochs", type=int, help="raise the learning rate linearly over this many epochs")
     new_run.add_argument("--lr-schedule", choices=["constant", "cosine", "linear"], help="after warm-up (cosine and linear need --total-epochs)")
