@@ -23,6 +23,7 @@ import pytest
 from daemons import cli, start_daemon, write_local_config
 from p2ptrain.paths import resolve_paths
 from p2ptrain.peers.process import group_members
+from p2ptrain.storage import queries
 
 pytestmark = [pytest.mark.swarm]
 
@@ -247,7 +248,9 @@ def test_sigkill_of_a_daemon_then_restart_rejoins_and_loses_at_most_a_checkpoint
     assert checkpoints
     newest = max(path.stat().st_mtime for path in checkpoints)
     assert killed_at - newest <= CHECKPOINT_INTERVAL_S + 5, f"the newest checkpoint is {killed_at - newest:.0f} s older than the kill"
-    saved = [e for e in events(c.home, "checkpoint-saved") if e["ts"] <= killed_at]
+    # the daemon is dead: read its events from the database
+    stored = queries.events_since(resolve_paths(c.home).database, limit=1000)
+    saved = [e for e in stored if e["kind"] == "checkpoint-saved" and e["ts"] <= killed_at]
 
     restarted = start_daemon(c.home)
     swarm[2] = restarted
