@@ -310,7 +310,8 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
     value_bytes = BYTES_PER_VALUE[compression]
     rounds = [worker.rounds() for worker in workers]
     computed = sum(allreduce_bytes(size, setup.parameters, value_bytes) for sizes in rounds for size in sizes)
-    notes = f"{epochs} epochs of {per_epoch} samples"
+    downloads = sum(1 for worker in workers for r in worker.of_type("event") if r["kind"] == "state-downloaded")
+    notes = f"{epochs} epochs of {per_epoch} samples; {downloads} state downloads by peers that fell behind"
     if mode == "sync":
         # hivemind.Optimizer also averages the parameters after each epoch (average_state_every=1)
         computed *= 2
@@ -415,6 +416,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=8, help="B, samples per step per peer")
     parser.add_argument("--inner-lr", type=float, default=3e-3)
     parser.add_argument("--local-steps", type=int, nargs="+", default=[20, 50, 100], help="H values for diloco")
+    parser.add_argument("--swarms", nargs="*", default=["diloco-blockwise8bit", "sync-none", "diloco-none"],
+                        choices=["diloco-blockwise8bit", "sync-none", "diloco-none"], help="which 4-peer configurations to run")
     parser.add_argument("--cache-dir", type=Path, default=None, help="token cache to reuse (default: a temporary one)")
     parser.add_argument("--out-dir", type=Path, default=HERE)
     parser.add_argument("--timeout", type=float, default=900, help="seconds one swarm configuration may take")
@@ -428,6 +431,7 @@ def main() -> None:
         results = [run_single(setup, setup.micro_batch), run_single(setup, PEERS * setup.micro_batch)]
         plans = [("diloco", h, "blockwise8bit") for h in args.local_steps] + [("sync", 1, "none")]
         plans.append(("diloco", args.local_steps[len(args.local_steps) // 2], "none"))
+        plans = [plan for plan in plans if f"{plan[0]}-{plan[2]}" in args.swarms]
         command = ".venv/bin/python " + " ".join(["benchmarks/convergence.py"] + sys.argv[1:])
         text = write_outputs(setup, results, command, started, args.out_dir)
         for mode, local_steps, compression in plans:
