@@ -31,6 +31,17 @@ def epochs_rows(home) -> int:
         return connection.execute("SELECT count(*) FROM epochs").fetchone()[0]
 
 
+def events(home) -> list[dict]:
+    return json.loads(cli(home, "events", "--json", "--limit", "1000").stdout)["events"]
+
+
+def validation_losses(home) -> list[float]:
+    """Validation loss of each recorded epoch, oldest first."""
+    with sqlite3.connect(resolve_paths(home).database) as connection:
+        rows = connection.execute("SELECT val_loss FROM epochs WHERE val_loss IS NOT NULL ORDER BY epoch").fetchall()
+    return [row[0] for row in rows]
+
+
 def descendants(pid: int) -> list[psutil.Process]:
     """The worker and everything under it (not multiprocessing's resource tracker, which lives as long as the daemon)."""
     try:
@@ -86,6 +97,11 @@ def test_three_daemons_reach_epoch_3_together_through_the_cli(sync_swarm):
         while epochs_rows(daemon.home) < 3 and time.monotonic() < deadline:
             time.sleep(1)
         assert epochs_rows(daemon.home) >= 3
+        averaged = [event for event in events(daemon.home) if event["kind"] == "averaged"]
+        assert any(event["data"]["peers"] >= 2 for event in averaged), averaged[-3:]
+    for daemon in daemons:
+        val_losses = validation_losses(daemon.home)
+        assert len(val_losses) >= 3 and val_losses[-1] < val_losses[0], val_losses
     peers = json.loads(cli(daemons[0].home, "peers", "--json").stdout)["peers"]
     assert len(peers) == 3 and sum(peer["is_local"] for peer in peers) == 1
 
