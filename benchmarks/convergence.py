@@ -420,7 +420,7 @@ def main() -> None:
                         choices=["diloco-blockwise8bit", "sync-none", "diloco-none"], help="which 4-peer configurations to run")
     parser.add_argument("--cache-dir", type=Path, default=None, help="token cache to reuse (default: a temporary one)")
     parser.add_argument("--out-dir", type=Path, default=HERE)
-    parser.add_argument("--timeout", type=float, default=900, help="seconds one swarm configuration may take")
+    parser.add_argument("--timeout", type=float, default=2400, help="seconds one swarm configuration may take (sync needs ~5 s a round on a busy 2-core machine)")
     args = parser.parse_args()
     total = args.total_samples or (1280 if args.quick else 6400)
     started = time.monotonic()
