@@ -12,6 +12,14 @@ from daemons import DaemonProcess, start_daemon, write_local_config
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_collection_modifyitems(items):
+    """Real swarms on 2 shared cores miss averaging deadlines now and then: a swarm test gets one
+    more try (pytest-rerunfailures); failing twice fails the run."""
+    for item in items:
+        if item.get_closest_marker("swarm"):
+            item.add_marker(pytest.mark.flaky(reruns=1, reruns_delay=5))
+
+
 @pytest.fixture
 def short_tmp(tmp_path_factory) -> Path:
     """A temporary directory; pytest's may be deep, which exercises the long-socket-path fallback too."""
