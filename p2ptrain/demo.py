@@ -30,6 +30,8 @@ use_relay = false
 use_auto_relay = false
 [storage]
 flush_interval_s = 1.0
+[policy]
+max_cpu_threads = {threads}
 """
 # Small enough that an epoch takes seconds on a laptop CPU, so the demo shows averaging quickly.
 DEMO_MANIFEST = {"target_batch_size": 256, "local_steps": 20, "micro_batch_hint": 8}
@@ -38,11 +40,11 @@ DEMO_MANIFEST = {"target_batch_size": 256, "local_steps": 20, "micro_batch_hint"
 class DemoPeer:
     """One daemon of the demo, under its own home."""
 
-    def __init__(self, home: Path, nickname: str):
+    def __init__(self, home: Path, nickname: str, threads: int):
         self.home = home
         self.nickname = nickname
         home.mkdir(parents=True, exist_ok=True)
-        (home / "config.toml").write_text(DEMO_CONFIG.format(nickname=nickname))
+        (home / "config.toml").write_text(DEMO_CONFIG.format(nickname=nickname, threads=threads))
         self.log_path = home / "daemon.log"
         self.process: subprocess.Popen | None = None
         self.client = ControlClient(str(resolve_paths(home).socket), timeout=10)
@@ -129,7 +131,9 @@ def run_demo(peers: int = 3, mode: str = "sync", base_dir: str | None = None, du
         print("p2ptrain demo: --peers must be at least 1", file=sys.stderr)
         return 2
     root = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="p2ptrain-demo-"))
-    swarm = [DemoPeer(root / f"peer{index}", f"peer{index}") for index in range(peers)]
+    # The peers share this machine: split its cores between them rather than oversubscribe them.
+    threads = max(1, (os.cpu_count() or 1) // peers)
+    swarm = [DemoPeer(root / f"peer{index}", f"peer{index}", threads) for index in range(peers)]
     use_tui = ui == "tui" or (ui == "auto" and sys.stdout.isatty() and duration_s is None)
     try:
         print(f"starting {peers} daemons under {root} ...", flush=True)

@@ -35,7 +35,7 @@ def child_environment(extra: dict | None = None) -> dict:
     return environment
 
 
-def write_local_config(home: Path, **extra_toml: str) -> None:
+def write_local_config(home: Path) -> None:
     """A config for tests: listen on 127.0.0.1 only, flush the database often."""
     home.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -46,8 +46,10 @@ def write_local_config(home: Path, **extra_toml: str) -> None:
         "use_auto_relay = false",
         "[storage]",
         "flush_interval_s = 0.5",
+        # several daemons share this machine's 2 cores: one torch thread each avoids oversubscription
+        "[policy]",
+        "max_cpu_threads = 1",
     ]
-    lines.extend(f"{key} = {value}" for key, value in extra_toml.items())
     (home / "config.toml").write_text("\n".join(lines) + "\n")
 
 
