@@ -89,10 +89,10 @@ def test_three_daemons_reach_epoch_3_together_through_the_cli(sync_swarm):
             what="training with 3 peers at epoch >= 3",
         )
     for daemon in daemons:
+        # a peer that just downloaded the swarm's state has no fresh step report yet: wait for one
+        daemon.wait_until(lambda s: s["state"] == "training" and ((s.get("local") or {}).get("samples_per_second") or 0) > 0, 60, what="a step report")
         status = status_json(daemon.home)
-        assert status["state"] == "training"
-        assert status["run"]["num_peers"] == 3 and status["run"]["epoch"] >= 3
-        assert (status["local"]["samples_per_second"] or 0) > 0, json.dumps(status)[:3000]
+        assert status["run"]["epoch"] >= 3
         deadline = time.monotonic() + 30
         while epochs_rows(daemon.home) < 3 and time.monotonic() < deadline:
             time.sleep(1)
@@ -102,8 +102,13 @@ def test_three_daemons_reach_epoch_3_together_through_the_cli(sync_swarm):
     for daemon in daemons:
         val_losses = validation_losses(daemon.home)
         assert len(val_losses) >= 3 and val_losses[-1] < val_losses[0], val_losses
-    peers = json.loads(cli(daemons[0].home, "peers", "--json").stdout)["peers"]
-    assert len(peers) == 3 and sum(peer["is_local"] for peer in peers) == 1
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        peers = json.loads(cli(daemons[0].home, "peers", "--json").stdout)["peers"]
+        if len(peers) == 3:
+            break
+        time.sleep(2)
+    assert len(peers) == 3 and sum(peer["is_local"] for peer in peers) == 1, peers
 
 
 @pytest.mark.timeout(180)
