@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from p2ptrain.paths import resolve_paths
 from p2ptrain.protocol import ControlClient, DaemonNotRunning
 
@@ -156,3 +158,16 @@ def raw_exchange(socket_path, payload: bytes, timeout: float = 10) -> list[dict]
         while chunk := sock.recv(65536):
             data += chunk
     return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def still_running(processes: list[psutil.Process], timeout: float) -> list[str]:
+    """Wait up to ``timeout`` for ``processes`` to end; describe the ones that did not."""
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    left = []
+    for process in alive:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{process.pid} {' '.join(process.cmdline())[:120]}")
+        except psutil.NoSuchProcess:
+            pass
+    return left

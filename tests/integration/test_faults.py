@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from daemons import cli, start_daemon, write_local_config
+from daemons import cli, start_daemon, still_running, write_local_config
 from p2ptrain.paths import resolve_paths
 from p2ptrain.peers.process import group_members
 from p2ptrain.storage import queries
@@ -68,19 +68,6 @@ def worker_processes(daemon) -> list[psutil.Process]:
     except (OSError, ValueError):
         pass
     return [p for p in found.values() if "resource_tracker" not in " ".join(p.cmdline())]
-
-
-def still_running(processes: list[psutil.Process], timeout: float) -> list[str]:
-    """Wait up to ``timeout`` for ``processes`` to end; describe the ones that did not."""
-    _, alive = psutil.wait_procs(processes, timeout=timeout)
-    left = []
-    for process in alive:
-        try:
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{process.pid} {' '.join(process.cmdline())[:120]}")
-        except psutil.NoSuchProcess:
-            pass
-    return left
 
 
 def integrity(home: Path) -> str:

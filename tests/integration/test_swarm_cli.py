@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from daemons import cli, start_daemon, write_local_config
+from daemons import cli, start_daemon, still_running, write_local_config
 from p2ptrain.paths import resolve_paths
 
 pytestmark = [pytest.mark.swarm]
@@ -49,11 +49,6 @@ def descendants(pid: int) -> list[psutil.Process]:
     except psutil.NoSuchProcess:
         return []
     return [child for child in children if "resource_tracker" not in " ".join(child.cmdline())]
-
-
-def wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    _, alive = psutil.wait_procs(processes, timeout=timeout)
-    return [process for process in alive if process.is_running() and process.status() != psutil.STATUS_ZOMBIE]
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +165,7 @@ def test_sigkill_of_a_daemon_leaves_no_orphans_and_the_others_go_on(sync_swarm):
     assert any("p2pd" in " ".join(child.cmdline()) for child in children if child.is_running())
     c.process.kill()  # the daemon alone, not its group
     c.process.wait(10)
-    assert wait_gone(children, timeout=12) == []
+    assert still_running(children, timeout=12) == []
     with sqlite3.connect(resolve_paths(c.home).database) as connection:
         assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     epoch = status_json(a.home)["run"]["epoch"]
@@ -185,7 +180,7 @@ def test_leave_checkpoints_and_ends_every_process_of_the_worker(sync_swarm):
     children = descendants(b.process.pid)
     assert cli(b.home, "leave").returncode == 0
     b.wait_until(lambda s: s["state"] == "idle", 120, what="leave to finish")
-    assert wait_gone(children, timeout=15) == []
+    assert still_running(children, timeout=15) == []
     assert list(resolve_paths(b.home).checkpoints_dir.glob("*"))
     events = json.loads(cli(b.home, "events", "--json", "--limit", "200").stdout)["events"]
     assert "left" in [event["kind"] for event in events]
