@@ -59,6 +59,12 @@ def install_stop_handlers(handler) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def default_stop_handlers() -> None:
+    """Give SIGTERM and SIGINT their default actions (for forked children of the worker)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def descendants(pid: int | None = None) -> list[psutil.Process]:
     """All live descendants of ``pid`` (default: this process)."""
     try:

@@ -29,6 +29,12 @@ SWARM_REPORT_INTERVAL_S = 5.0
 METRICS_INTERVAL_S = 5.0
 GOODBYE_EXPIRATION_S = 1.0
 OUT_OF_MEMORY_EXIT_CODE = 3  # the daemon restarts the worker with half the micro-batch
+STOP_DEADLINE_EXIT_CODE = 4  # a stop signal was not honoured in time: ended without a final checkpoint
+# after a stop signal the worker finishes its step and checkpoints; a step can
+# block in averaging for up to the averaging timeout, so past these deadlines
+# it ends its process group without a final checkpoint (the timer's one stays)
+STOP_DEADLINE_S = 30.0  # the daemon asked (SIGTERM while it lives)
+DAEMON_GONE_DEADLINE_S = 4.0  # the daemon died: leave no orphan for long
 VALIDATION_BATCHES = 3
 
 
@@ -58,8 +64,11 @@ def main(conn, spec: dict) -> None:
     )
     # `kill -USR1 <worker pid>` writes every thread's stack to the log: for a stuck worker
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    worker = Worker(conn, spec)
+    worker = Worker(conn, spec, pgid)
     process.install_stop_handlers(worker.on_signal)
+    # hivemind's DHT and averager processes are forked from here: they must die
+    # on the group's SIGTERM, not run the worker's handler
+    os.register_at_fork(after_in_child=process.default_stop_handlers)
     exit_code = 0
     try:
         worker.start()
@@ -81,8 +90,13 @@ def main(conn, spec: dict) -> None:
             exit_code = 1
     finally:
         worker.close()
-        process.kill_descendants()
-        process.kill_group(pgid)
+        # hivemind's processes were asked to shut down by close(); p2pd and the
+        # rest get a short grace when the daemon is gone and no one waits for them
+        grace_s = 1.0 if worker.daemon_gone() else 3.0
+        ending_started = time.monotonic()
+        process.kill_descendants(grace_s)
+        process.kill_group(pgid, grace_s)
+        logger.info("Worker processes ended in %.1f s", time.monotonic() - ending_started)
     # hivemind's atexit hooks would wait for processes we already ended
     os._exit(exit_code)
 
@@ -102,8 +116,11 @@ async def connected_peer_addresses(dht, node) -> list[str]:
 class Worker:
     """Holds one run's DHT, model, data and trainer, and the loop that drives them."""
 
-    def __init__(self, conn, spec: dict):
-        self.conn, self.spec = conn, spec
+    def __init__(self, conn, spec: dict, pgid: int):
+        """``conn``: the pipe to the daemon; ``spec``: what to run (see
+        ``p2ptrain.daemon.supervisor``); ``pgid``: the process group this worker leads."""
+        self.conn, self.spec, self.pgid = conn, spec, pgid
+        self.daemon_pid = os.getppid()
         self.send_lock = threading.Lock()
         self.stop_requested = False
         self.interruptible = True  # a signal may interrupt setup, never a training step
@@ -128,11 +145,26 @@ class Worker:
         logger.info("%s: %s", kind, message)
         self.report("event", kind=kind, message=message, data=data)
 
+    def daemon_gone(self) -> bool:
+        return os.getppid() != self.daemon_pid
+
     def on_signal(self, signum, frame) -> None:
         logger.info("Received signal %d: checkpointing and stopping", signum)
-        self.stop_requested = True
+        if not self.stop_requested:
+            self.stop_requested = True
+            deadline = DAEMON_GONE_DEADLINE_S if self.daemon_gone() else STOP_DEADLINE_S
+            timer = threading.Timer(deadline, self._stop_now, args=(deadline,))
+            timer.daemon = True
+            timer.start()
         if self.interruptible:
             raise Stopped()
+
+    def _stop_now(self, deadline: float) -> None:
+        """Runs on a timer thread when the main thread did not stop within ``deadline`` seconds."""
+        logger.warning("Still busy %.0f s after the stop signal (averaging?): ending without a final checkpoint", deadline)
+        process.kill_descendants(grace_s=1.0)
+        process.kill_group(self.pgid, grace_s=1.0)
+        os._exit(STOP_DEADLINE_EXIT_CODE)
 
     # --- setup --------------------------------------------------------
     def start(self) -> None:
@@ -532,6 +564,8 @@ class Worker:
                 self.save_checkpoint("stop")
             except Exception:
                 logger.exception("Could not checkpoint while stopping")
+        if self.daemon_gone():
+            return  # no one to say goodbye to in order: main() ends the whole group now
         for closing in (self.trainer, self.dht):
             if closing is None:
                 continue

@@ -219,6 +219,9 @@ def test_a_read_only_database_does_not_stop_training_and_health_says_so(swarm):
 @pytest.mark.timeout(420)
 def test_sigkill_of_a_daemon_then_restart_rejoins_and_loses_at_most_a_checkpoint_interval(swarm):
     a, b, c = swarm
+    if c.process.poll() is not None:  # a rerun: the first attempt killed C and failed before restarting it
+        swarm[2] = c = start_daemon(c.home)
+        training_at(c, 0, 240, "C to rejoin before the rerun")
     c.wait_until(lambda s: events(c.home, "checkpoint-saved"), 2 * CHECKPOINT_INTERVAL_S + 60, interval=2, what="a first checkpoint")
     before = worker_processes(c)
     assert any("p2pd" in " ".join(p.cmdline()) for p in before)
