@@ -15,7 +15,7 @@ from p2ptrain.daemon.methods import ControlMethods
 from p2ptrain.daemon.notify import SystemdNotifier
 from p2ptrain.daemon.server import ControlServer
 from p2ptrain.daemon.supervisor import Daemon
-from p2ptrain.daemon.worker_handle import reap_leftover_group
+from p2ptrain.daemon.worker_handle import reap_leftover_groups
 from p2ptrain.paths import Paths, resolve_paths
 from p2ptrain.storage import Database, SchemaTooNewError, StorageError
 
@@ -69,7 +69,7 @@ def run_daemon(home: str | None = None, log_level: str | None = None) -> int:
     lock = _take_lock(paths)
     if lock is None:
         return _fail(f"another p2ptrain daemon already runs with {paths.state_dir}; stop it first (or use another --home)")
-    reap_leftover_group(paths.worker_pgid_file)
+    reap_leftover_groups(paths.state_dir)
     try:
         database = Database.open(paths.database, flush_interval_s=config.storage.flush_interval_s)
     except (StorageError, SchemaTooNewError) as error:

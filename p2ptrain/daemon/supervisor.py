@@ -1,13 +1,17 @@
-"""The supervisor: owns the state machine, the training worker and the database.
+"""The supervisor: owns the state machine, the training workers and the database.
 
-Everything runs in one asyncio event loop: control requests, worker reports
-(read from the pipe as they arrive) and a tick every second that ends timed
-pauses, applies the volunteer policies, flushes the database and pings the
-systemd watchdog. The worker may crash; the supervisor records it and starts
-it again with back-off, and never goes down with it. A worker that ran out of
-memory is started again with half the micro-batch (and twice the gradient
-accumulation, so a step holds as many samples); the daemon shows
-``paused (oom-backoff)`` until then.
+One training worker (one peer) per selected GPU, or one on the CPU
+(``workers.py`` says which and with what). Everything runs in one asyncio
+event loop: control requests, worker reports (read from the pipes as they
+arrive) and a tick every second that ends timed pauses, applies the volunteer
+policies, flushes the database and pings the systemd watchdog.
+
+The state is the daemon's: join, pause, resume, finish and leave go to every
+worker. A worker may crash; the supervisor records it and starts that worker
+again with back-off (its own), and never goes down with it. A worker that ran
+out of memory is started again with half the micro-batch (and twice the
+gradient accumulation, so a step holds as many samples); when no other worker
+is training, the daemon shows ``paused (oom-backoff)`` until then.
 """
 
 from __future__ import annotations
@@ -15,21 +19,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from p2ptrain import __version__, protocol
 from p2ptrain.config import Config
 from p2ptrain.daemon import state as states
-from p2ptrain.daemon.hardware import select_gpus
 from p2ptrain.daemon.hardware_view import HardwareView
-from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
 from p2ptrain.daemon.notify import SystemdNotifier
-from p2ptrain.daemon.plan import PlanError, make_plan
 from p2ptrain.daemon.policies import PolicyEngine, SystemSensors
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster, RequestError
 from p2ptrain.daemon.state import DESIRED_STATE_KEY, DesiredState, Lifecycle
 from p2ptrain.daemon.worker_handle import WorkerHandle
+from p2ptrain.daemon.workers import (
+    WorkerSlot,
+    restart_delay_s,
+    select_devices,
+    smaller_after_out_of_memory,
+    worker_plan,
+    worker_slots,
+    worker_spec,
+)
 from p2ptrain.paths import Paths
 from p2ptrain.peers.worker import OUT_OF_MEMORY_EXIT_CODE  # no torch: the worker imports it lazily
 from p2ptrain.storage.database import Database
@@ -37,8 +48,17 @@ from p2ptrain.storage.database import Database
 log = logging.getLogger(__name__)
 
 TICK_S = 1.0
-RESTART_BACKOFF_S = (5, 10, 30, 60, 120, 300)
 STOP_TIMEOUT_S = 90.0
+
+
+class WorkerRestarts:
+    """One worker's crashes and out-of-memory errors in this run, for its back-off."""
+
+    def __init__(self):
+        self.crashes_in_a_row = 0
+        self.restart_at: float | None = None  # time.monotonic() of the next start
+        self.micro_batch_halvings = 0
+        self.ran_out_of_memory = False
 
 
 class Daemon:
@@ -61,13 +81,11 @@ class Daemon:
         self.desired = DesiredState.from_dict(database.get_setting(DESIRED_STATE_KEY))
         self.run = RunView()
         self.hardware = HardwareView()
+        self.slots: list[WorkerSlot] = []  # the workers of the current run, first one first
+        self.workers: dict[str, WorkerHandle] = {}  # by slot name: the running ones
+        self.restarts: dict[str, WorkerRestarts] = {}
         self.policy = PolicyEngine(config.policy, SystemSensors(gpu_index=self._gpu_index(), own_pids=self._worker_pids))
         self.broadcaster = Broadcaster(self.status)
-        self.worker: WorkerHandle | None = None
-        self.crashes_in_a_row = 0
-        self.restart_at: float | None = None
-        self.micro_batch_halvings = 0  # after out-of-memory errors in this run
-        self._worker_ran_out_of_memory = False
         self._notified_status = ""
         self._stopping = asyncio.Event()
 
@@ -77,7 +95,7 @@ class Daemon:
         """Go back to what the user last asked for (a run, paused or not)."""
         self.record_event("daemon-started", f"p2ptrain {__version__} daemon started")
         if self.desired.run is not None:
-            self._start_worker()
+            self._start_workers()
 
     async def run_forever(self) -> None:
         """Tick until ``request_stop``."""
@@ -97,11 +115,10 @@ class Daemon:
         self._stopping.set()
 
     async def shutdown(self) -> None:
-        """Orderly stop: the worker checkpoints and exits, the database is flushed."""
+        """Orderly stop: the workers checkpoint and exit, the database is flushed."""
         self.notifier.stopping("stopping: checkpointing and flushing")
-        if self.worker is not None:
-            worker, self.worker = self.worker, None
-            await worker.stop(STOP_TIMEOUT_S)
+        workers, self.workers = list(self.workers.values()), {}
+        await asyncio.gather(*(worker.stop(STOP_TIMEOUT_S) for worker in workers))
         self.record_event("daemon-stopped", "daemon stopped")
         self.db.close()
 
@@ -110,9 +127,11 @@ class Daemon:
         if self.desired.paused and self.desired.pause_until and now >= self.desired.pause_until:
             self.record_event("pause-ended", "timed pause is over; resuming")
             self.resume()
-        if self.restart_at is not None and time.monotonic() >= self.restart_at and self.desired.run is not None:
-            self.restart_at = None
-            self._start_worker()
+        for slot in self.slots:
+            restarts = self.restarts[slot.name]
+            if restarts.restart_at is not None and time.monotonic() >= restarts.restart_at and self.desired.run is not None:
+                restarts.restart_at = None
+                self._start_worker(slot)
         self.hardware.refresh_if_due()
         self._apply_policies()
         self.db.maybe_flush()
@@ -137,35 +156,31 @@ class Daemon:
             self.resume()
 
     def _gpu_index(self) -> int | None:
-        device = self._device()
-        return device.index if device is not None and device.kind == "cuda" else None
-
-    def _device(self):
-        from p2ptrain.daemon.hardware import probe
-
+        """The GPU the policies watch (busy, temperature): the first worker's."""
         try:
-            return select_gpus(self.config.training.gpus, probe(retries=0))[0]
-        except (ValueError, IndexError) as error:
+            device = self._devices()[0]
+        except ValueError as error:
             log.warning("no device to train on: %s", error)
             return None
+        return device.index if device.kind == "cuda" else None
+
+    def _devices(self):
+        """The devices to train on now (free memory as of this probe); ValueError for a bad training.gpus."""
+        from p2ptrain.daemon.hardware import probe
+
+        return select_devices(self.config, probe(retries=0))
 
     def _worker_pids(self) -> set[int]:
-        return {self.worker.pid} if self.worker is not None and self.worker.pid else set()
+        return {worker.pid for worker in self.workers.values() if worker.pid}
 
-    def _plan(self, manifest: dict | None) -> dict | None:
-        """The hardware plan for a known manifest; None lets the worker use the manifest's hints."""
-        device = self._device()
-        if not manifest or device is None:
-            return None
-        try:
-            facts = model_facts(manifest["model"], manifest.get("lora"))
-            plan = make_plan(facts, manifest, device, self.config.policy.plan_policy())
-        except (ModelFactsError, PlanError) as error:
-            self.record_event("plan-failed", f"no hardware plan: {error}")
-            return None
-        for line in plan.rationale:
-            log.info("plan: %s", line)
-        return plan.to_dict()
+    def _plan(self, slot: WorkerSlot, manifest: dict | None) -> dict | None:
+        """The hardware plan of one worker, sized from its device's free memory now."""
+        plan, failure = worker_plan(slot, manifest, self.config.policy.plan_policy())
+        if failure:
+            self.record_event("plan-failed", f"no hardware plan for {slot.name}: {failure}", {"worker": slot.name})
+        for line in (plan or {}).get("rationale") or ():
+            log.info("plan %s: %s", slot.name, line)
+        return plan
 
     # ----- verbs ---------------------------------------------------------------
 
@@ -178,10 +193,8 @@ class Daemon:
             )
         self.desired = DesiredState(run=run_request)
         self._save_desired()
-        self.crashes_in_a_row = 0
-        self.micro_batch_halvings = 0
         self.record_event("join", f"joining run {run_request['run_id']!r}", {"new_run": run_request.get("new_run", False)})
-        self._start_worker()
+        self._start_workers()
 
     def pause(self, reason: str = "user", for_s: float | None = None) -> None:
         self._require_in_run("pause")
@@ -189,8 +202,7 @@ class Daemon:
             self.desired.paused = True
             self.desired.pause_until = time.time() + for_s if for_s else None
             self._save_desired()
-        if self.worker is not None:
-            self.worker.send("pause")
+        self._send_all("pause")
         until = f" for {for_s:.0f} s" if for_s else ""
         self.record_event("paused", f"paused ({reason}){until}", {"reason": reason, "for_s": for_s})
         self._enter(states.PAUSED, reason)
@@ -201,8 +213,7 @@ class Daemon:
         self.desired.pause_until = None
         self._save_desired()
         if self.lifecycle.state in (states.PAUSED, states.FINISHING):
-            if self.worker is not None:
-                self.worker.send("resume")
+            self._send_all("resume")
             self.record_event("resumed", "resumed training")
             self._enter(states.TRAINING if self.run.joined else states.JOINING)
 
@@ -210,8 +221,7 @@ class Daemon:
         self._require_in_run("finish")
         if self.lifecycle.state == states.PAUSED:
             raise RequestError(protocol.INVALID_STATE, "already paused", "resume first: p2ptrain resume")
-        if self.worker is not None:
-            self.worker.send("finish")
+        self._send_all("finish")
         self.record_event("finishing", "finishing the current epoch, then pausing")
         self._enter(states.FINISHING)
 
@@ -225,9 +235,10 @@ class Daemon:
         run_id = self.desired.run["run_id"] if self.desired.run else self.run.run_id
         self.desired = DesiredState()
         self._save_desired()
-        self.restart_at = None
+        for restarts in self.restarts.values():
+            restarts.restart_at = None
         self.record_event("leaving", f"leaving run {run_id!r}")
-        if self.worker is not None and self.worker.send("leave"):
+        if self._send_all("leave"):
             self._enter(states.LEAVING)
         else:
             self._left()
@@ -236,83 +247,110 @@ class Daemon:
         if self.desired.run is None:
             raise RequestError(protocol.INVALID_STATE, f"cannot {verb}: not in a run", "join one first: p2ptrain join RUN --peers MULTIADDR")
 
-    # ----- the worker -------------------------------------------------------------
+    # ----- the workers ------------------------------------------------------------
 
-    def _start_worker(self) -> None:
+    def _send_all(self, command: str) -> bool:
+        """Send a command to every running worker; True if at least one got it."""
+        return sum(worker.send(command) for worker in self.workers.values()) > 0
+
+    def _start_workers(self) -> None:
+        """Start the run's workers, one per selected device (a join, or the daemon's start)."""
         run_request = self.desired.run
-        plan = self._smaller_after_out_of_memory(self._plan(run_request.get("manifest")), run_request.get("manifest") or {})
-        spec = {
-            "run_id": run_request["run_id"],
-            "manifest": run_request.get("manifest"),
-            "new_run": bool(run_request.get("new_run")),
-            "initial_peers": run_request.get("initial_peers") or self.config.dht.initial_peers,
-            "paths": {
-                "state_dir": str(self.paths.state_dir),
-                "cache_dir": str(self.paths.cache_dir),
-                "checkpoints_dir": str(self.paths.checkpoints_dir),
-                "identity_key": str(self.paths.identity_key),
-            },
-            "dht": self.config.dht.model_dump(mode="json"),
-            "nickname": self.config.nickname,
-            "plan": plan,
-            "torch_threads": plan["cpu_threads"] if plan else None,
-            "start_paused": self.desired.paused,
-            "checkpoint_interval_s": self.config.training.checkpoint_interval_s,
-            "log_level": self.config.log_level,
-        }
+        try:
+            devices = self._devices()
+        except ValueError as error:
+            self.desired = DesiredState()
+            self._save_desired()
+            self.record_event("worker-error", str(error), {"fatal": True})
+            self._enter(states.ERROR, error={"message": str(error), "fix": "fix training.gpus (p2ptrain config set training.gpus all), then join again"})
+            return
+        self.slots = worker_slots(devices, self.paths)
+        self.restarts = {slot.name: WorkerRestarts() for slot in self.slots}
         self.run = RunView(run_id=run_request["run_id"], manifest=run_request.get("manifest") or {})
-        self._worker_ran_out_of_memory = False
-        self.worker = WorkerHandle(spec, self.paths.worker_pgid_file, self.on_report, self._on_worker_exit)
-        self.worker.start()
+        if len(self.slots) > 1:
+            self.record_event("workers", f"one worker per GPU: {', '.join(slot.name for slot in self.slots)}", {"workers": [slot.name for slot in self.slots]})
+        for slot in self.slots:
+            self._start_worker(slot)
         if self.desired.paused:
             self._enter(states.PAUSED, "user")
         else:
             self._enter(states.JOINING)
 
-    def _smaller_after_out_of_memory(self, plan: dict | None, manifest: dict) -> dict | None:
-        """The plan with the micro-batch halved once per out-of-memory error so
-        far (never below one), and grad_accum raised to keep the samples per step.
+    def _start_worker(self, slot: WorkerSlot) -> None:
+        """Start (or restart) one worker, with a plan sized from its device's free memory now."""
+        run_request = self.desired.run
+        manifest = run_request.get("manifest") or {}
+        restarts = self.restarts[slot.name]
+        slot = self._refreshed(slot)
+        plan = smaller_after_out_of_memory(self._plan(slot, run_request.get("manifest")), manifest, restarts.micro_batch_halvings)
+        if restarts.micro_batch_halvings:
+            log.info("plan %s: micro-batch %d x %d after %d out-of-memory error(s)", slot.name, plan["micro_batch"], plan["grad_accum"], restarts.micro_batch_halvings)
+        # a worker restarted while a policy holds the others paused starts paused too
+        policy_paused = self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason in states.POLICY_REASONS
+        spec = worker_spec(slot, run_request, self.config, self.paths, plan, self.desired.paused or policy_paused, len(self.slots))
+        restarts.ran_out_of_memory = False
+        self.run.worker(slot.name, slot.device_label).state = "joining"
+        name = slot.name
+        # the callbacks name their worker: after a fatal error and a quick new
+        # join, the old run's workers may still be ending while new ones start
+        worker = WorkerHandle(
+            spec,
+            slot.pgid_file,
+            lambda report: self.on_report(name, report) if self.workers.get(name) is worker else None,
+            lambda exitcode: self._on_worker_exit(name, worker, exitcode),
+            name=name,
+        )
+        self.workers[slot.name] = worker
+        worker.start()
+        if self.lifecycle.state == states.FINISHING:
+            worker.send("finish")  # the others are finishing their epoch: so does this one
+        elif self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason == "oom-backoff":
+            self._enter(states.JOINING)
 
-        Args:
-            plan: the hardware plan (None: the worker would use the manifest's hint).
-            manifest: the run manifest, for its ``micro_batch_hint``.
-        """
-        if not self.micro_batch_halvings:
-            return plan
-        plan = dict(plan or {})
-        micro_batch = int(plan.get("micro_batch") or manifest.get("micro_batch_hint") or 1)
-        samples_per_step = micro_batch * int(plan.get("grad_accum") or 1)
-        smaller = max(1, micro_batch >> self.micro_batch_halvings)
-        plan["micro_batch"], plan["grad_accum"] = smaller, max(1, samples_per_step // smaller)
-        log.info("plan: micro-batch %d x %d after %d out-of-memory error(s)", smaller, plan["grad_accum"], self.micro_batch_halvings)
-        return plan
+    def _refreshed(self, slot: WorkerSlot) -> WorkerSlot:
+        """The slot with its device probed again (a restart plans from the free memory now)."""
+        try:
+            devices = self._devices()
+        except ValueError:
+            return slot
+        same = [device for device in devices if (device.kind, device.index) == (slot.device.kind, slot.device.index)]
+        return replace(slot, device=same[0]) if same else slot
 
-    def on_report(self, report: dict) -> None:
+    def on_report(self, name: str, report: dict) -> None:
+        """Handle one report of worker ``name`` (a slot name)."""
         kind = report["type"]
         handler = getattr(self, f"_report_{kind}", None)
         if handler is None:
             log.warning("ignoring a worker report of unknown type %r", kind)
             return
         try:
-            handler(report)
+            handler(name, report)
         except (KeyError, TypeError, ValueError) as error:
-            log.warning("ignoring a malformed %s report from the worker: %s", kind, error)
+            log.warning("ignoring a malformed %s report from worker %s: %s", kind, name, error)
 
-    def _report_joined(self, report: dict) -> None:
-        self.run.apply_joined(report)
-        self.crashes_in_a_row = 0
+    def _worker_words(self, name: str) -> str:
+        """' (gpu1)' when there are several workers, so events say which one."""
+        return f" ({name})" if len(self.slots) > 1 else ""
+
+    def _report_joined(self, name: str, report: dict) -> None:
+        self.run.apply_joined(name, report)
+        self.restarts[name].crashes_in_a_row = 0
         if self.desired.run is not None and report.get("manifest"):
             # Keep the manifest: a restarted daemon can rejoin even if the creator is gone.
             self.desired.run["manifest"] = report["manifest"]
             self._save_desired()
         self.db.record_run_joined(self.run.run_id, report.get("manifest") or {})
-        self.record_event("joined", f"joined run {self.run.run_id!r} as {report.get('peer_id')}")
+        self.record_event("joined", f"joined run {self.run.run_id!r} as {report.get('peer_id')}{self._worker_words(name)}", {"worker": name})
         if self.lifecycle.state == states.JOINING:
             self._enter(states.TRAINING)
 
-    def _report_state(self, report: dict) -> None:
+    def _report_state(self, name: str, report: dict) -> None:
         worker_state = report["state"]
+        self.run.workers[name].state = worker_state
         if worker_state == "finished":
+            # every running worker completes its epoch before the daemon pauses
+            if any(self.run.workers[other].state != "finished" for other in self.workers):
+                return
             self.desired.paused = True
             self.desired.pause_until = None
             self._save_desired()
@@ -321,14 +359,14 @@ class Daemon:
         elif worker_state == "training" and self.lifecycle.state == states.JOINING:
             self._enter(states.TRAINING)
 
-    def _report_step(self, report: dict) -> None:
-        self.run.apply_step(report)
+    def _report_step(self, name: str, report: dict) -> None:
+        self.run.apply_step(name, report)
         self.db.record_step(
             self.run.run_id, report.get("epoch"), report.get("loss"), report.get("samples"), report.get("samples_per_second"), ts=report.get("ts")
         )
-        self.broadcaster.publish("step", report)
+        self.broadcaster.publish("step", {**report, "worker": name})
 
-    def _report_epoch(self, report: dict) -> None:
+    def _report_epoch(self, name: str, report: dict) -> None:
         self.run.apply_epoch(report)
         self.db.record_epoch(
             self.run.run_id,
@@ -341,35 +379,43 @@ class Daemon:
             report.get("loss"),
             report.get("val_loss"),
         )
-        self.broadcaster.publish("epoch", report)
+        self.broadcaster.publish("epoch", {**report, "worker": name})
 
-    def _report_swarm(self, report: dict) -> None:
+    def _report_swarm(self, name: str, report: dict) -> None:
         peers = self.run.apply_swarm(report)
         self.db.record_peers(self.run.run_id, peers)
         self.broadcaster.publish("peers", {"run_id": self.run.run_id, "peers": peers})
 
-    def _report_event(self, report: dict) -> None:
-        self.record_event(report["kind"], report.get("message", ""), report.get("data"))
+    def _report_event(self, name: str, report: dict) -> None:
+        data = report.get("data")
+        if len(self.slots) > 1:
+            data = {**(data if isinstance(data, dict) else {}), "worker": name}
+        self.record_event(report["kind"], report.get("message", "") + self._worker_words(name), data)
 
-    def _report_error(self, report: dict) -> None:
-        message, fix = report.get("message", "training worker error"), report.get("fix", "")
+    def _report_error(self, name: str, report: dict) -> None:
+        message, fix = report.get("message", "training worker error") + self._worker_words(name), report.get("fix", "")
         if report.get("kind") == "oom":
-            self._worker_ran_out_of_memory = True
-        self.record_event("worker-error", message, {"fix": fix, "fatal": bool(report.get("fatal"))})
+            self.restarts[name].ran_out_of_memory = True
+        self.record_event("worker-error", message, {"fix": fix, "fatal": bool(report.get("fatal")), "worker": name})
         if report.get("fatal"):
-            # A fatal error (no such run, bad manifest...) needs the user: stop retrying.
+            # A fatal error (no such run, bad manifest...) needs the user: stop retrying, and end the other workers.
             self.desired = DesiredState()
             self._save_desired()
+            self._send_all("leave")
             self._enter(states.ERROR, error={"message": message, "fix": f"{fix}; then join again (p2ptrain leave clears this error)"})
         else:
             self.run.warnings.append({"level": "warning", "message": message, "fix": fix})
 
-    def _report_left(self, report: dict) -> None:
-        self.record_event("left", f"left run {self.run.run_id!r}")
+    def _report_left(self, name: str, report: dict) -> None:
+        self.record_event("left", f"left run {self.run.run_id!r}{self._worker_words(name)}", {"worker": name})
 
-    def _on_worker_exit(self, exitcode: int | None) -> None:
-        worker, self.worker = self.worker, None
+    def _on_worker_exit(self, name: str, worker: WorkerHandle, exitcode: int | None) -> None:
+        if self.workers.get(name) is not worker:
+            return  # a worker of an earlier run, which had already been given up on
+        del self.workers[name]
         if self.desired.run is None:
+            if self.workers:
+                return  # the others are still leaving
             if self.lifecycle.state == states.ERROR:
                 self.run = RunView()  # the error stays shown until the user leaves or joins again
             else:
@@ -377,28 +423,31 @@ class Daemon:
             return
         if self._stopping.is_set():
             return
-        self.crashes_in_a_row += 1
-        delay = RESTART_BACKOFF_S[min(self.crashes_in_a_row, len(RESTART_BACKOFF_S)) - 1]
-        self.restart_at = time.monotonic() + delay
-        self.run.joined = False
-        if self._worker_ran_out_of_memory or exitcode == OUT_OF_MEMORY_EXIT_CODE:
-            self.micro_batch_halvings += 1
+        restarts = self.restarts[name]
+        restarts.crashes_in_a_row += 1
+        delay = restart_delay_s(restarts.crashes_in_a_row)
+        restarts.restart_at = time.monotonic() + delay
+        others_training = any(view.joined for other, view in self.run.workers.items() if other != name)
+        out_of_memory = restarts.ran_out_of_memory or exitcode == OUT_OF_MEMORY_EXIT_CODE
+        self.run.workers[name].stopped("oom-backoff" if out_of_memory else "restarting")
+        if out_of_memory:
+            restarts.micro_batch_halvings += 1
             plan = (worker.spec.get("plan") if worker is not None else None) or {}
             self.record_event(
                 "worker-oom",
-                f"training worker ran out of memory; restarting in {delay} s with a smaller micro-batch",
-                {"exitcode": exitcode, "restart_in_s": delay, "micro_batch_halvings": self.micro_batch_halvings,
-                 "micro_batch": plan.get("micro_batch"), "grad_accum": plan.get("grad_accum")},
+                f"training worker{self._worker_words(name)} ran out of memory; restarting in {delay} s with a smaller micro-batch",
+                {"exitcode": exitcode, "restart_in_s": delay, "micro_batch_halvings": restarts.micro_batch_halvings,
+                 "micro_batch": plan.get("micro_batch"), "grad_accum": plan.get("grad_accum"), "worker": name},
             )
-            if self.lifecycle.state != states.PAUSED:
+            if self.lifecycle.state != states.PAUSED and not others_training:
                 self._enter(states.PAUSED, "oom-backoff")
             return
         self.record_event(
             "worker-crashed",
-            f"training worker exited with code {exitcode}; restarting in {delay} s",
-            {"exitcode": exitcode, "restart_in_s": delay, "crashes_in_a_row": self.crashes_in_a_row},
+            f"training worker{self._worker_words(name)} exited with code {exitcode}; restarting in {delay} s",
+            {"exitcode": exitcode, "restart_in_s": delay, "crashes_in_a_row": restarts.crashes_in_a_row, "worker": name},
         )
-        if self.lifecycle.state != states.PAUSED:
+        if self.lifecycle.state != states.PAUSED and not others_training:
             self._enter(states.JOINING)
 
     def _left(self) -> None:
@@ -439,10 +488,11 @@ class Daemon:
             lines.append(
                 {"level": "error", "message": f"cannot write the database: {self.db.last_write_error}", "fix": f"free disk space or fix permissions of {self.paths.database}"}
             )
-        if self.restart_at is not None:
-            lines.append(
-                {"level": "warning", "message": f"training worker crashed {self.crashes_in_a_row} time(s) in a row; restarting soon", "fix": "see p2ptrain events and the daemon log"}
-            )
+        for name, restarts in self.restarts.items():
+            if restarts.restart_at is not None:
+                lines.append(
+                    {"level": "warning", "message": f"training worker{self._worker_words(name)} crashed {restarts.crashes_in_a_row} time(s) in a row; restarting soon", "fix": "see p2ptrain events and the daemon log"}
+                )
         lines.extend(self.run.reachability_health())
         return lines
 
@@ -456,7 +506,7 @@ class Daemon:
             "paused_until": self.desired.pause_until,
             "started_at": self.started_at,
             "run": self.run.run_status() if self.run.run_id else None,
-            "local": self.run.local_status() if self.run.joined else None,
+            "local": self.run.local_status(),
             "hardware": self.hardware.status(),
             "health": self.health(),
         }

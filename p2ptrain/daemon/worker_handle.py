@@ -1,11 +1,12 @@
-"""Starting, talking to and stopping the training worker process.
+"""Starting, talking to and stopping one training worker process.
 
 The worker runs ``p2ptrain.peers.worker.main`` in a ``spawn`` process, so the
 supervisor never imports torch or hivemind. The worker makes itself a
 process-group leader (its DHT process, averagers and p2pd stay in that group)
 and asks the kernel for SIGTERM when the daemon dies. The group id is written
-to ``worker_pgid_file`` so that a daemon started after a SIGKILL can end
-whatever the previous one left behind.
+to the worker's pgid file (one per worker: ``worker.pgid``,
+``worker-gpu1.pgid``...) so that a daemon started after a SIGKILL can end
+whatever the previous one left behind (``reap_leftover_groups``).
 
 ``P2PTRAIN_WORKER_MEMORY_HEADROOM_MB`` (environment of the daemon) caps the
 worker's address space, once it has joined, at its size then plus that many
@@ -29,13 +30,20 @@ from typing import Callable
 
 import psutil
 
+from p2ptrain.daemon.workers import leftover_pgid_files
+
 MEMORY_HEADROOM_ENV = "P2PTRAIN_WORKER_MEMORY_HEADROOM_MB"
 EXIT_POLL_S = 1.0
 log = logging.getLogger(__name__)
 
 
 def _run_worker(conn, spec: dict) -> None:
-    """The spawn target: only here, in the child, do torch and hivemind get imported."""
+    """The spawn target: only here, in the child, do torch and hivemind get imported.
+
+    The spec's ``environment`` (``CUDA_VISIBLE_DEVICES`` of a GPU worker) is
+    set first, so CUDA sees only the worker's own GPU.
+    """
+    os.environ.update(spec.get("environment") or {})
     from p2ptrain.peers.worker import main
 
     main(conn, spec)
@@ -81,6 +89,12 @@ def reap_leftover_group(pgid_file: Path) -> int | None:
     return pgid if alive else None
 
 
+def reap_leftover_groups(state_dir: Path) -> list[int]:
+    """End the groups of all workers a previous daemon recorded in ``state_dir``; returns the pgids it ended."""
+    ended = (reap_leftover_group(pgid_file) for pgid_file in leftover_pgid_files(state_dir))
+    return [pgid for pgid in ended if pgid is not None]
+
+
 class WorkerHandle:
     """One running training worker.
 
@@ -89,10 +103,12 @@ class WorkerHandle:
         pgid_file: where to record the worker's process group.
         on_report: called in the event loop with each report dict the worker sends.
         on_exit: called in the event loop once the process has ended, with its exit code.
+        name: the worker's name in logs and its process title (``gpu1``, ``cpu``).
     """
 
-    def __init__(self, spec: dict, pgid_file: Path, on_report: Callable[[dict], None], on_exit: Callable[[int | None], None]):
+    def __init__(self, spec: dict, pgid_file: Path, on_report: Callable[[dict], None], on_exit: Callable[[int | None], None], name: str = ""):
         self.spec = spec
+        self.name = name
         self.pgid_file = pgid_file
         self.on_report = on_report
         self.on_exit = on_exit
@@ -109,7 +125,7 @@ class WorkerHandle:
     def start(self) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
-        self._process = context.Process(target=_run_worker, args=(child_conn, self.spec), name="p2ptrain-worker")
+        self._process = context.Process(target=_run_worker, args=(child_conn, self.spec), name=f"p2ptrain-worker-{self.name}" if self.name else "p2ptrain-worker")
         self._process.start()
         child_conn.close()
         self.pgid_file.write_text(f"{self._process.pid}\n")
@@ -117,7 +133,7 @@ class WorkerHandle:
         self._loop.add_reader(self._conn.fileno(), self._read_reports)
         self._loop.add_reader(self._process.sentinel, self._process_ended)
         self._loop.call_later(EXIT_POLL_S, self._poll_exit)
-        log.info("training worker started (pid %d)", self._process.pid)
+        log.info("training worker %s started (pid %d)", self.name, self._process.pid)
 
     def send(self, command: str) -> bool:
         """Send a command (pause, resume, finish, leave); False if the worker is gone."""
@@ -182,7 +198,7 @@ class WorkerHandle:
         exitcode = self._process.exitcode
         self._exited = True
         self.pgid_file.unlink(missing_ok=True)
-        log.info("training worker exited with code %s", exitcode)
+        log.info("training worker %s exited with code %s", self.name, exitcode)
         self.on_exit(exitcode)
 
     def _read_reports_if_open(self) -> None:

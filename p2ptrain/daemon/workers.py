@@ -1,0 +1,226 @@
+"""Which training workers this daemon runs, and what each one is started with.
+
+One worker (one peer of the swarm) per selected GPU, or one CPU worker when
+there is no GPU. Each worker is its own hivemind peer, so everything that makes
+a peer is its own: identity key, checkpoint directory, process-group record,
+hardware plan. The first worker keeps the single-worker file names
+(``identity.key``, ``checkpoints/``, ``worker.pgid``), so a machine that had one
+GPU keeps its peer id and checkpoint when it gets a second.
+
+A GPU worker sees only its own GPU (``CUDA_VISIBLE_DEVICES``, with CUDA
+numbering the cards in PCI bus order as NVML does), so inside it the card is
+``cuda:0`` and nothing it or a library allocates lands on another card.
+
+Everything here is a pure function of (config, probed devices, paths): no
+torch, no processes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from p2ptrain.config import Config
+from p2ptrain.daemon.hardware import HardwareFacts, select_gpus
+from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
+from p2ptrain.daemon.plan import DeviceFacts, PlanError, PlanPolicy, make_plan
+from p2ptrain.paths import Paths
+
+_PORT = re.compile(r"/(tcp|udp)/(\d+)")
+RESTART_BACKOFF_S = (5, 10, 30, 60, 120, 300)
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """One training worker of this daemon and the files that are its own.
+
+    Attributes:
+        name: ``gpu<NVML index>`` or ``cpu``; names its files (all but the first
+            worker's) and its lines in events and logs.
+        device: the device it trains on, as probed when the run started.
+        identity_key: its hivemind identity (its peer id).
+        checkpoints_dir: where its checkpoints of each run go.
+        pgid_file: where its process group is recorded, so a daemon started
+            after a SIGKILL ends what this worker left behind.
+        position: 0 for the first worker; each worker listens on the
+            configured ports plus its position, as two peers cannot share a port.
+    """
+
+    name: str
+    device: DeviceFacts
+    identity_key: Path
+    checkpoints_dir: Path
+    pgid_file: Path
+    position: int = 0
+
+    @property
+    def device_label(self) -> str:
+        """The device in this machine's numbering (NVML's, as in ``training.gpus``): ``cuda:1``, ``cpu``."""
+        return self.device.torch_device
+
+    @property
+    def worker_device(self) -> str:
+        """The device as the worker names it: it sees only its own GPU, as ``cuda:0``."""
+        return "cpu" if self.device.kind == "cpu" else "cuda:0"
+
+    def environment(self) -> dict[str, str]:
+        """Environment variables the worker sets before torch starts CUDA."""
+        if self.device.kind == "cpu":
+            return {}
+        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(self.device.index)}
+
+
+def select_devices(config: Config, hardware: HardwareFacts) -> list[DeviceFacts]:
+    """The devices to train on: ``training.gpus`` of the probed GPUs, or the CPU.
+
+    Args:
+        config: uses ``training.device`` ("cpu" forces the CPU) and ``training.gpus``
+            ("all" or a list of NVML indices).
+        hardware: the probe's result.
+
+    Raises:
+        ValueError: ``training.gpus`` names a GPU this machine does not have
+            (the message says how to fix it).
+    """
+    if config.training.device == "cpu":
+        return [hardware.devices()[-1]]
+    return select_gpus(config.training.gpus, hardware)
+
+
+def worker_slots(devices: list[DeviceFacts], paths: Paths) -> list[WorkerSlot]:
+    """One slot per device, the first with the single-worker file names.
+
+    Args:
+        devices: from ``select_devices``, in the order the config lists them.
+        paths: the daemon's directories.
+    """
+    slots = []
+    for position, device in enumerate(devices):
+        name = "cpu" if device.kind == "cpu" else f"gpu{device.index}"
+        if position == 0:
+            slots.append(WorkerSlot(name, device, paths.identity_key, paths.checkpoints_dir, paths.worker_pgid_file))
+        else:
+            slots.append(
+                WorkerSlot(
+                    name,
+                    device,
+                    identity_key=paths.state_dir / f"identity-{name}.key",
+                    checkpoints_dir=paths.checkpoints_dir / name,
+                    pgid_file=paths.state_dir / f"worker-{name}.pgid",
+                    position=position,
+                )
+            )
+    return slots
+
+
+def shifted_ports(maddrs: list[str], offset: int) -> list[str]:
+    """``maddrs`` with every fixed TCP/UDP port raised by ``offset`` (port 0, "any free port", stays 0).
+
+    Args:
+        maddrs: multiaddrs such as ``/ip4/0.0.0.0/tcp/31337``.
+        offset: the worker's position.
+    """
+
+    def shift(match: re.Match) -> str:
+        port = int(match.group(2))
+        return f"/{match.group(1)}/{port + offset if port else 0}"
+
+    return [_PORT.sub(shift, maddr) for maddr in maddrs]
+
+
+def leftover_pgid_files(state_dir: Path) -> list[Path]:
+    """Every worker's process-group record in ``state_dir`` (``worker.pgid``, ``worker-gpu1.pgid``...)."""
+    return sorted(state_dir.glob("worker*.pgid"))
+
+
+def worker_plan(slot: WorkerSlot, manifest: dict | None, policy: PlanPolicy) -> tuple[dict | None, str | None]:
+    """The hardware plan for one worker, as the worker reads it.
+
+    Args:
+        slot: the worker; its device's free memory sizes the plan.
+        manifest: the run manifest (None while joining an existing run: the
+            worker then reads it from the DHT and uses its hints).
+        policy: the volunteer's caps.
+
+    Returns:
+        (plan dict or None, why there is no plan or None). A GPU worker without
+        a plan still gets its device, so it trains on its GPU with the
+        manifest's hints rather than on the CPU.
+    """
+    fallback = None if slot.device.kind == "cpu" else {"device": slot.worker_device}
+    if not manifest:
+        return fallback, None
+    try:
+        facts = model_facts(manifest["model"], manifest.get("lora"))
+        plan = make_plan(facts, manifest, slot.device, policy)
+    except (ModelFactsError, PlanError) as error:
+        return fallback, str(error)
+    return {**plan.to_dict(), "device": slot.worker_device}, None
+
+
+def smaller_after_out_of_memory(plan: dict | None, manifest: dict, halvings: int) -> dict | None:
+    """The plan with the micro-batch halved ``halvings`` times (never below one),
+    and grad_accum raised to keep the samples per step.
+
+    Args:
+        plan: the hardware plan (None: the worker would use the manifest's hint).
+        manifest: the run manifest, for its ``micro_batch_hint``.
+        halvings: out-of-memory errors of this worker so far in this run.
+    """
+    if not halvings:
+        return plan
+    plan = dict(plan or {})
+    micro_batch = int(plan.get("micro_batch") or manifest.get("micro_batch_hint") or 1)
+    samples_per_step = micro_batch * int(plan.get("grad_accum") or 1)
+    smaller = max(1, micro_batch >> halvings)
+    plan["micro_batch"], plan["grad_accum"] = smaller, max(1, samples_per_step // smaller)
+    return plan
+
+
+def restart_delay_s(crashes_in_a_row: int) -> int:
+    """Seconds to wait before starting a worker that crashed this many times in a row (at least once)."""
+    return RESTART_BACKOFF_S[min(max(crashes_in_a_row, 1), len(RESTART_BACKOFF_S)) - 1]
+
+
+def worker_spec(
+    slot: WorkerSlot, run_request: dict, config: Config, paths: Paths, plan: dict | None, start_paused: bool, workers: int
+) -> dict:
+    """The spec one worker is started with (DEVELOPERS.md, "Worker pipe").
+
+    Args:
+        slot: the worker.
+        run_request: the desired run (``run_id``, ``manifest``, ``new_run``, ``initial_peers``).
+        config: the daemon's config (DHT settings, nickname, checkpoint interval, log level).
+        paths: the daemon's directories (state and the shared data cache).
+        plan: from ``worker_plan`` (and ``smaller_after_out_of_memory``).
+        start_paused: the worker waits for ``resume`` once it has joined.
+        workers: how many workers this daemon runs; with several, each
+            nickname says its GPU, so the swarm's peer table tells them apart.
+
+    Each worker after the first listens on the configured ports plus its
+    position (``shifted_ports``): forward those too to be reachable directly.
+    """
+    dht = config.dht.model_dump(mode="json")
+    dht["host_maddrs"] = shifted_ports(dht["host_maddrs"], slot.position)
+    dht["announce_maddrs"] = shifted_ports(dht["announce_maddrs"], slot.position)
+    return {
+        "run_id": run_request["run_id"],
+        "manifest": run_request.get("manifest"),
+        "new_run": bool(run_request.get("new_run")),
+        "initial_peers": run_request.get("initial_peers") or config.dht.initial_peers,
+        "paths": {
+            "state_dir": str(paths.state_dir),
+            "cache_dir": str(paths.cache_dir),
+            "checkpoints_dir": str(slot.checkpoints_dir),
+            "identity_key": str(slot.identity_key),
+        },
+        "dht": dht,
+        "nickname": f"{config.nickname}-{slot.name}" if workers > 1 else config.nickname,
+        "plan": plan,
+        "torch_threads": plan.get("cpu_threads") if plan else None,
+        "start_paused": start_paused,
+        "checkpoint_interval_s": config.training.checkpoint_interval_s,
+        "log_level": config.log_level,
+        "environment": slot.environment(),
+    }
