@@ -87,6 +87,21 @@ def _fmt(value, spec: str = "", missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
+def _device_words(view: dict) -> str:
+    return (
+        f"{view.get('device') or '?'}, {view.get('precision') or '?'}, quantization {view.get('quantization') or 'none'},"
+        f" micro-batch {_fmt(view.get('micro_batch'))} x {_fmt(view.get('grad_accum'))}"
+    )
+
+
+def _worker_line(worker: dict) -> str:
+    """One of several workers (one per GPU): ``local.workers[i]``."""
+    return (
+        f"    Worker: {_device_words(worker)}; {worker.get('state') or '?'}, {_fmt(worker.get('samples_per_second'), '.1f')} samples/s,"
+        f" loss {_fmt(worker.get('loss'), '.3f')}, {worker.get('contributed_samples') or 0} samples, peer {worker.get('peer_id') or '-'}"
+    )
+
+
 def format_status(status: dict) -> str:
     """The human form of ``status``, in the manner of ``systemctl status``."""
     state = status["state"]
@@ -103,14 +118,16 @@ def format_status(status: dict) -> str:
         lines.append(f"     Epoch: {run.get('epoch', 0)}, {run.get('samples_accumulated', 0)}/{_fmt(run.get('target_batch_size'))} samples{eta}")
     local = status.get("local")
     if local:
+        workers = local.get("workers") or []
         lines.append(f"      Peer: {local.get('nickname') or '?'} {local.get('peer_id') or ''} ({local.get('reachability') or 'unknown'})")
+        if len(workers) > 1:
+            lines.extend(_worker_line(worker) for worker in workers)
+        else:
+            lines.append(f"    Device: {_device_words(local)}")
+        total = " in all" if len(workers) > 1 else ""
         lines.append(
-            f"    Device: {local.get('device') or '?'}, {local.get('precision') or '?'}, quantization {local.get('quantization') or 'none'},"
-            f" micro-batch {_fmt(local.get('micro_batch'))} x {_fmt(local.get('grad_accum'))}"
-        )
-        lines.append(
-            f"  Training: {_fmt(local.get('samples_per_second'), '.1f')} samples/s, loss {_fmt(local.get('loss'), '.3f')},"
-            f" {local.get('contributed_samples', 0)} samples contributed"
+            f"  Training: {_fmt(local.get('samples_per_second'), '.1f')} samples/s{total}, loss {_fmt(local.get('loss'), '.3f')},"
+            f" {local.get('contributed_samples', 0)} samples contributed{total}"
         )
         for address in (local.get("addresses") or [])[:2]:
             lines.append(f"   Address: {address}")

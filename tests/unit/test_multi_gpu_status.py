@@ -1,0 +1,114 @@
+"""``status["local"]`` with one worker per GPU: the first worker's view, every
+worker in ``local.workers``, totals summed; and ``p2ptrain status`` in words."""
+
+from __future__ import annotations
+
+from p2ptrain.cli import format_status
+from p2ptrain.daemon.run_view import WORKER_FIELDS, RunView
+
+
+def joined_report(peer_id: str, micro_batch: int, precision: str = "bf16") -> dict:
+    """A ``joined`` report as the worker sends it (DEVELOPERS.md, "Worker pipe")."""
+    return {
+        "type": "joined", "peer_id": peer_id, "addresses": [f"/ip4/127.0.0.1/tcp/1/p2p/{peer_id}"], "reachability": "direct",
+        "manifest": {"run_id": "r", "mode": "sync", "model": "gemma-2b", "target_batch_size": 512}, "manifest_hash": "h",
+        "device": "cuda:0", "precision": precision, "quantization": "none", "micro_batch": micro_batch, "grad_accum": 16 // micro_batch,
+        "parameters": 2_500_000_000, "trainable_parameters": 900_000, "nickname": "box",
+    }
+
+
+def step(samples: int, samples_per_second: float, loss: float) -> dict:
+    return {"type": "step", "ts": 1.0, "epoch": 3, "loss": loss, "samples": samples, "samples_per_second": samples_per_second}
+
+
+def two_workers_training() -> RunView:
+    run = RunView(run_id="r")
+    run.worker("gpu0", "cuda:0")
+    run.worker("gpu1", "cuda:1")
+    run.apply_joined("gpu0", joined_report("QmFirst", 8))
+    run.apply_joined("gpu1", joined_report("QmSecond", 2, "fp16"))
+    for name in ("gpu0", "gpu1"):
+        run.workers[name].state = "training"
+    run.apply_step("gpu0", step(80, 20.0, 2.5))
+    run.apply_step("gpu1", step(30, 6.5, 2.75))
+    run.apply_step("gpu0", step(40, 21.0, 2.25))
+    return run
+
+
+def test_local_is_the_first_worker_with_every_worker_listed_and_totals_summed():
+    local = two_workers_training().local_status()
+
+    assert local["peer_id"] == "QmFirst" and local["device"] == "cuda:0" and local["micro_batch"] == 8
+    assert local["loss"] == 2.25  # the first worker's latest
+    assert local["samples_per_second"] == 27.5 and local["contributed_samples"] == 150
+    first, second = local["workers"]
+    assert set(first) == set(WORKER_FIELDS)
+    assert (second["device"], second["peer_id"], second["precision"], second["micro_batch"], second["grad_accum"]) == ("cuda:1", "QmSecond", "fp16", 2, 8)
+    assert (second["samples_per_second"], second["loss"], second["contributed_samples"], second["state"]) == (6.5, 2.75, 30, "training")
+
+
+def test_a_crashed_worker_counts_nothing_per_second_but_keeps_what_it_contributed():
+    run = two_workers_training()
+    run.workers["gpu1"].stopped("restarting")
+
+    local = run.local_status()
+
+    assert local["samples_per_second"] == 21.0 and local["contributed_samples"] == 150
+    assert local["workers"][1]["state"] == "restarting"
+    assert run.joined  # the first still trains
+
+
+def test_local_shows_a_joined_worker_while_the_first_is_still_joining():
+    run = RunView(run_id="r")
+    run.worker("gpu0", "cuda:0")
+    run.worker("gpu1", "cuda:1")
+    assert run.local_status() is None and not run.joined
+    run.apply_joined("gpu1", joined_report("QmSecond", 2))
+    assert run.local_status()["peer_id"] == "QmSecond"
+    assert [worker["state"] for worker in run.local_status()["workers"]] == ["joining", "joining"]
+
+
+def test_one_worker_keeps_the_single_worker_shape():
+    run = RunView(run_id="r")
+    run.worker("cpu", "cpu")
+    run.apply_joined("cpu", {**joined_report("QmOnly", 4), "device": "cpu"})
+    run.apply_step("cpu", step(40, 3.0, 4.0))
+
+    local = run.local_status()
+
+    assert (local["samples_per_second"], local["contributed_samples"], local["device"]) == (3.0, 40, "cpu")
+    assert len(local["workers"]) == 1 and "state" not in local
+
+
+def test_every_worker_is_marked_local_in_the_peer_table():
+    run = two_workers_training()
+    peers = run.apply_swarm({"type": "swarm", "epoch": 3, "num_peers": 3, "peers": [
+        {"peer_id": "QmFirst"}, {"peer_id": "QmSecond"}, {"peer_id": "QmSomeoneElse"}]})
+    assert [peer["is_local"] for peer in peers] == [True, True, False]
+
+
+def test_human_status_prints_one_line_per_worker_and_the_totals():
+    run = two_workers_training()
+    status = {"state": "training", "pause_reason": None, "since": None, "run": run.run_status(), "local": run.local_status(), "health": []}
+
+    lines = format_status(status).splitlines()
+
+    workers = [line for line in lines if line.strip().startswith("Worker:")]
+    assert len(workers) == 2
+    assert "cuda:0" in workers[0] and "QmFirst" in workers[0] and "21.0 samples/s" in workers[0]
+    assert "cuda:1" in workers[1] and "fp16" in workers[1] and "6.5 samples/s" in workers[1] and "QmSecond" in workers[1]
+    assert not any(line.strip().startswith("Device:") for line in lines)
+    training = next(line for line in lines if line.strip().startswith("Training:"))
+    assert "27.5 samples/s in all" in training and "150 samples contributed in all" in training
+
+
+def test_human_status_of_one_worker_has_a_device_line_and_no_worker_lines():
+    run = RunView(run_id="r")
+    run.worker("gpu0", "cuda:0")
+    run.apply_joined("gpu0", joined_report("QmOnly", 8))
+    status = {"state": "training", "run": run.run_status(), "local": run.local_status(), "health": []}
+
+    lines = format_status(status).splitlines()
+
+    assert any(line.strip().startswith("Device: cuda:0, bf16") for line in lines)
+    assert not any("Worker:" in line or "in all" in line for line in lines)
