@@ -11,9 +11,10 @@ A dataset is a small dict from the run manifest:
   (one document each) and `.jsonl` files (one document per line, taken from
   `text_field`). The last 2% of the tokens are the validation split.
 - `{"kind": "hub", "name": "wikitext", "config": "wikitext-2-raw-v1",
-  "split": "train", "validation_split": "validation", "text_field": "text"}`:
-  a Hugging Face dataset, only if the `datasets` library is installed and the
-  hub is reachable.
+  "split": "train", "validation_split": "validation", "text_field": "text",
+  "revision": null}`: a Hugging Face dataset read with `datasets.load_dataset`
+  (a hub id when the hub is reachable, or a local dataset directory), downloaded
+  into `cache_dir/hf-datasets`.
 
 Documents are tokenized once into a flat file of token ids (each document
 followed by the tokenizer's eos token), cached under `cache_dir/tokens/`, and
@@ -153,7 +154,7 @@ def cached_tokens(dataset: dict, tokenizer: Tokenizer, cache_dir: Path, part: st
     path = cache_dir / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
     if not path.exists():
         description = f"tokenizing {dataset.get('kind', 'stdlib')} {part} data for {tokenizer.name}"
-        write_token_file(path, documents(dataset, part), tokenizer, dtype, description)
+        write_token_file(path, documents(dataset, part, cache_dir), tokenizer, dtype, description)
     if path.stat().st_size == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
@@ -173,7 +174,10 @@ def source_fingerprint(dataset: dict) -> object:
             stat = path.stat()
             fingerprint.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns])
         return fingerprint
-    return None
+    if kind == "hub" and Path(dataset["name"]).is_dir():  # a local dataset directory, as `datasets` reads it
+        files = sorted(path for path in Path(dataset["name"]).rglob("*") if path.is_file())
+        return [[str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns] for path in files]
+    return None  # a hub id: its name, config and revision in the spec identify it
 
 
 def write_token_file(path: Path, docs: tuple[int, Iterable[bytes | str]], tokenizer: Tokenizer,
@@ -222,15 +226,16 @@ def progress_bar(total: int, description: str) -> Iterator[Callable[[int], None]
         yield lambda n: progress.advance(task, n)
 
 
-def documents(dataset: dict, part: str) -> tuple[int, Iterable[bytes | str]]:
-    """(count or 0 if unknown, iterable of documents) of one part ("train", "validation", "all")."""
+def documents(dataset: dict, part: str, cache_dir: Path) -> tuple[int, Iterable[bytes | str]]:
+    """(count or 0 if unknown, iterable of documents) of one part ("train", "validation", "all");
+    `cache_dir` holds what a hub dataset downloads."""
     kind = dataset.get("kind", "stdlib")
     if kind == "stdlib":
         files = stdlib_files(part)
         return len(files), (path.read_bytes() for path in files)
     if kind == "files":
         return len(dataset["paths"]), file_documents(dataset["paths"], dataset.get("text_field", "text"))
-    return 0, hub_documents(dataset, part)
+    return 0, hub_documents(dataset, part, cache_dir / "hf-datasets")
 
 
 def file_documents(paths: list[str], text_field: str) -> Iterator[bytes | str]:
@@ -257,8 +262,9 @@ def file_documents(paths: list[str], text_field: str) -> Iterator[bytes | str]:
                 yield text
 
 
-def hub_documents(dataset: dict, part: str) -> Iterator[str]:
-    """Documents of a Hugging Face hub dataset, if the `datasets` library and the hub are reachable."""
+def hub_documents(dataset: dict, part: str, download_dir: Path) -> Iterator[str]:
+    """Documents of a Hugging Face dataset (a hub id, or a local dataset directory),
+    downloaded into `download_dir`; DatasetUnavailable when it cannot be loaded here."""
     name = dataset["name"]
     try:
         import datasets
@@ -269,13 +275,17 @@ def hub_documents(dataset: dict, part: str) -> Iterator[str]:
         ) from None
     split = dataset.get("split", "train") if part == "train" else dataset.get("validation_split", "validation")
     try:
-        rows = datasets.load_dataset(name, dataset.get("config"), split=split)
+        rows = datasets.load_dataset(name, dataset.get("config"), split=split, revision=dataset.get("revision"),
+                                     cache_dir=str(download_dir))
     except Exception as error:  # the library raises many types for "offline" and "not found"
         raise DatasetUnavailable(
             f"cannot load hub dataset {name!r} split {split!r} ({first_line(error)}); "
             f"use {OFFLINE_ALTERNATIVES} offline"
         ) from error
     text_field = dataset.get("text_field", "text")
+    if text_field not in rows.column_names:
+        raise ValueError(f"dataset {name!r} has no field {text_field!r} (its fields: {', '.join(rows.column_names)}); "
+                         "set dataset.text_field")
     for row in rows:
         yield row[text_field]
 

@@ -1,7 +1,8 @@
 """The data pipeline: tokenizers, the stdlib corpus and its split, the token cache, batches."""
 
-import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,13 +119,49 @@ def test_unknown_dataset_kinds_and_bad_files_raise_value_errors_with_a_fix(tmp_p
         token_file(DEFAULT_DATASET, BYTES, tmp_path, "test")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="the datasets library is installed")
-def test_hub_dataset_without_the_datasets_library_names_the_offline_alternatives(tmp_path):
+def test_hub_dataset_without_the_datasets_library_names_the_offline_alternatives(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # a broken install: `import datasets` fails
     dataset = {"kind": "hub", "name": "wikitext", "config": "wikitext-2-raw-v1", "text_field": "text"}
-    with pytest.raises(DatasetUnavailable, match='"kind": "stdlib"') as error:
+    with pytest.raises(DatasetUnavailable, match='pip install datasets, or use {"kind": "stdlib"}') as error:
         token_file(dataset, BYTES, tmp_path, "train")
     assert "\n" not in str(error.value)
-    assert not (tmp_path / "tokens").exists() or not any((tmp_path / "tokens").iterdir())
+
+
+@pytest.fixture
+def local_hub_dataset(tmp_path):
+    """A dataset directory as `datasets.load_dataset` reads one (split files named train/validation)."""
+    directory = tmp_path / "my-dataset"
+    directory.mkdir()
+    (directory / "train.txt").write_text("".join(f"training line {n} about pythons\n" for n in range(300)))
+    (directory / "validation.txt").write_text("".join(f"held-out line {n}\n" for n in range(50)))
+    return {"kind": "hub", "name": str(directory), "split": "train", "validation_split": "validation", "text_field": "text"}
+
+
+def test_a_local_hub_dataset_is_loaded_by_the_datasets_library_and_cached(local_hub_dataset, tmp_path):
+    cache = tmp_path / "cache"
+    train = bytes(token_file(local_hub_dataset, BYTES, cache, "train").astype(np.uint8))
+    validation = bytes(token_file(local_hub_dataset, BYTES, cache, "validation").astype(np.uint8))
+    assert b"training line 299 about pythons" in train and b"held-out" not in train
+    assert b"held-out line 49" in validation and b"training" not in validation
+    assert any((cache / "hf-datasets").iterdir()), "the datasets library downloads into the cache directory"
+    batches = train_batches(local_hub_dataset, BYTES, seq_len=16, micro_batch=2, seed=0, cache_dir=cache)
+    assert next(batches).shape == (2, 16)
+    # a changed source is tokenized again
+    (Path(local_hub_dataset["name"]) / "train.txt").write_text("replaced text\n" * 100)
+    assert b"replaced text" in bytes(token_file(local_hub_dataset, BYTES, cache, "train").astype(np.uint8))
+
+
+def test_a_hub_dataset_field_that_does_not_exist_names_the_fields_it_has(local_hub_dataset, tmp_path):
+    with pytest.raises(ValueError, match=r"has no field 'body' \(its fields: text\); set dataset.text_field"):
+        token_file({**local_hub_dataset, "text_field": "body"}, BYTES, tmp_path, "train")
+
+
+def test_an_unreachable_hub_says_so_and_names_the_offline_alternatives(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub is unreachable here either way; never try the network
+    dataset = {"kind": "hub", "name": "wikitext", "config": "wikitext-2-raw-v1", "text_field": "text"}
+    with pytest.raises(DatasetUnavailable, match=r"cannot load hub dataset 'wikitext' split 'train' \(.*\); use .*stdlib") as error:
+        token_file(dataset, BYTES, tmp_path, "train")
+    assert "\n" not in str(error.value)
 
 
 def test_train_batches_are_windows_of_the_token_file(files_dataset, tmp_path):
