@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 MANIFEST_EXPIRATION_S = 7 * 24 * 3600
+# bumped whenever a field is added or its meaning changes: a peer refuses a
+# manifest of a newer format with "upgrade p2ptrain" rather than "unknown field"
+MANIFEST_FORMAT = 1
 
 # What to tell a user whose value for a field was refused.
 _FIXES = {
@@ -94,11 +97,13 @@ class Manifest(pydantic.BaseModel):
     ``total_epochs`` set the sync optimizer's learning rate per global epoch
     (DiLoCo's inner optimizer is AdamW at ``inner_lr``). ``seed``
     fixes initial weights and data order; ``created_at`` is when the run was
-    defined (seconds since the epoch).
+    defined (seconds since the epoch). ``format`` is the manifest format the
+    creator's p2ptrain wrote (:data:`MANIFEST_FORMAT`).
     """
 
     model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
+    format: int = pydantic.Field(MANIFEST_FORMAT, ge=1, le=MANIFEST_FORMAT)
     run_id: str = pydantic.Field(pattern=RUN_ID_PATTERN)
     mode: Literal["sync", "diloco"] = "sync"
     model: str = pydantic.Field("tiny", min_length=1, max_length=512)
@@ -177,6 +182,12 @@ def parse_manifest(data: dict) -> Manifest:
     """
     if not isinstance(data, dict):
         raise ManifestError(f"a manifest must be an object, not {type(data).__name__}", "give a JSON object")
+    written_as = data.get("format", MANIFEST_FORMAT)
+    if isinstance(written_as, int) and not isinstance(written_as, bool) and written_as > MANIFEST_FORMAT:
+        raise ManifestError(
+            f"the run was defined by a newer p2ptrain (manifest format {written_as}; this one reads up to {MANIFEST_FORMAT})",
+            "upgrade p2ptrain on this machine: pip install --upgrade p2ptrain",
+        )
     try:
         return Manifest.model_validate(data)
     except pydantic.ValidationError as error:

@@ -74,6 +74,7 @@ def test_every_field_is_covered_by_the_hash_test():
     covered = {"run_id", "mode", "model", "lora", "dataset", "seq_len", "target_batch_size", "local_steps"}
     covered |= {"micro_batch_hint", "inner_lr", "outer_lr", "outer_momentum", "compression", "seed", "created_at"}
     covered |= {"optimizer", "warmup_epochs", "lr_schedule", "total_epochs"}
+    covered |= {"format"}  # one valid value today; a new format is refused before hashing
     assert set(Manifest.model_fields) == covered
 
 
@@ -232,3 +233,15 @@ def test_addresses_are_ranked_public_first_loopback_last():
 )
 def test_reachability_is_read_from_announced_addresses(addresses, client_mode, expected):
     assert reachability_of(addresses, client_mode) == expected
+
+
+def test_a_manifest_from_a_newer_p2ptrain_asks_for_an_upgrade_not_about_unknown_fields():
+    from p2ptrain.peers.manifest import MANIFEST_FORMAT
+
+    newer = {"run_id": "future", "format": MANIFEST_FORMAT + 1, "field_of_the_future": 1}
+    with pytest.raises(ManifestError, match=r"newer p2ptrain \(manifest format 2; this one reads up to 1\)") as error:
+        parse_manifest(newer)
+    assert "pip install --upgrade p2ptrain" in error.value.fix
+    assert parse_manifest({"run_id": "today"}).format == MANIFEST_FORMAT
+    with pytest.raises(ManifestError, match="'format'"):
+        parse_manifest({"run_id": "today", "format": 0})
