@@ -1,22 +1,23 @@
-"""Soak with churn: real daemons on 127.0.0.1, one leaving and one joining every interval.
+"""Soak with churn: real daemons on 127.0.0.1, one peer leaving and one joining every minute.
 
-Peer 0 creates a `sync` run of the `tiny` model (target batch 192, micro-batch 8)
-and stays; the others join through it. Every ``--churn-every`` seconds the
-oldest of the others leaves (``p2ptrain leave``, then its daemon stops) and a
-new daemon joins. Measured:
+Peer p0 creates a run of the built-in ``tiny`` model and stays (it is the
+bootstrap address); the others join through it. Every ``--churn-every``
+seconds one of the others leaves, alternately with ``p2ptrain leave`` (its
+daemon stays up, idle) and with SIGKILL of its daemon (not its process group:
+the rough case, the daemon's worker must end by itself), and one peer joins,
+alternately a new daemon and the peer that has been out longest (``join`` on
+its idle daemon, or its daemon started again, which rejoins by itself).
 
-- epochs the run advanced (peer 0's view) and epochs per minute;
-- the share of finished local epochs whose averaging round succeeded with at
-  least one other peer (``averaged`` events with peers >= 2 / ``epochs`` rows,
-  over every peer's database);
-- resident memory growth per peer: the sum over the worker's processes (the
-  worker, its DHT and averager processes, p2pd), from the first sample while
-  training to the last, in MiB per minute (hivemind's averager is known to
-  leak when averaging keeps failing).
+Every minute a row records the global epoch, each peer's local epoch, the
+averaging rounds attempted and succeeded in that minute (over every peer's
+database: finished local epochs, and ``averaged`` events with >= 2 peers),
+the resident memory (RSS) of each peer's worker, its DHT / averager children
+and p2pd, and the machine's load. At the end: RSS growth per peer per 10
+minutes, how long each SIGKILLed daemon's processes took to go, and whether any
+process started by the benchmark is left (all carry a marker in their
+environment, so orphaned p2pd processes are found too).
 
-Prints a markdown table (for benchmarks/RESULTS.md); ``--json`` prints the raw numbers.
-
-    .venv/bin/python benchmarks/soak.py [--peers 6] [--minutes 5] [--churn-every 60] [--json]
+    nice -n 10 .venv/bin/python benchmarks/soak.py [--peers 8] [--minutes 10] [--mode sync] [--output FILE]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -46,30 +48,63 @@ use_relay = false
 use_auto_relay = false
 [storage]
 flush_interval_s = 1.0
+[policy]
+max_cpu_threads = 1
 """
-RUN = ["--mode", "sync", "--target-batch-size", "192", "--micro-batch", "8"]
+RUNS = {
+    "sync": ["--mode", "sync", "--target-batch-size", "384", "--micro-batch", "8"],
+    "diloco": ["--mode", "diloco", "--local-steps", "20", "--micro-batch", "8"],
+}
 SAMPLE_EVERY_S = 10.0
-P2PTRAIN = [sys.executable, "-m", "p2ptrain.cli"]
+MARKER = "P2PTRAIN_SOAK"  # environment variable every process the benchmark starts inherits
+_SCRIPT = shutil.which("p2ptrain", path=os.path.dirname(sys.executable))
+P2PTRAIN = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "p2ptrain.cli"]
 
 
-def environment() -> dict:
+def environment(marker: str) -> dict:
     env = {key: value for key, value in os.environ.items() if key not in ("NOTIFY_SOCKET", "P2PTRAIN_HOME")}
-    env["HF_HUB_OFFLINE"] = "1"
+    env.update({"HF_HUB_OFFLINE": "1", MARKER: marker})
     return env
-
-
-def cli(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*P2PTRAIN, *args, "--home", str(home)], capture_output=True, text=True, timeout=timeout, env=environment())
 
 
 @dataclass
 class Peer:
-    """One daemon and the resident-memory samples of its worker."""
+    """One peer's home and daemon, and what was measured of it.
+
+    Args:
+        name: the peer's nickname and directory name.
+        home: its ``--home`` directory.
+        marker: the value of ``P2PTRAIN_SOAK`` its processes inherit.
+    """
 
     name: str
     home: Path
-    process: subprocess.Popen
-    rss_samples: list[tuple[float, int]] = field(default_factory=list)
+    marker: str
+    process: subprocess.Popen | None = None
+    # (seconds since the churn started, RSS and USS bytes summed over the worker's processes), one list per worker life
+    rss_lives: list[list[tuple[float, int, int]]] = field(default_factory=lambda: [[]])
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([*P2PTRAIN, *args, "--home", str(self.home)], capture_output=True, text=True,
+                              timeout=timeout, env=environment(self.marker))
+
+    def start(self) -> None:
+        """Start the daemon in its own session; return once it answers."""
+        self.launch()
+        self.wait_until_answering()
+
+    def launch(self) -> None:
+        """Start the daemon in its own session."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        if not (self.home / "config.toml").exists():
+            (self.home / "config.toml").write_text(CONFIG.format(name=self.name))
+        with open(self.home / "daemon.log", "a") as log:
+            self.process = subprocess.Popen([*P2PTRAIN, "daemon", "--home", str(self.home)], stdout=log,
+                                            stderr=subprocess.STDOUT, env=environment(self.marker), start_new_session=True)
+        self.rss_lives.append([])
+
+    def wait_until_answering(self) -> None:
+        wait_for(self.status, 60, f"{self.name}'s daemon to answer")
 
     def status(self) -> dict:
         try:
@@ -77,68 +112,63 @@ class Peer:
         except (DaemonNotRunning, OSError):
             return {}
 
-    def worker_rss(self) -> int:
-        """Resident bytes of everything the daemon started (not multiprocessing's resource tracker)."""
-        total = 0
+    def worker_processes(self) -> list[psutil.Process]:
+        """Everything the daemon started: the worker, its DHT and averager processes, p2pd."""
+        if self.process is None or self.process.poll() is not None:
+            return []
         try:
-            children = psutil.Process(self.process.pid).children(recursive=True)
+            return psutil.Process(self.process.pid).children(recursive=True)
         except psutil.NoSuchProcess:
-            return 0
-        for child in children:
+            return []
+
+    def sample(self, now: float) -> None:
+        if self.status().get("state") != "training":
+            return
+        rss = uss = 0
+        for child in self.worker_processes():
             try:
-                if "resource_tracker" not in " ".join(child.cmdline()):
-                    total += child.memory_info().rss
-            except psutil.NoSuchProcess:
+                memory = child.memory_full_info()
+                rss, uss = rss + memory.rss, uss + memory.uss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
-        return total
+        self.rss_lives[-1].append((now, rss, uss))
 
-    def sample(self) -> None:
-        if self.status().get("state") == "training":
-            self.rss_samples.append((time.monotonic(), self.worker_rss()))
+    def leave(self) -> str:
+        result = self.cli("leave", timeout=120)
+        self.rss_lives.append([])
+        return "leave" if result.returncode == 0 else f"leave failed: {(result.stderr or result.stdout).strip()[:120]}"
 
-    def stop(self) -> None:
-        """Leave the run, then stop the daemon; kill its session if it lingers."""
-        cli(self.home, "leave", timeout=120)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and self.status().get("state") not in ("idle", None):
-            time.sleep(1)
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            pass
-        kill_session(self)
+    def sigkill(self) -> str:
+        """SIGKILL the daemon alone; report how long the processes it started took to go."""
+        started_by_it = self.worker_processes()
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+        began = time.monotonic()
+        _, alive = psutil.wait_procs(started_by_it, timeout=30)
+        self.rss_lives.append([])
+        alive = [p for p in alive if _running(p)]
+        if alive:
+            return f"SIGKILL: {len(alive)} of {len(started_by_it)} processes still up after 30 s"
+        return f"SIGKILL: its {len(started_by_it)} processes gone in {time.monotonic() - began:.1f} s"
+
+    def rejoin(self, address: str, run: str) -> str:
+        """Come back: start the killed daemon again (it rejoins by itself) or join again on the idle one."""
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+            return "restarted"
+        result = self.cli("join", run, "--peers", address)
+        return "rejoined" if result.returncode == 0 else f"join failed: {(result.stderr or result.stdout).strip()[:120]}"
+
+    def end(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
 
 
-def kill_session(peer: Peer) -> None:
-    for pgid in {peer.process.pid, *_worker_pgid(peer.home)}:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+def _running(process: psutil.Process) -> bool:
     try:
-        peer.process.wait(10)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _worker_pgid(home: Path) -> set[int]:
-    try:
-        return {int(resolve_paths(home).worker_pgid_file.read_text())}
-    except (OSError, ValueError):
-        return set()
-
-
-def start_peer(root: Path, name: str) -> Peer:
-    home = root / name
-    home.mkdir(parents=True)
-    (home / "config.toml").write_text(CONFIG.format(name=name))
-    with open(home / "daemon.log", "w") as log:
-        process = subprocess.Popen([*P2PTRAIN, "daemon", "--home", str(home)], stdout=log, stderr=subprocess.STDOUT,
-                                   env=environment(), start_new_session=True)
-    peer = Peer(name, home, process)
-    wait_for(lambda: peer.status(), 60, f"{name} to answer")
-    return peer
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -148,116 +178,234 @@ def wait_for(predicate, timeout: float, what: str):
         if value:
             return value
         time.sleep(1)
-    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def averaging_counts(home: Path) -> tuple[int, int]:
-    """(epochs this peer finished, of them averaged with at least one other peer)."""
-    with sqlite3.connect(f"file:{resolve_paths(home).database}?mode=ro", uri=True) as connection:
-        epochs = connection.execute("SELECT count(*) FROM epochs").fetchone()[0]
-        averaged = 0
-        for (data,) in connection.execute("SELECT data FROM events WHERE kind = 'averaged'"):
-            averaged += (json.loads(data or "{}").get("peers") or 0) >= 2
-    return epochs, min(averaged, epochs)
-
-
-def growth_mib_per_minute(samples: list[tuple[float, int]]) -> float | None:
-    if len(samples) < 2 or samples[-1][0] - samples[0][0] < 60:
-        return None
-    (t0, rss0), (t1, rss1) = samples[0], samples[-1]
-    return (rss1 - rss0) / 2**20 / ((t1 - t0) / 60)
-
-
-def soak(peers: int, minutes: float, churn_every: float) -> dict:
-    root = Path(tempfile.mkdtemp(prefix="p2p-soak-"))
-    everyone: list[Peer] = []
-    active: list[Peer] = []
+def database_counts(home: Path) -> dict:
+    """This peer's local epoch, finished local epochs, averaging rounds with >= 2 peers, state downloads."""
+    counts = {"epoch": None, "epochs": 0, "averaged": 0, "downloads": 0}
+    database = resolve_paths(home).database
+    if not database.exists():
+        return counts
     try:
-        creator = start_peer(root, "p0")
-        everyone.append(creator)
-        active.append(creator)
-        cli(creator.home, "join", "--new-run", "soak", *RUN)
-        address = wait_for(lambda: (creator.status().get("local") or {}).get("addresses"), 300, "the run")[0]
-        for index in range(1, peers):
-            peer = start_peer(root, f"p{index}")
-            cli(peer.home, "join", "soak", "--peers", address)
-            everyone.append(peer)
-            active.append(peer)
-        wait_for(lambda: all(p.status().get("state") == "training" for p in active), 600, "every peer to train")
-        start_epoch = (creator.status().get("run") or {}).get("epoch") or 0
-        started = next_churn = next_sample = time.monotonic()
-        next_churn += churn_every
-        joined = left = 0
-        while time.monotonic() - started < minutes * 60:
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as connection:
+            counts["epoch"] = connection.execute("SELECT max(epoch) FROM steps").fetchone()[0]
+            counts["epochs"] = connection.execute("SELECT count(*) FROM epochs").fetchone()[0]
+            for kind, data in connection.execute("SELECT kind, data FROM events WHERE kind IN ('averaged', 'state-downloaded')"):
+                if kind == "state-downloaded":
+                    counts["downloads"] += 1
+                else:
+                    counts["averaged"] += (json.loads(data or "{}").get("peers") or 0) >= 2
+    except sqlite3.Error:
+        pass
+    return counts
+
+
+def processes_with_marker(marker: str) -> list[str]:
+    """Processes (not zombies) whose environment carries this benchmark's marker."""
+    left = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if process.pid != os.getpid() and process.environ().get(MARKER) == marker and _running(process):
+                left.append(f"{process.pid} {' '.join(process.info['cmdline'] or [])[:100]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return left
+
+
+class Soak:
+    """One soak: start the swarm, churn it every interval, record a row per minute, end everything."""
+
+    def __init__(self, peers: int, minutes: float, churn_every: float, mode: str):
+        self.size, self.minutes, self.churn_every, self.mode = peers, minutes, churn_every, mode
+        self.root = Path(tempfile.mkdtemp(prefix="p2p-soak-"))
+        self.marker = str(self.root)
+        self.everyone: list[Peer] = []
+        self.active: list[Peer] = []
+        self.out: list[Peer] = []  # left or killed, oldest first
+        self.rows: list[dict] = []
+        self.churns = 0
+        self.address = ""
+        self.started = 0.0
+        self.uptime = [subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()]
+
+    def new_peer(self) -> Peer:
+        peer = Peer(f"p{len(self.everyone)}", self.root / f"p{len(self.everyone)}", self.marker)
+        self.everyone.append(peer)
+        return peer
+
+    def run(self) -> dict:
+        try:
+            self.start_swarm()
+            self.churn_forever()
+        finally:
+            self.uptime.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+            left_behind = self.end_everything()
+        return self.summary(left_behind)
+
+    def start_swarm(self) -> None:
+        creator = self.new_peer()
+        creator.start()
+        created = creator.cli("join", "--new-run", "soak", *RUNS[self.mode])
+        if created.returncode != 0:
+            raise RuntimeError(f"creating the run failed: {created.stderr.strip()}")
+        self.address = wait_for(lambda: (creator.status().get("local") or {}).get("addresses"), 300, "the run")[0]
+        self.active.append(creator)
+        joiners = [self.new_peer() for _ in range(1, self.size)]
+        for peer in joiners:
+            peer.launch()
+        for peer in joiners:
+            peer.wait_until_answering()
+            peer.cli("join", "soak", "--peers", self.address)
+            self.active.append(peer)
+        wait_for(lambda: all(p.status().get("state") == "training" for p in self.active), 900, "every peer to train")
+        self.started = time.monotonic()
+        self.record_row("all training")
+
+    def churn_forever(self) -> None:
+        next_sample = self.started
+        next_churn = self.started + self.churn_every
+        while self.churns < int(self.minutes * 60 // self.churn_every):
             now = time.monotonic()
             if now >= next_sample:
-                for peer in active:
-                    peer.sample()
+                for peer in self.active:
+                    peer.sample(now - self.started)
                 next_sample = now + SAMPLE_EVERY_S
             if now >= next_churn:
-                leaving = active.pop(1)  # the oldest joiner; peer 0 is the bootstrap peer
-                leaving.stop()
-                left += 1
-                newcomer = start_peer(root, f"p{len(everyone)}")
-                cli(newcomer.home, "join", "soak", "--peers", address)
-                everyone.append(newcomer)
-                active.append(newcomer)
-                joined += 1
-                next_churn = time.monotonic() + churn_every
+                self.record_row(self.churn())
+                next_churn += self.churn_every
+            time.sleep(0.5)
+
+    def churn(self) -> str:
+        """One peer leaves (leave and SIGKILL alternate), one joins (a new one and the longest out alternate)."""
+        self.churns += 1
+        leaving = self.active.pop(1)  # the longest in, after the creator
+        what = leaving.leave() if self.churns % 2 else leaving.sigkill()
+        if self.churns % 2 or not self.out:
+            joining = self.new_peer()
+            joining.start()
+            result = joining.cli("join", "soak", "--peers", self.address)
+            came = "new" if result.returncode == 0 else f"new, join failed: {result.stderr.strip()[:100]}"
+        else:
+            joining = self.out.pop(0)
+            came = joining.rejoin(self.address, "soak")
+        self.out.append(leaving)
+        self.active.append(joining)
+        return f"{leaving.name} out ({what}); {joining.name} in ({came})"
+
+    def record_row(self, churn: str) -> None:
+        now = time.monotonic() - self.started
+        statuses = {peer.name: peer.status() for peer in self.active}
+        counts = {peer.name: database_counts(peer.home) for peer in self.everyone}
+        totals = {key: sum(c[key] for c in counts.values()) for key in ("epochs", "averaged", "downloads")}
+        before = self.rows[-1]["totals"] if self.rows else totals
+        self.rows.append({
+            "minute": round(now / 60, 1),
+            "global_epoch": max(((s.get("run") or {}).get("epoch") or 0 for s in statuses.values()), default=0),
+            "peer_epochs": {name: counts[name]["epoch"] for name in statuses},
+            "states": {name: s.get("state", "no answer") for name, s in statuses.items() if s.get("state") != "training"},
+            "attempted": totals["epochs"] - before["epochs"],
+            "succeeded": totals["averaged"] - before["averaged"],
+            "downloads": totals["downloads"] - before["downloads"],
+            "totals": totals,
+            "rss_mib": {p.name: round(p.rss_lives[-1][-1][1] / 2**20) for p in self.active if p.rss_lives[-1]},
+            "load": round(os.getloadavg()[0], 1),
+            "churn": churn,
+        })
+        print(json.dumps(self.rows[-1]), flush=True)
+
+    def end_everything(self) -> list[str]:
+        """SIGTERM every daemon and wait; SIGKILL what is still up 20 s after the daemons ended and return it."""
+        for peer in self.everyone:
+            peer.end()
+        deadline = time.monotonic() + 60
+        for peer in self.everyone:
+            if peer.process is not None:
+                try:
+                    peer.process.wait(max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        deadline = time.monotonic() + 20
+        while (left_behind := processes_with_marker(self.marker)) and time.monotonic() < deadline:
             time.sleep(1)
-        elapsed = time.monotonic() - started
-        end_epoch = (creator.status().get("run") or {}).get("epoch") or 0
-    finally:
-        for peer in active:
-            peer.process.send_signal(signal.SIGTERM)
-        for peer in everyone:
+        for line in left_behind:
             try:
-                peer.process.wait(60)
-            except subprocess.TimeoutExpired:
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
                 pass
-            kill_session(peer)
-    counts = [averaging_counts(peer.home) for peer in everyone]
-    epochs, averaged = sum(c[0] for c in counts), sum(c[1] for c in counts)
-    growth = {peer.name: growth_mib_per_minute(peer.rss_samples) for peer in everyone}
-    return {
-        "peers": peers, "minutes": round(elapsed / 60, 1), "churn_every_s": churn_every, "joined": joined, "left": left,
-        "epochs_advanced": end_epoch - start_epoch, "epochs_per_minute": round((end_epoch - start_epoch) / (elapsed / 60), 2),
-        "local_epochs": epochs, "averaged_epochs": averaged, "averaging_success_share": round(averaged / epochs, 3) if epochs else None,
-        "rss_growth_mib_per_minute": {name: round(value, 2) for name, value in growth.items() if value is not None},
-        "rss_mib_last": {peer.name: round(peer.rss_samples[-1][1] / 2**20) for peer in everyone if peer.rss_samples},
-        "home": str(root),
-    }
+        time.sleep(2)
+        return left_behind + [f"still up after SIGKILL: {line}" for line in processes_with_marker(self.marker)]
+
+    def summary(self, left_behind: list[str]) -> dict:
+        growth = {}
+        for peer in self.everyone:
+            for life, samples in enumerate(peer.rss_lives):
+                if len(samples) >= 2 and samples[-1][0] - samples[0][0] >= 60:
+                    (t0, rss0, uss0), (t1, rss1, uss1) = samples[0], samples[-1]
+                    per_10_min = 2**20 * (t1 - t0) / 600
+                    growth[f"{peer.name}#{life}"] = {
+                        "minutes": round((t1 - t0) / 60, 1), "first_mib": round(rss0 / 2**20), "last_mib": round(rss1 / 2**20),
+                        "mib_per_10_min": round((rss1 - rss0) / per_10_min, 1), "uss_mib_per_10_min": round((uss1 - uss0) / per_10_min, 1),
+                    }
+        attempted = sum(row["attempted"] for row in self.rows)
+        succeeded = sum(row["succeeded"] for row in self.rows)
+        return {
+            "mode": self.mode, "peers": self.size, "churns": self.churns, "rows": self.rows,
+            "attempted": attempted, "succeeded": succeeded,
+            "success_share": round(succeeded / attempted, 3) if attempted else None,
+            "epochs_advanced": self.rows[-1]["global_epoch"] - self.rows[0]["global_epoch"] if self.rows else 0,
+            "rss_growth": growth, "left_behind": left_behind, "home": str(self.root), "uptime": self.uptime,
+        }
 
 
 def markdown(result: dict) -> str:
-    growth = result["rss_growth_mib_per_minute"]
     lines = [
-        f"Soak: {result['peers']} peers for {result['minutes']} min, one leave + one join every {result['churn_every_s']:.0f} s "
-        f"({result['left']} left, {result['joined']} joined)",
+        f"### {result['mode']}, {result['peers']} peers, {result['churns']} churns",
         "",
-        "| measure | value |",
-        "|---|---|",
-        f"| epochs advanced | {result['epochs_advanced']} ({result['epochs_per_minute']} / min) |",
-        f"| averaging rounds with another peer / local epochs | {result['averaged_epochs']} / {result['local_epochs']} = {result['averaging_success_share']} |",
-        f"| RSS growth per peer, MiB/min (median, max; peers sampled >= 1 min) | "
-        + (f"{sorted(growth.values())[len(growth) // 2]}, {max(growth.values())} |" if growth else "n/a |"),
-        f"| RSS at last sample, MiB (min-max) | "
-        + (f"{min(result['rss_mib_last'].values())}-{max(result['rss_mib_last'].values())} |" if result["rss_mib_last"] else "n/a |"),
+        f"`uptime` at the start: `{result['uptime'][0]}`; at the end: `{result['uptime'][-1]}`",
+        "",
+        f"Epochs advanced: **{result['epochs_advanced']}**; averaging rounds succeeded / attempted: "
+        f"**{result['succeeded']} / {result['attempted']}** (share {result['success_share']}). "
+        f"Processes left behind: **{len(result['left_behind'])}**" + (f" ({'; '.join(result['left_behind'])})" if result["left_behind"] else "") + ".",
+        "",
+        "| min | global epoch | local epoch per peer | rounds ok / tried | state downloads | RSS per peer, MiB | load 1m | churn |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    return "\n".join(lines)
+    for row in result["rows"]:
+        epochs = " ".join(f"{name}:{epoch}" for name, epoch in row["peer_epochs"].items())
+        if row["states"]:
+            epochs += " (" + ", ".join(f"{name} {state}" for name, state in row["states"].items()) + ")"
+        rss = " ".join(f"{name}:{mib}" for name, mib in row["rss_mib"].items())
+        lines.append(f"| {row['minute']} | {row['global_epoch']} | {epochs} | {row['succeeded']} / {row['attempted']} "
+                     f"| {row['downloads']} | {rss} | {row['load']} | {row['churn']} |")
+    lines += ["", "RSS growth per worker life sampled for at least a minute (worker + DHT/averager + p2pd):", "",
+              "| peer#life | minutes sampled | first RSS MiB | last RSS MiB | RSS MiB per 10 min | USS MiB per 10 min |",
+              "|---|---|---|---|---|---|"]
+    for name, value in result["rss_growth"].items():
+        lines.append(f"| {name} | {value['minutes']} | {value['first_mib']} | {value['last_mib']} | {value['mib_per_10_min']} "
+                     f"| {value['uss_mib_per_10_min']} |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--peers", type=int, default=6, help="daemons training at any time (default 6)")
-    parser.add_argument("--minutes", type=float, default=5, help="length of the churn phase (default 5)")
-    parser.add_argument("--churn-every", type=float, default=60, help="seconds between a leave + a join (default 60)")
-    parser.add_argument("--json", action="store_true", help="print the raw numbers as JSON")
+    parser.add_argument("--peers", type=int, default=8, help="peers training at any time (default 8)")
+    parser.add_argument("--minutes", type=float, default=10, help="length of the churn phase in minutes (default 10)")
+    parser.add_argument("--churn-every", type=float, default=60, help="seconds between one leave + one join (default 60)")
+    parser.add_argument("--mode", choices=sorted(RUNS), default="sync", help="the run's training mode (default sync)")
+    parser.add_argument("--output", type=Path, help="append the markdown to this file as well (and FILE.json the raw numbers)")
     args = parser.parse_args()
-    if args.peers < 2 or args.minutes <= 0 or args.churn_every <= 0:
-        parser.error("--peers must be at least 2, --minutes and --churn-every positive")
-    result = soak(args.peers, args.minutes, args.churn_every)
-    print(json.dumps(result, indent=2) if args.json else markdown(result))
+    if args.peers < 3 or args.minutes <= 0 or args.churn_every <= 0 or args.minutes * 60 < args.churn_every:
+        parser.error("--peers must be at least 3; --minutes and --churn-every positive, --minutes at least one churn long")
+    result = Soak(args.peers, args.minutes, args.churn_every, args.mode).run()
+    text = markdown(result)
+    print(text)
+    if args.output:
+        with open(args.output, "a") as output:
+            output.write(text + "\n")
+        args.output.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    if result["left_behind"]:
+        sys.exit(f"{len(result['left_behind'])} processes were left behind")
 
 
 if __name__ == "__main__":
