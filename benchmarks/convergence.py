@@ -1,18 +1,21 @@
 """Convergence and communication at equal total samples, shaped like Table 2 of the DiLoCo paper.
 
-    .venv/bin/python benchmarks/convergence.py [--total-samples N] [--quick]
+    nice -n 10 .venv/bin/python benchmarks/convergence.py [--total-samples N] [--quick]
 
 writes ``benchmarks/convergence_results.md``, ``convergence_loss.png`` and
 ``convergence_bytes.png`` (the plots need matplotlib). Configurations, all on the
 built-in ``tiny`` model and stdlib corpus, all from the same initial weights:
 
 - 1 peer at micro-batch B and at 4B: a plain PyTorch AdamW loop in this process;
+- 4 peers ``diloco`` at H = 20, 50, 100, 250 (8-bit blockwise compression), and
+  optionally at the middle H without compression;
 - 4 peers ``sync``: four real worker processes (hivemind on 127.0.0.1),
-  target_batch_size 4B, each contributing B per step;
-- 4 peers ``diloco`` at H = 20, 50, 100 (8-bit blockwise compression) and at
-  H = 50 without compression.
+  target_batch_size 4B, each contributing B per step.
 
-Every configuration trains on the same total number of samples. The eval loss is
+Every configuration trains on the same total number of samples: DiLoCo peers
+finish after the outer step that completes it; sync peers are paused once the
+samples they contributed add up to it (hivemind keeps accumulating local batches
+while a round's matchmaking runs, so counting epochs would overshoot). The eval loss is
 measured here, on the same fixed validation windows, for each peer's final model
 (read from the checkpoint the worker writes when it finishes), averaged over peers.
 Bytes per sample are computed from the averaging rounds the workers report, and
@@ -47,6 +50,10 @@ PEERS = 4
 DATASET = {"kind": "stdlib"}
 SEED = 1
 FINAL_EVAL_BATCHES = 32
+# final eval windows are batched by this many, whatever B is, so budgets with different B compare
+EVAL_BATCH = 8
+# starting a worker (torch, hivemind, p2pd) took over 3 minutes when the shared machine's load was ~35
+JOIN_TIMEOUT_S = 900
 # Bytes a value takes on the wire. Blockwise 8-bit: one byte, a float32 scale per
 # 4096 values, and a 256-entry float32 codebook per chunk of 2**19 fp32 bytes
 # (hivemind's default part size for all-reduce), i.e. 1024 bytes per 131072 values.
@@ -65,6 +72,7 @@ class Result:
     computed_bytes: float = 0.0
     measured_bytes: float | None = None
     notes: str = ""
+    order: float = 0.0  # table and plot position: baselines, diloco by H, sync
 
     @property
     def eval_loss(self) -> float:
@@ -79,6 +87,8 @@ class Setup:
     micro_batch: int
     seq_len: int
     inner_lr: float
+    outer_lr: float
+    outer_momentum: float
     cache_dir: Path
     work_dir: Path
     timeout_s: float
@@ -88,7 +98,7 @@ class Setup:
 
     def __post_init__(self):
         tokenizer = build_model("tiny", seed=SEED).tokenizer
-        self.final_windows = validation_batches(DATASET, tokenizer, self.seq_len, self.micro_batch, self.cache_dir, FINAL_EVAL_BATCHES)
+        self.final_windows = validation_batches(DATASET, tokenizer, self.seq_len, EVAL_BATCH, self.cache_dir, FINAL_EVAL_BATCHES)
         # what a worker's epoch report measures, so the curves compare
         self.curve_windows = validation_batches(DATASET, tokenizer, self.seq_len, self.micro_batch, self.cache_dir, VALIDATION_BATCHES)
 
@@ -130,7 +140,7 @@ def run_single(setup: Setup, batch: int) -> Result:
         if step % every == 0 or step == steps:
             curve.append((step * batch, mean_loss(loaded.model, setup.curve_windows)))
     label = "B" if batch == setup.micro_batch else f"{batch // setup.micro_batch}B"
-    return Result(f"1 peer, batch {label} ({batch})", steps * batch, [mean_loss(loaded.model, setup.final_windows)], curve)
+    return Result(f"1 peer, batch {label} ({batch})", steps * batch, [mean_loss(loaded.model, setup.final_windows)], curve, order=batch)
 
 
 class Worker:
@@ -162,6 +172,8 @@ class Worker:
         self.reports: list[dict] = []
         self.local_epoch = 0
         self.finish_sent = False
+        self.pause_sent = False
+        self.contributed = 0
 
     def drain(self) -> None:
         while True:
@@ -172,7 +184,9 @@ class Worker:
             except (EOFError, OSError):
                 return
             self.reports.append(report)
-            if report["type"] == "epoch":
+            if report["type"] == "step":
+                self.contributed += report["samples"]
+            elif report["type"] == "epoch":
                 self.local_epoch = max(self.local_epoch, report["epoch"] + 1)
             elif report["type"] == "event" and report["kind"] == "state-downloaded":
                 self.local_epoch = max(self.local_epoch, int(report["data"]["epoch"]))
@@ -194,6 +208,13 @@ class Worker:
             self.conn.poll(0.2)
             self.drain()
         return self.of_type("joined")[0]
+
+    def stopped(self) -> bool:
+        """Finished (DiLoCo's ``finish``), or paused by us with its checkpoint written (sync)."""
+        if self.state() == "finished":
+            return True
+        return self.pause_sent and self.state() == "paused" and any(
+            r["kind"] == "checkpoint-saved" and r["data"].get("reason") == "pause" for r in self.of_type("event"))
 
     def rounds(self) -> list[int]:
         """Sizes of the averaging rounds this peer finished with at least one other peer."""
@@ -249,8 +270,11 @@ class SentBytes:
 
 
 def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Result:
-    """Four real workers; each is told to finish once the swarm reached the epoch
-    that makes ``total_samples``, and is evaluated from the checkpoint it then writes."""
+    """Four real workers, evaluated from the checkpoint each writes when it stops.
+
+    DiLoCo: each is told to finish once the swarm reached the outer step that makes
+    ``total_samples``. Sync: all are paused once the samples they reported add up
+    to ``total_samples`` (at most a second of steps per peer more)."""
     per_epoch = PEERS * setup.micro_batch * (local_steps if mode == "diloco" else 1)
     epochs = max(1, setup.total_samples // per_epoch)
     name = "4 peers, sync" if mode == "sync" else f"4 peers, diloco H={local_steps}, {compression}"
@@ -258,7 +282,7 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
     manifest = {
         "run_id": run_id, "mode": mode, "model": "tiny", "dataset": DATASET, "seq_len": setup.seq_len,
         "target_batch_size": per_epoch, "local_steps": local_steps, "micro_batch_hint": setup.micro_batch,
-        "inner_lr": setup.inner_lr, "outer_lr": 0.7, "outer_momentum": 0.9, "compression": compression,
+        "inner_lr": setup.inner_lr, "outer_lr": setup.outer_lr, "outer_momentum": setup.outer_momentum, "compression": compression,
         "seed": SEED, "created_at": time.time(),
     }
     matchmaking_time = 1.0 if mode == "sync" else 3.0
@@ -267,11 +291,11 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
     sent = SentBytes()
     try:
         workers.append(Worker(home / "peer0", "peer0", manifest, [], setup, matchmaking_time))
-        address = workers[0].wait_joined(180)["addresses"][0]
+        address = workers[0].wait_joined(JOIN_TIMEOUT_S)["addresses"][0]
         for index in range(1, PEERS):
             workers.append(Worker(home / f"peer{index}", f"peer{index}", manifest, [address], setup, matchmaking_time))
         for worker in workers:
-            worker.wait_joined(180)
+            worker.wait_joined(JOIN_TIMEOUT_S)
         pids = set().union(*(worker.p2pd_pids() for worker in workers))
         sent.poll(pids)
         baseline_bytes = sent.total
@@ -279,7 +303,8 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
             worker.conn.send({"cmd": "resume"})
         deadline = time.monotonic() + setup.timeout_s
         last_poll = 0.0
-        while not all(worker.state() == "finished" for worker in workers):
+        started = time.monotonic()
+        while not all(worker.stopped() for worker in workers):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name}: not finished after {setup.timeout_s:.0f} s (epochs {[w.local_epoch for w in workers]} of {epochs})")
             time.sleep(0.2)
@@ -288,9 +313,14 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
                 if not worker.process.is_alive():
                     raise RuntimeError(f"{name}: {worker.name} exited with {worker.process.exitcode}")
                 # finish = complete the current epoch, checkpoint, pause
-                if not worker.finish_sent and worker.local_epoch >= epochs - 1:
+                if mode == "diloco" and not worker.finish_sent and worker.local_epoch >= epochs - 1:
                     worker.conn.send({"cmd": "finish"})
                     worker.finish_sent = True
+            if mode == "sync" and sum(worker.contributed for worker in workers) >= setup.total_samples:
+                for worker in workers:
+                    if not worker.pause_sent:
+                        worker.conn.send({"cmd": "pause"})
+                        worker.pause_sent = True
             if time.monotonic() - last_poll > 2.0:
                 sent.poll(pids)
                 last_poll = time.monotonic()
@@ -311,14 +341,20 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
     rounds = [worker.rounds() for worker in workers]
     computed = sum(allreduce_bytes(size, setup.parameters, value_bytes) for sizes in rounds for size in sizes)
     downloads = sum(1 for worker in workers for r in worker.of_type("event") if r["kind"] == "state-downloaded")
-    notes = f"{epochs} epochs of {per_epoch} samples; {downloads} state downloads by peers that fell behind"
+    seconds = time.monotonic() - started
+    epochs_done = max(int(state["epoch"]) for state in states)
+    notes = (f"{epochs_done} epochs (target {per_epoch} samples each) in {seconds / 60:.1f} min; "
+             f"{downloads} state downloads by peers that fell behind")
     if mode == "sync":
         # hivemind.Optimizer also averages the parameters after each epoch (average_state_every=1)
         computed *= 2
-        notes += "; gradients and parameters averaged each epoch"
-    curve = [((report["epoch"] + 1) * per_epoch, report["val_loss"]) for report in workers[0].of_type("epoch")]
+        notes += ("; gradients and parameters averaged each epoch; stopped by pausing every peer once the samples "
+                  "they contributed reached the total (an epoch gathers more than its target while matchmaking runs)")
+    # a sync epoch gathers more samples than its target, so its reports have no sample count to plot against
+    curve = [] if mode == "sync" else [((report["epoch"] + 1) * per_epoch, report["val_loss"]) for report in workers[0].of_type("epoch")]
     return Result(name, samples, eval_losses, curve, rounds=max(len(r) for r in rounds),
-                  computed_bytes=computed / samples, measured_bytes=(sent.total - baseline_bytes) / samples, notes=notes)
+                  computed_bytes=computed / samples, measured_bytes=(sent.total - baseline_bytes) / samples, notes=notes,
+                  order=1e6 if mode == "sync" else 1e3 + local_steps + (compression == "none") / 2)
 
 
 def markdown(setup: Setup, results: list[Result], command: str, seconds: float) -> str:
@@ -328,9 +364,10 @@ def markdown(setup: Setup, results: list[Result], command: str, seconds: float) 
         "# Convergence at equal total samples (DiLoCo Table 2 shape)", "",
         f"Command: `{command}` ({seconds / 60:.0f} min on this machine).", "",
         f"Model `tiny` ({setup.parameters:,} parameters, byte vocabulary), stdlib corpus, seq_len {setup.seq_len}, "
-        f"B = {setup.micro_batch} samples, AdamW lr {setup.inner_lr} (the inner lr for DiLoCo), outer Nesterov SGD lr 0.7 "
-        f"momentum 0.9. Every configuration starts from the same weights and trains on ~{setup.total_samples:,} samples. "
-        f"Eval loss: mean cross-entropy (nats/byte) on {FINAL_EVAL_BATCHES * setup.micro_batch} fixed validation windows, "
+        f"B = {setup.micro_batch} samples, AdamW lr {setup.inner_lr} constant (the inner lr for DiLoCo), outer Nesterov SGD "
+        f"lr {setup.outer_lr} momentum {setup.outer_momentum}. Every configuration starts from the same weights and trains "
+        f"on {setup.total_samples:,} samples ({setup.total_samples // (PEERS * setup.micro_batch)} steps per peer of 4). "
+        f"Eval loss: mean cross-entropy (nats/byte) on {FINAL_EVAL_BATCHES * EVAL_BATCH} fixed validation windows, "
         f"measured on each peer's final model, mean over peers.", "",
         "| config | total samples | eval loss | Δ vs 1 peer 4B | averaging rounds per peer | bytes/sample computed | "
         "bytes/sample measured | reduction vs every-step fp32 all-reduce (computed) |",
@@ -403,6 +440,7 @@ def plot(results: list[Result], setup: Setup, out_dir: Path) -> bool:
 
 def write_outputs(setup: Setup, results: list[Result], command: str, started: float, out_dir: Path) -> str:
     """Write the markdown table and the plots for the results so far; returns the markdown."""
+    results = sorted(results, key=lambda result: result.order)
     text = markdown(setup, results, command, time.monotonic() - started)
     (out_dir / "convergence_results.md").write_text(text)
     plot(results, setup, out_dir)
@@ -411,28 +449,30 @@ def write_outputs(setup: Setup, results: list[Result], command: str, started: fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--total-samples", type=int, default=None, help="samples per configuration (default 6400, --quick 1280)")
+    parser.add_argument("--total-samples", type=int, default=None, help="samples per configuration (default 8000, --quick 1280)")
     parser.add_argument("--quick", action="store_true", help="shorter sequences and fewer samples: a smoke run")
-    parser.add_argument("--micro-batch", type=int, default=8, help="B, samples per step per peer")
-    parser.add_argument("--inner-lr", type=float, default=3e-3)
-    parser.add_argument("--local-steps", type=int, nargs="+", default=[20, 50, 100], help="H values for diloco")
-    parser.add_argument("--swarms", nargs="*", default=["diloco-blockwise8bit", "sync-none", "diloco-none"],
+    parser.add_argument("--micro-batch", type=int, default=4, help="B, samples per step per peer")
+    parser.add_argument("--inner-lr", type=float, default=3e-3, help="AdamW lr of the baselines and of DiLoCo's inner steps")
+    parser.add_argument("--outer-lr", type=float, default=0.7)
+    parser.add_argument("--outer-momentum", type=float, default=0.9)
+    parser.add_argument("--local-steps", type=int, nargs="+", default=[20, 50, 100, 250], help="H values for diloco")
+    parser.add_argument("--swarms", nargs="*", default=["diloco-blockwise8bit", "sync-none"],
                         choices=["diloco-blockwise8bit", "sync-none", "diloco-none"], help="which 4-peer configurations to run")
     parser.add_argument("--cache-dir", type=Path, default=None, help="token cache to reuse (default: a temporary one)")
     parser.add_argument("--out-dir", type=Path, default=HERE)
     parser.add_argument("--timeout", type=float, default=2400, help="seconds one swarm configuration may take (sync needs ~5 s a round on a busy 2-core machine)")
     args = parser.parse_args()
-    total = args.total_samples or (1280 if args.quick else 6400)
+    total = args.total_samples or (1280 if args.quick else 8000)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="p2ptrain-convergence-") as temp:
-        setup = Setup(total, args.micro_batch, 32 if args.quick else 64, args.inner_lr,
+        setup = Setup(total, args.micro_batch, 32 if args.quick else 64, args.inner_lr, args.outer_lr, args.outer_momentum,
                       args.cache_dir or Path(temp) / "cache", Path(temp) / "peers", args.timeout)
         torch.set_num_threads(1)
         results = [run_single(setup, setup.micro_batch), run_single(setup, PEERS * setup.micro_batch)]
         plans = [("diloco", h, "blockwise8bit") for h in args.local_steps] + [("sync", 1, "none")]
         plans.append(("diloco", args.local_steps[len(args.local_steps) // 2], "none"))
         plans = [plan for plan in plans if f"{plan[0]}-{plan[2]}" in args.swarms]
-        command = ".venv/bin/python " + " ".join(["benchmarks/convergence.py"] + sys.argv[1:])
+        command = "nice -n 10 .venv/bin/python " + " ".join(["benchmarks/convergence.py"] + sys.argv[1:])
         text = write_outputs(setup, results, command, started, args.out_dir)
         for mode, local_steps, compression in plans:
             print(f"running {mode} H={local_steps} {compression}", file=sys.stderr, flush=True)

@@ -1,0 +1,230 @@
+"""What the simulation says: exact DiLoCo math with 4 replicas in one process.
+
+    nice -n 10 .venv/bin/python benchmarks/diloco_study.py --run NAME [--run NAME ...] [--out FILE.jsonl]
+    .venv/bin/python benchmarks/diloco_study.py --report FILE.jsonl [FILE.jsonl ...]
+
+No hivemind swarm: the same `tiny` model, stdlib corpus, per-replica data
+streams, inner AdamW (one per replica, its state kept across outer steps, as
+``p2ptrain.peers.diloco`` does), the mean of the replicas' pseudo-gradients
+(``global - local``) passed through hivemind's blockwise 8-bit quantization as
+the all-reduce sends it (each replica's part, then the averaged part), and an
+outer SGD step with Nesterov momentum. Baselines are the plain AdamW loops of
+``convergence.py``. Every configuration trains on the same total samples.
+
+It exists to choose the sample budget and the learning rates of the real
+benchmark (``convergence.py``, real peers) cheaply; each ``--run`` appends one
+JSON line to ``--out``, and ``--report`` turns those lines into
+``diloco_study_results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from hivemind.compression import CompressionInfo
+
+from p2ptrain.peers.data import train_batches, validation_batches
+from p2ptrain.peers.models import build_model, causal_lm_loss
+from p2ptrain.peers.sync import Blockwise8Bit
+from p2ptrain.peers.worker import stream_seed
+
+HERE = Path(__file__).resolve().parent
+DATASET = {"kind": "stdlib"}
+SEED = 1
+REPLICAS = 4
+EVAL_BATCH, EVAL_BATCHES = 8, 32
+
+
+@dataclass
+class Config:
+    """One simulated configuration.
+
+    ``kind``: "baseline" (one replica at ``batch_factor`` × B) or "diloco".
+    ``schedule``: "constant" or "cosine" (linear warm-up over ``warmup_steps``
+    inner steps, then cosine to 10 % of ``inner_lr`` at the last step).
+    """
+
+    name: str
+    kind: str
+    local_steps: int = 0
+    batch_factor: int = 1
+    inner_lr: float = 3e-3
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    compression: str = "blockwise8bit"
+
+
+def learning_rate(config: Config, step: int, total_steps: int) -> float:
+    if config.schedule == "constant":
+        return config.inner_lr
+    if step < config.warmup_steps:
+        return config.inner_lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, total_steps - config.warmup_steps)
+    return config.inner_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def mean_loss(model: torch.nn.Module, windows: list) -> float:
+    model.eval()
+    try:
+        return sum(causal_lm_loss(model, batch).item() for batch in windows) / len(windows)
+    finally:
+        model.train()
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def run_baseline(config: Config, args, windows: list) -> tuple[float, list]:
+    loaded = build_model("tiny", seed=SEED)
+    optimizer = torch.optim.AdamW(loaded.trainable(), lr=config.inner_lr)
+    batch = config.batch_factor * args.micro_batch
+    batches = train_batches(DATASET, loaded.tokenizer, args.seq_len, batch, stream_seed(SEED, "baseline"), args.cache_dir)
+    steps = args.total_samples // batch
+    curve = []
+    for step in range(steps):
+        set_lr(optimizer, learning_rate(config, step, steps))
+        causal_lm_loss(loaded.model, next(batches)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if (step + 1) % max(1, steps // 10) == 0:
+            curve.append(((step + 1) * batch, mean_loss(loaded.model, windows[:4])))
+    return mean_loss(loaded.model, windows), curve
+
+
+def through_8bit(tensor: torch.Tensor, compression: str) -> torch.Tensor:
+    """What a peer receives for ``tensor`` after the all-reduce's compression."""
+    if compression == "none":
+        return tensor
+    codec = Blockwise8Bit()
+    return codec.extract(codec.compress(tensor, CompressionInfo.from_tensor(tensor)))
+
+
+def run_diloco(config: Config, args, windows: list) -> tuple[float, list]:
+    loaded = build_model("tiny", seed=SEED)
+    model, parameters = loaded.model, loaded.trainable()
+    global_parameters = [parameter.detach().clone() for parameter in parameters]
+    outer = torch.optim.SGD(global_parameters, lr=config.outer_lr, momentum=config.outer_momentum, nesterov=True)
+    # one AdamW state and one data stream per replica; the model's weights are swapped in and out
+    states = [torch.optim.AdamW(parameters, lr=config.inner_lr).state_dict() for _ in range(REPLICAS)]
+    streams = [train_batches(DATASET, loaded.tokenizer, args.seq_len, args.micro_batch, stream_seed(SEED, f"replica{index}"), args.cache_dir)
+               for index in range(REPLICAS)]
+    steps = args.total_samples // (REPLICAS * args.micro_batch)
+    outer_steps = steps // config.local_steps
+    curve = []
+    for outer_step in range(outer_steps):
+        pseudo = [torch.zeros_like(tensor) for tensor in global_parameters]
+        for replica in range(REPLICAS):
+            with torch.no_grad():
+                for parameter, global_parameter in zip(parameters, global_parameters):
+                    parameter.copy_(global_parameter)
+            optimizer = torch.optim.AdamW(parameters, lr=config.inner_lr)
+            optimizer.load_state_dict(states[replica])
+            for inner in range(config.local_steps):
+                set_lr(optimizer, learning_rate(config, outer_step * config.local_steps + inner, steps))
+                causal_lm_loss(model, next(streams[replica])).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            states[replica] = optimizer.state_dict()
+            for total, global_parameter, parameter in zip(pseudo, global_parameters, parameters):
+                total += through_8bit(global_parameter - parameter.detach(), config.compression) / REPLICAS
+        for global_parameter, averaged in zip(global_parameters, pseudo):
+            global_parameter.grad = through_8bit(averaged, config.compression)
+        outer.step()
+        outer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for parameter, global_parameter in zip(parameters, global_parameters):
+                parameter.copy_(global_parameter)
+        curve.append(((outer_step + 1) * config.local_steps * REPLICAS * args.micro_batch, mean_loss(model, windows[:4])))
+    return mean_loss(model, windows), curve
+
+
+CONFIGS = {config.name: config for config in [
+    Config("base-B", "baseline", batch_factor=1),
+    Config("base-4B", "baseline", batch_factor=4),
+    Config("base-4B-cos", "baseline", batch_factor=4, schedule="cosine", warmup_steps=50),
+    *[Config(f"H{h}", "diloco", local_steps=h) for h in (20, 50, 100, 250)],
+    *[Config(f"H{h}-o1.0", "diloco", local_steps=h, outer_lr=1.0) for h in (20, 50, 100, 250)],
+    *[Config(f"H{h}-o1.0-i6e-3", "diloco", local_steps=h, outer_lr=1.0, inner_lr=6e-3) for h in (50, 250)],
+    *[Config(f"H{h}-i6e-3", "diloco", local_steps=h, inner_lr=6e-3) for h in (50, 250)],
+    *[Config(f"H{h}-m0.5-o1.0", "diloco", local_steps=h, outer_lr=1.0, outer_momentum=0.5) for h in (50, 250)],
+    *[Config(f"H{h}-cos", "diloco", local_steps=h, schedule="cosine", warmup_steps=50) for h in (50, 250)],
+    *[Config(f"H{h}-none", "diloco", local_steps=h, compression="none") for h in (50,)],
+]}
+
+
+def report(paths: list[Path], out: Path) -> str:
+    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    by_budget: dict[tuple, list] = {}
+    for row in rows:
+        by_budget.setdefault((row["total_samples"], row["micro_batch"], row["seq_len"]), []).append(row)
+    lines = ["# DiLoCo study: what the simulation says", "",
+             "Exact DiLoCo math with 4 replicas in one process (no swarm): `benchmarks/diloco_study.py` (see its "
+             "docstring). Commands: each row's `--run NAME` with the budget flags of its section, then "
+             "`.venv/bin/python benchmarks/diloco_study.py --report benchmarks/diloco_study_runs.jsonl`.", "",
+             "Eval loss: mean cross-entropy (nats/byte) on 256 fixed validation windows. Δ is against `base-4B` "
+             "(1 replica at batch 4B, same lr and schedule kind as its row's note says). Unless named, DiLoCo rows use "
+             "inner AdamW lr 3e-3 constant, outer Nesterov SGD lr 0.7 momentum 0.9, blockwise 8-bit pseudo-gradients.", ""]
+    for (total, micro_batch, seq_len), group in sorted(by_budget.items()):
+        reference = {row["config"]["name"]: row["eval_loss"] for row in group}
+        lines += [f"## {total:,} total samples, B = {micro_batch}, seq_len {seq_len} "
+                  f"({total // (REPLICAS * micro_batch)} inner steps per replica)", "",
+                  "| config | H | outer steps | inner lr | schedule | outer lr | momentum | eval loss | Δ vs base-4B | Δ vs base-4B-cos |",
+                  "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+        for row in sorted(group, key=lambda r: (r["config"]["kind"], r["config"]["local_steps"], r["config"]["name"])):
+            config = row["config"]
+            deltas = [f"{100 * (row['eval_loss'] - reference[key]) / reference[key]:+.2f} %" if key in reference else ""
+                      for key in ("base-4B", "base-4B-cos")]
+            outer_steps = total // (REPLICAS * micro_batch) // config["local_steps"] if config["kind"] == "diloco" else ""
+            diloco = config["kind"] == "diloco"
+            warmup = f" (warm-up {config['warmup_steps']})" if config["warmup_steps"] else ""
+            lines.append(f"| {config['name']} | {config['local_steps'] or ''} | {outer_steps} | {config['inner_lr']:g} | "
+                         f"{config['schedule']}{warmup} | "
+                         f"{config['outer_lr'] if diloco else ''} | {config['outer_momentum'] if diloco else ''} | "
+                         f"{row['eval_loss']:.4f} | {deltas[0]} | {deltas[1]} |")
+        lines.append("")
+    text = "\n".join(lines) + "\n"
+    out.write_text(text)
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", action="append", choices=sorted(CONFIGS), default=[], help="configuration to simulate (repeatable)")
+    parser.add_argument("--total-samples", type=int, default=8000)
+    parser.add_argument("--micro-batch", type=int, default=4, help="B")
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/p2ptrain-study-cache"))
+    parser.add_argument("--out", type=Path, default=HERE / "diloco_study_runs.jsonl")
+    parser.add_argument("--report", type=Path, nargs="*", help="write diloco_study_results.md from these JSONL files")
+    args = parser.parse_args()
+    if args.report:
+        print(report(args.report, HERE / "diloco_study_results.md"))
+        return
+    torch.set_num_threads(1)
+    tokenizer = build_model("tiny", seed=SEED).tokenizer
+    windows = validation_batches(DATASET, tokenizer, args.seq_len, EVAL_BATCH, args.cache_dir, EVAL_BATCHES)
+    for name in args.run:
+        config = CONFIGS[name]
+        started = time.monotonic()
+        eval_loss, curve = (run_baseline if config.kind == "baseline" else run_diloco)(config, args, windows)
+        row = {"config": asdict(config), "total_samples": args.total_samples, "micro_batch": args.micro_batch,
+               "seq_len": args.seq_len, "eval_loss": eval_loss, "curve": curve, "seconds": time.monotonic() - started}
+        with args.out.open("a") as file:
+            file.write(json.dumps(row) + "\n")
+        print(f"{name}: eval loss {eval_loss:.4f} ({row['seconds']:.0f} s)", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
