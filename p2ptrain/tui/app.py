@@ -9,6 +9,7 @@ running.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import threading
 import time
@@ -27,14 +28,12 @@ from p2ptrain.tui.connection import DaemonTarget, find_daemon, start_daemon
 from p2ptrain.tui.formatting import format_duration
 from p2ptrain.tui.messages import ActionFinished, DaemonUnreachable, DaemonUpdated
 from p2ptrain.tui.screens.confirm_dialog import ConfirmDialog
-from p2ptrain.tui.screens.help_screen import HelpScreen
 from p2ptrain.tui.screens.join_dialog import JoinDialog
 from p2ptrain.tui.screens.pause_dialog import PauseDialog
 from p2ptrain.tui.snapshot import DaemonSnapshot, History, fetch_snapshot
-from p2ptrain.tui.widgets.epoch_chart import EpochChart
+from p2ptrain.tui.widgets.chart_slot import ChartSlot
 from p2ptrain.tui.widgets.event_log import EventLog
 from p2ptrain.tui.widgets.hardware_panel import HardwarePanel
-from p2ptrain.tui.widgets.loss_chart import LossChart
 from p2ptrain.tui.widgets.peers_table import PeersTable
 from p2ptrain.tui.widgets.status_header import StatusHeader
 from p2ptrain.tui.widgets.swarm_panel import SwarmPanel
@@ -97,16 +96,18 @@ class P2PTrainApp(App):
         self.snapshot: DaemonSnapshot | None = None
         self.started_daemon = None
         self._poll_now = threading.Event()
+        self._charts_requested = False
 
     def compose(self) -> ComposeResult:
         yield StatusHeader(id="status-header")
-        with ContentSwitcher(initial="dashboard", id="body"):
+        # Nothing below the header until the daemon answered: the first full frame then shows live state.
+        with ContentSwitcher(initial=None, id="body"):
             with Grid(id="dashboard"):
                 yield SwarmPanel(id="swarm")
                 yield HardwarePanel(id="hardware")
                 yield PeersTable(id="peers")
-                yield LossChart(id="loss-chart")
-                yield EpochChart(id="epoch-chart")
+                yield ChartSlot("Loss", id="loss-chart")
+                yield ChartSlot("Epoch durations", id="epoch-chart")
                 yield EventLog(id="events")
             yield UnreachablePanel(
                 str(self.target.socket), self.target.start_command, self.target.can_start, id="unreachable"
@@ -118,8 +119,9 @@ class P2PTrainApp(App):
 
     @property
     def _exiting(self) -> bool:
-        # A poll's message can arrive while the app tears its screen down on quit.
-        return self._exit or not self.screen_stack
+        # A poll's message can arrive while the app tears its screen down on quit
+        # (or, under the test driver, shuts down without a quit: not running any more).
+        return self._exit or not self.is_running or not self.screen_stack
 
     def _dashboard(self, selector: str | type):
         """A widget of the dashboard screen, even while a dialog is open above it."""
@@ -190,11 +192,10 @@ class P2PTrainApp(App):
         peers = self._dashboard(PeersTable)
         peers.peers = snapshot.peers
         peers.now = now
-        self._dashboard(LossChart).steps = snapshot.steps
-        self._dashboard(LossChart).epochs = snapshot.epochs
-        self._dashboard(EpochChart).epochs = snapshot.epochs
+        self._show_history_in_charts(snapshot)
         self._dashboard(EventLog).events = snapshot.events
         self._dashboard(ContentSwitcher).current = "dashboard"
+        self._load_charts_after_this_frame()
 
     def on_daemon_unreachable(self, message: DaemonUnreachable) -> None:
         if self._exiting:
@@ -206,6 +207,43 @@ class P2PTrainApp(App):
         panel.reason = message.reason
         panel.retry_in_s = message.retry_in_s
         self._dashboard(ContentSwitcher).current = "unreachable"
+        self._load_charts_after_this_frame()
+
+    def _show_history_in_charts(self, snapshot: DaemonSnapshot) -> None:
+        loss = self._dashboard("#loss-chart").chart
+        if loss is not None:
+            loss.steps = snapshot.steps
+            loss.epochs = snapshot.epochs
+        durations = self._dashboard("#epoch-chart").chart
+        if durations is not None:
+            durations.epochs = snapshot.epochs
+
+    @property
+    def charts_ready(self) -> bool:
+        """True once the loss and epoch charts are mounted (shortly after the first frame)."""
+        return all(self._dashboard(slot).chart is not None for slot in ("#loss-chart", "#epoch-chart"))
+
+    def _load_charts_after_this_frame(self) -> None:
+        if not self._charts_requested:
+            self._charts_requested = True
+            self.call_after_refresh(self.mount_charts)
+
+    @work(exclusive=True, group="charts")
+    async def mount_charts(self) -> None:
+        """Put the loss and epoch charts into their slots.
+
+        Called once the first answer of the daemon (or its absence) is on screen:
+        importing textual-plotext takes about a tenth of a second, which the
+        first frame should not wait for. The import runs in a thread, so the
+        dashboard keeps updating meanwhile.
+        """
+        loss_chart_class, epoch_chart_class = await asyncio.to_thread(_import_charts)
+        if self._exiting:
+            return
+        await self._dashboard("#loss-chart").mount(loss_chart_class())
+        await self._dashboard("#epoch-chart").mount(epoch_chart_class())
+        if self.snapshot is not None:
+            self._show_history_in_charts(self.snapshot)
 
     def on_unreachable_panel_start_requested(self) -> None:
         try:
@@ -281,7 +319,18 @@ class P2PTrainApp(App):
         self.push_screen(ConfirmDialog(f"Leave {run}? Training stops until you join again.", "Leave"), leave)
 
     def action_help(self) -> None:
+        # The help's Markdown widget imports markdown-it and pygments: only when asked for.
+        from p2ptrain.tui.screens.help_screen import HelpScreen
+
         self.push_screen(HelpScreen())
+
+
+def _import_charts() -> tuple[type, type]:
+    """The chart widget classes; importing them imports textual-plotext and plotext."""
+    from p2ptrain.tui.widgets.epoch_chart import EpochChart
+    from p2ptrain.tui.widgets.loss_chart import LossChart
+
+    return LossChart, EpochChart
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,4 +1,8 @@
-"""The TUI against a real daemon that is training in a run."""
+"""The TUI against a real daemon that is training in a run: under Textual's test driver, and in tmux.
+
+Both tests share one daemon (joining a new run takes a minute or two on a
+loaded machine); each one resumes it first if an earlier test left it paused.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,24 @@ import json
 
 import pytest
 from conftest import wait_until
+from tmux import TMUX, TmuxPane, tui_command
 
 from daemons import cli, start_daemon, write_local_config
 from p2ptrain.tui.app import P2PTrainApp
 from p2ptrain.tui.connection import find_daemon
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300), pytest.mark.swarm]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.swarm]
+
+RUN = "tui-real"
 
 
-@pytest.fixture
-def training_daemon(tmp_path):
-    home = tmp_path / "real"
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    home = tmp_path_factory.mktemp("real")
     write_local_config(home)
     daemon = start_daemon(home)
     try:
-        assert cli(home, "join", "--new-run", "tui-real", "--target-batch-size", "64").returncode == 0
+        assert cli(home, "join", "--new-run", RUN, "--target-batch-size", "64").returncode == 0
         daemon.wait_until(lambda status: status["state"] == "training", 180, what="training")
         yield daemon
     finally:
@@ -28,11 +35,25 @@ def training_daemon(tmp_path):
         daemon.kill()
 
 
+@pytest.fixture
+def training_daemon(daemon):
+    """The shared daemon, training (resumed if an earlier test paused it)."""
+    if daemon.status()["state"] == "paused":
+        assert cli(daemon.home, "resume").returncode == 0
+    daemon.wait_until(lambda status: status["state"] == "training", 120, what="training")
+    return daemon
+
+
+def cli_state(home) -> str:
+    return json.loads(cli(home, "status", "--json").stdout)["state"]
+
+
+@pytest.mark.asyncio
 async def test_tui_shows_a_real_run_pauses_it_and_quits_leaving_the_daemon_up(training_daemon):
     app = P2PTrainApp(find_daemon(training_daemon.home), poll_interval_s=0.5)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: app.state == "training", timeout=10, what="the training state")
-        assert app.snapshot.status["run"]["id"] == "tui-real"
+        assert app.snapshot.status["run"]["id"] == RUN
         await pilot.press("p")
         await wait_until(pilot, lambda: app.screen.query("#pause-duration"), what="the pause dialog")
         await pilot.press("enter")
@@ -41,3 +62,22 @@ async def test_tui_shows_a_real_run_pauses_it_and_quits_leaving_the_daemon_up(tr
         assert (status["state"], status["pause_reason"]) == ("paused", "user")
         await pilot.press("q")
     assert training_daemon.status()["state"] == "paused"
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install tmux): no real terminal to test in")
+def test_tui_in_tmux_shows_training_pauses_on_p_and_quits_on_q(training_daemon):
+    home = training_daemon.home
+    with TmuxPane(120, 40) as pane:
+        pane.run(tui_command(home))
+        # How fast this appears is measured by benchmarks/tui_first_frame.py, not asserted here.
+        pane.wait_for(lambda screen: "TRAINING" in screen and RUN in screen, timeout=30, what=f"TRAINING and {RUN}")
+        pane.send("p")
+        pane.wait_for(lambda screen: "For how long?" in screen, timeout=15, what="the pause dialog")
+        pane.send("Enter")
+        pane.wait_for(lambda screen: "PAUSED" in screen, timeout=15, what="PAUSED on screen")
+        assert cli_state(home) == "paused"
+        pane.send("q")
+        pane.wait_for(lambda _: pane.exited, timeout=15, what="the TUI to exit")
+    # The daemon outlives the TUI and still answers.
+    assert cli_state(home) == "paused"
+    assert training_daemon.process.poll() is None

@@ -12,8 +12,6 @@ MAX_BARS = 40
 class EpochChart(PlotextPlot):
     """Epoch durations in minutes, newest on the right."""
 
-    BORDER_TITLE = "Epoch durations"
-
     epochs: reactive[tuple] = reactive(())
 
     def _replot(self) -> None:

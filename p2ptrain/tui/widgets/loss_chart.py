@@ -20,8 +20,6 @@ def thin_out(points: list[tuple[float, float]], limit: int = MAX_POINTS) -> list
 class LossChart(PlotextPlot):
     """Training and validation loss of the current run against hours since its first step."""
 
-    BORDER_TITLE = "Loss"
-
     steps: reactive[tuple] = reactive(())
     epochs: reactive[tuple] = reactive(())
 
