@@ -31,7 +31,7 @@ import torch
 from hivemind.compression import CompressionInfo, TensorRole
 from hivemind.optim.progress_tracker import ProgressTracker
 
-from p2ptrain.peers.sync import CheckedStateMixin, StepOutcome, make_compression
+from p2ptrain.peers.sync import CheckedStateMixin, StepOutcome, all_finite, make_compression
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +42,6 @@ def pseudo_gradients(global_parameters: Sequence[torch.Tensor], local_parameters
         global_parameter.float() - local_parameter.detach().to(global_parameter.device).float()
         for global_parameter, local_parameter in zip(global_parameters, local_parameters)
     ]
-
-
-def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
-    """True if no tensor holds a NaN or an infinity."""
-    return all(bool(torch.isfinite(tensor).all()) for tensor in tensors)
 
 
 def make_outer_optimizer(global_parameters: Sequence[torch.Tensor], outer_lr: float, outer_momentum: float) -> torch.optim.SGD:
@@ -136,6 +131,7 @@ class DiLoCoTrainer:
         self.local_epoch = 0
         self.inner_steps = 0
         self.samples_this_epoch = 0
+        self.rejected_averages = 0  # averaging rounds whose result was not finite
         self._done_since: float | None = None
         self._lock = threading.Lock()
 
@@ -204,7 +200,7 @@ class DiLoCoTrainer:
             self._reset_local()
             return StepOutcome()
 
-        averaged_with = 1
+        averaged_with, rejected_from = 1, None
         averaged = local_pseudo_gradients
         if self.tracker.global_progress.num_peers > 1:
             with self.averager.get_tensors() as buffers:
@@ -226,12 +222,21 @@ class DiLoCoTrainer:
             with self.averager.get_tensors() as buffers:
                 averaged = [buffer.clone() for buffer in buffers]
             averaged_with = len(group)
+            if not all_finite(averaged):
+                # a peer sent NaN/inf (a broken GPU, fp16 overflow or malice): every
+                # member of this round got it, so none has a good average to download;
+                # step on our own pseudo-gradient, as a peer alone would
+                logger.warning("Averaging with %d peers gave non-finite pseudo-gradients: not adopted, "
+                               "outer step with this peer's own", len(group))
+                self.rejected_averages += 1
+                rejected_from = len(group)
+                averaged, averaged_with = local_pseudo_gradients, None
 
         with self._lock:
             apply_outer_step(self.global_parameters, averaged, self.outer_optimizer, self.parameters)
             self.local_epoch += 1
         self._start_epoch()
-        return StepOutcome(epoch_advanced=True, averaged_with=averaged_with)
+        return StepOutcome(epoch_advanced=True, averaged_with=averaged_with, non_finite_average=rejected_from)
 
     def _reset_local(self) -> None:
         with torch.no_grad():

@@ -51,11 +51,29 @@ class StepOutcome:
     averaged_with: peers in the averaging round that finished, this one included,
         or None if no round finished since the last outcome.
     loaded_state: state was downloaded from peers (this peer was behind).
+    non_finite_average: peers in an averaging round whose result held NaN or
+        infinity and was not adopted (this peer stepped on its own values), or None.
     """
 
     epoch_advanced: bool = False
     averaged_with: int | None = None
     loaded_state: bool = False
+    non_finite_average: int | None = None
+
+    def non_finite_message(self) -> str | None:
+        """The event message for a rejected round, or None if there was none."""
+        if self.non_finite_average is None:
+            return None
+        return f"averaging with {self.non_finite_average} peers gave non-finite values; kept local state"
+
+
+def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
+    """True if no tensor holds a NaN or an infinity."""
+    return all(bool(torch.isfinite(tensor).all()) for tensor in tensors)
+
+
+class NonFiniteAverage(Exception):
+    """An averaging round gave NaN or infinity: a peer sent broken values."""
 
 
 def averaging_timings(spec_averaging: dict | None, host_maddrs: Sequence[str] = ()) -> dict:
@@ -160,7 +178,21 @@ class CheckedStateMixin(DecentralizedAverager):
 
 
 class CheckedTrainingStateAverager(TrainingStateAverager, CheckedStateMixin):
-    """hivemind's TrainingStateAverager with downloaded state checked first."""
+    """hivemind's TrainingStateAverager with downloaded state checked first,
+    and averaged parameters and statistics adopted only when all finite."""
+
+    rejected_averages = 0
+
+    def _apply_averaging_results_(self):
+        # hivemind averages into separate buffers (reuse_tensors is off without
+        # offloading) and copies them over the local state here
+        with self.get_tensors() as averaged:
+            finite = all_finite(averaged)
+        if not finite:
+            self.rejected_averages += 1
+            logger.warning("State averaging gave non-finite parameters or statistics: not adopted, local state kept")
+            return
+        super()._apply_averaging_results_()
 
 
 class SyncOptimizer(hivemind.Optimizer):
@@ -169,7 +201,10 @@ class SyncOptimizer(hivemind.Optimizer):
 
     def __init__(self, **kwargs):
         self._finished_groups: list[int] = []
+        self._rejected_groups: list[int] = []
         self._groups_lock = threading.Lock()
+        self._loading_local_gradients = False
+        self._round_rejected = False
         super().__init__(**kwargs)
 
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
@@ -190,6 +225,7 @@ class SyncOptimizer(hivemind.Optimizer):
         )
 
     def _average_gradients_and_load_into_optimizer(self, maybe_step_control):
+        self._round_rejected = False
         super()._average_gradients_and_load_into_optimizer(maybe_step_control)
         # the real group size comes from hivemind's round result (GroupInfo-keyed dict)
         if maybe_step_control is not None and maybe_step_control.done() and not maybe_step_control.cancelled():
@@ -199,13 +235,34 @@ class SyncOptimizer(hivemind.Optimizer):
                 return
             if group:
                 with self._groups_lock:
-                    self._finished_groups.append(len(group))
+                    (self._rejected_groups if self._round_rejected else self._finished_groups).append(len(group))
 
-    def pop_finished_groups(self) -> list[int]:
-        """Sizes of averaging rounds finished since the last call."""
+    def _load_averaged_gradients_into_optimizer_(self):
+        # raising here makes hivemind fall back to the local gradients, as after a
+        # failed round; the fallback loads them through this method too
+        if not self._loading_local_gradients:
+            with self.grad_averager.get_tensors() as averaged:
+                finite = all_finite(averaged)
+            if not finite:
+                self._round_rejected = True
+                logger.warning("Gradient averaging gave non-finite values: not adopted, stepping with local gradients")
+                raise NonFiniteAverage("averaged gradients hold NaN or infinity")
+        super()._load_averaged_gradients_into_optimizer_()
+
+    def _load_local_gradients_into_optimizer(self):
+        self._loading_local_gradients = True
+        try:
+            super()._load_local_gradients_into_optimizer()
+        finally:
+            self._loading_local_gradients = False
+
+    def pop_finished_groups(self) -> tuple[list[int], list[int]]:
+        """Sizes of gradient-averaging rounds finished since the last call:
+        (adopted, rejected as non-finite)."""
         with self._groups_lock:
             groups, self._finished_groups = self._finished_groups, []
-        return groups
+            rejected, self._rejected_groups = self._rejected_groups, []
+        return groups, rejected
 
 
 class SyncTrainer:
@@ -272,6 +329,7 @@ class SyncTrainer:
             verbose=logger.isEnabledFor(logging.DEBUG),
         )
         self.tracker = self.optimizer.tracker
+        self._state_rejections_seen = 0
 
     @property
     def local_epoch(self) -> int:
@@ -297,11 +355,17 @@ class SyncTrainer:
         return self._outcome(self.local_epoch)
 
     def _outcome(self, epoch_before: int) -> StepOutcome:
-        groups = self.optimizer.pop_finished_groups()
+        groups, rejected = self.optimizer.pop_finished_groups()
+        state_rejections = self.optimizer.state_averager.rejected_averages
+        if state_rejections > self._state_rejections_seen and not rejected:
+            # hivemind does not hand out the state round's group: the peers in the run bound it
+            rejected = [max(self.tracker.global_progress.num_peers, 2)]
+        self._state_rejections_seen = state_rejections
         return StepOutcome(
             epoch_advanced=self.local_epoch > epoch_before,
             averaged_with=groups[-1] if groups else None,
             loaded_state=self.local_epoch > epoch_before + 1,
+            non_finite_average=rejected[-1] if rejected else None,
         )
 
     def skip_batch(self) -> None:

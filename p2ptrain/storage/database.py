@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import shutil
 import sqlite3
 import time
 from pathlib import Path
@@ -399,8 +401,11 @@ class Database:
             self.maybe_flush()
 
     def _write_failed(self, exc: Exception) -> None:
+        error_name = getattr(exc, "sqlite_errorname", "") or ""
         if isinstance(exc, StorageError):
             message = exc.one_line()
+        elif error_name == "SQLITE_FULL":
+            message = disk_full_message(self.path, self.buffered_rows)
         else:
             message = (
                 f"cannot write the database {self.path}: {exc} "
@@ -409,7 +414,6 @@ class Database:
             )
             # A connection opened on a read-only file stays read-only, even
             # once the file is writable again: open a new one next time.
-            error_name = getattr(exc, "sqlite_errorname", "") or ""
             if error_name.startswith("SQLITE_READONLY"):
                 self._reconnect_needed = True
         if self.last_write_error is None:
@@ -423,6 +427,32 @@ class Database:
         self.connection.close()
         self.connection = fresh
         self._reconnect_needed = False
+
+
+def disk_full_message(path: Path, waiting_rows: int) -> str:
+    """One line for SQLITE_FULL that names the disk (its mount point and free
+    space) and the fix.
+
+    Args:
+        path: the database file.
+        waiting_rows: rows kept in memory until there is room.
+    """
+    mount = _mount_point(path)
+    try:
+        free = f"{shutil.disk_usage(mount).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return (
+        f"the disk holding {path} is full ({mount}: {free}): free space on {mount}; "
+        f"{waiting_rows} rows wait in memory and are written once there is room"
+    )
+
+
+def _mount_point(path: Path) -> str:
+    current = os.path.realpath(path.parent)
+    while not os.path.ismount(current):
+        current = os.path.dirname(current)
+    return current
 
 
 def _now(ts: float | None) -> float:
