@@ -181,14 +181,28 @@ def _manifest_options(args) -> dict:
         # the daemon runs in another directory: a local model is named by its absolute path
         options["model"] = os.path.abspath(os.path.expanduser(args.model))
     if args.dataset and args.dataset != ["stdlib"]:
-        # every peer reads the files at these paths: they must exist there on each machine
-        options["dataset"] = {"kind": "files", "paths": [os.path.abspath(os.path.expanduser(path)) for path in args.dataset]}
+        options["dataset"] = dataset_spec(args.dataset, args.text_field)
     if args.lora_r is not None:
         lora = {"r": args.lora_r, "alpha": args.lora_alpha or 2 * args.lora_r, "dropout": args.lora_dropout}
         if args.lora_targets:
             lora["target_modules"] = args.lora_targets.split(",")
         options["lora"] = {key: value for key, value in lora.items() if value is not None}
     return {key: value for key, value in options.items() if value is not None}
+
+
+def dataset_spec(sources: list[str], text_field: str | None) -> dict:
+    """The manifest's dataset from ``--dataset`` sources: ``hub:NAME[:CONFIG]`` (a Hugging
+    Face dataset id or a local dataset directory) or .txt / .jsonl files, which every peer
+    reads at the same absolute path."""
+    field = {"text_field": text_field} if text_field else {}
+    if any(source.startswith("hub:") for source in sources):
+        name, _, config = sources[0].removeprefix("hub:").partition(":")
+        if len(sources) > 1 or not name:
+            raise UsageError("give one hub dataset: --dataset hub:NAME[:CONFIG], e.g. hub:wikitext:wikitext-2-raw-v1")
+        if os.path.isdir(os.path.expanduser(name)):
+            name = os.path.abspath(os.path.expanduser(name))
+        return {"kind": "hub", "name": name, **({"config": config} if config else {}), **field}
+    return {"kind": "files", "paths": [os.path.abspath(os.path.expanduser(path)) for path in sources], **field}
 
 
 def cmd_join(args) -> int:
@@ -355,8 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     new_run.add_argument("--compression", choices=["none", "fp16", "uniform8bit", "blockwise8bit"])
     new_run.add_argument("--seed", type=int)
     new_run.add_argument(
-        "--dataset", nargs="+", metavar="SOURCE", help="'stdlib' (the built-in corpus, default) or .txt/.jsonl files present at the same path on every peer"
+        "--dataset", nargs="+", metavar="SOURCE", help="'stdlib' (the built-in corpus, default), hub:NAME[:CONFIG] (a Hugging Face dataset, e.g. "
+        "hub:wikitext:wikitext-2-raw-v1), or .txt/.jsonl files present at the same path on every peer",
     )
+    new_run.add_argument("--text-field", help="the field holding the text in .jsonl rows or a hub dataset (default 'text')")
     new_run.add_argument("--optimizer", choices=["adamw", "lamb"], help="sync mode's optimizer (default adamw)")
     new_run.add_argument("--warmup-epochs", type=int, help="raise the learning rate linearly over this many epochs")
     new_run.add_argument("--lr-schedule", choices=["constant", "cosine", "linear"], help="after warm-up (cosine and linear need --total-epochs)")
