@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -61,7 +62,7 @@ class P2PTrainApp(App):
             per consecutive failure; the last one repeats.
     """
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")
     # Focusing the peers table on start would scroll a narrow dashboard past the swarm panel.
     AUTO_FOCUS = None
     TITLE = "p2ptrain"
