@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -34,6 +35,28 @@ async def test_unreachable_daemon_shows_the_command_that_starts_it(tmp_path):
         assert command == f"p2ptrain daemon --home {home}"
         assert app.screen_stack[0].query_one("#start-daemon").display
         assert "DISCONNECTED" in app.screen_stack[0].query_one("#state", Label).render().plain
+
+
+@pytest.mark.asyncio
+async def test_connecting_until_a_slow_daemon_answers_then_disconnected_when_it_fails(tmp_path):
+    home = tmp_path / "home"
+    paths = resolve_paths(home)
+    paths.create()
+    # A daemon that accepts connections but never answers: the first poll waits for its reply.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(paths.socket))
+    listener.listen(8)
+    try:
+        app = make_app(home, request_timeout_s=6.0, retry_delays_s=(5.0,))
+        async with app.run_test(size=(100, 30)) as pilot:
+            state = app.screen_stack[0].query_one("#state", Label)
+            await pilot.pause(0.3)
+            assert state.render().plain.strip() == "CONNECTING"
+            assert shown_body(app) is None  # no empty dashboard before the daemon's state is known
+            await wait_until(pilot, lambda: shown_body(app) == "unreachable", timeout=30, what="unreachable after the timeout")
+            assert state.render().plain.strip() == "DISCONNECTED"
+    finally:
+        listener.close()
 
 
 @pytest.mark.asyncio

@@ -10,6 +10,8 @@ from textual.widgets import Label
 
 from p2ptrain.tui.formatting import format_duration
 
+# Shown until the first poll of the daemon answered or failed.
+CONNECTING = "connecting…"
 STATES = ("idle", "joining", "training", "paused", "finishing", "leaving", "error")
 
 PAUSE_REASONS = {
@@ -59,7 +61,7 @@ class StatusHeader(Widget):
 
     status: reactive[dict | None] = reactive(None)
     now: reactive[float] = reactive(0.0)
-    connection: reactive[str] = reactive("connecting…")
+    connection: reactive[str] = reactive(CONNECTING)
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="header-line"):
@@ -72,11 +74,12 @@ class StatusHeader(Widget):
         state_label = self.query_one("#state", Label)
         details = self.query_one("#details", Label)
         reason = self.query_one("#reason", Label)
-        self.remove_class(*(f"-{state}" for state in (*STATES, "disconnected")))
+        self.remove_class(*(f"-{state}" for state in (*STATES, "connecting", "disconnected")))
         status = self.status
         if status is None:
-            self.add_class("-disconnected")
-            state_label.update(" DISCONNECTED ")
+            connecting = self.connection == CONNECTING
+            self.add_class("-connecting" if connecting else "-disconnected")
+            state_label.update(" CONNECTING " if connecting else " DISCONNECTED ")
             details.update("")
             reason.update(self.connection)
             reason.display = True
