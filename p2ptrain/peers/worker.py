@@ -475,6 +475,9 @@ class Worker:
         if outcome.averaged_with is not None:
             self.last_group = outcome.averaged_with
             self.event("averaged", f"averaged with {outcome.averaged_with} peers", peers=outcome.averaged_with, epoch=self.trainer.local_epoch)
+        if outcome.non_finite_average is not None:
+            self.event("non-finite-average", f"averaging with {outcome.non_finite_average} peers gave non-finite values; kept this peer's own",
+                       peers=outcome.non_finite_average, epoch=self.trainer.local_epoch)
         if outcome.loaded_state:
             self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
         if outcome.epoch_advanced:
