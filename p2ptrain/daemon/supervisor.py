@@ -3,8 +3,9 @@
 One training worker (one peer) per selected GPU, or one on the CPU
 (``workers.py`` says which and with what). Everything runs in one asyncio
 event loop: control requests, worker reports (read from the pipes as they
-arrive) and a tick every second that ends timed pauses, applies the volunteer
-policies, flushes the database and pings the systemd watchdog.
+arrive; ``reports.py`` handles them) and a tick every second that ends timed
+pauses, applies the volunteer policies, flushes the database and pings the
+systemd watchdog.
 
 The state is the daemon's: join, pause, resume, finish and leave go to every
 worker. A worker may crash; the supervisor records it and starts that worker
@@ -28,11 +29,13 @@ from p2ptrain.daemon import state as states
 from p2ptrain.daemon.hardware_view import HardwareView
 from p2ptrain.daemon.notify import SystemdNotifier
 from p2ptrain.daemon.policies import PolicyEngine, SystemSensors
+from p2ptrain.daemon.reports import WorkerReports
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster, RequestError
 from p2ptrain.daemon.state import DESIRED_STATE_KEY, DesiredState, Lifecycle
 from p2ptrain.daemon.worker_handle import WorkerHandle
 from p2ptrain.daemon.workers import (
+    WorkerRestarts,
     WorkerSlot,
     restart_delay_s,
     select_devices,
@@ -51,17 +54,7 @@ TICK_S = 1.0
 STOP_TIMEOUT_S = 90.0
 
 
-class WorkerRestarts:
-    """One worker's crashes and out-of-memory errors in this run, for its back-off."""
-
-    def __init__(self):
-        self.crashes_in_a_row = 0
-        self.restart_at: float | None = None  # time.monotonic() of the next start
-        self.micro_batch_halvings = 0
-        self.ran_out_of_memory = False
-
-
-class Daemon:
+class Daemon(WorkerReports):
     """One p2ptrain daemon.
 
     Args:
@@ -131,7 +124,7 @@ class Daemon:
             restarts = self.restarts[slot.name]
             if restarts.restart_at is not None and time.monotonic() >= restarts.restart_at and self.desired.run is not None:
                 restarts.restart_at = None
-                self._start_worker(slot)
+                self._start_worker(self._refreshed(slot))
         self.hardware.refresh_if_due()
         self._apply_policies()
         self.db.maybe_flush()
@@ -277,11 +270,10 @@ class Daemon:
             self._enter(states.JOINING)
 
     def _start_worker(self, slot: WorkerSlot) -> None:
-        """Start (or restart) one worker, with a plan sized from its device's free memory now."""
+        """Start (or restart) one worker, with a plan sized from its device's free memory (as last probed)."""
         run_request = self.desired.run
         manifest = run_request.get("manifest") or {}
         restarts = self.restarts[slot.name]
-        slot = self._refreshed(slot)
         plan = smaller_after_out_of_memory(self._plan(slot, run_request.get("manifest")), manifest, restarts.micro_batch_halvings)
         if restarts.micro_batch_halvings:
             log.info("plan %s: micro-batch %d x %d after %d out-of-memory error(s)", slot.name, plan["micro_batch"], plan["grad_accum"], restarts.micro_batch_halvings)
@@ -316,99 +308,6 @@ class Daemon:
         same = [device for device in devices if (device.kind, device.index) == (slot.device.kind, slot.device.index)]
         return replace(slot, device=same[0]) if same else slot
 
-    def on_report(self, name: str, report: dict) -> None:
-        """Handle one report of worker ``name`` (a slot name)."""
-        kind = report["type"]
-        handler = getattr(self, f"_report_{kind}", None)
-        if handler is None:
-            log.warning("ignoring a worker report of unknown type %r", kind)
-            return
-        try:
-            handler(name, report)
-        except (KeyError, TypeError, ValueError) as error:
-            log.warning("ignoring a malformed %s report from worker %s: %s", kind, name, error)
-
-    def _worker_words(self, name: str) -> str:
-        """' (gpu1)' when there are several workers, so events say which one."""
-        return f" ({name})" if len(self.slots) > 1 else ""
-
-    def _report_joined(self, name: str, report: dict) -> None:
-        self.run.apply_joined(name, report)
-        self.restarts[name].crashes_in_a_row = 0
-        if self.desired.run is not None and report.get("manifest"):
-            # Keep the manifest: a restarted daemon can rejoin even if the creator is gone.
-            self.desired.run["manifest"] = report["manifest"]
-            self._save_desired()
-        self.db.record_run_joined(self.run.run_id, report.get("manifest") or {})
-        self.record_event("joined", f"joined run {self.run.run_id!r} as {report.get('peer_id')}{self._worker_words(name)}", {"worker": name})
-        if self.lifecycle.state == states.JOINING:
-            self._enter(states.TRAINING)
-
-    def _report_state(self, name: str, report: dict) -> None:
-        worker_state = report["state"]
-        self.run.workers[name].state = worker_state
-        if worker_state == "finished":
-            # every running worker completes its epoch before the daemon pauses
-            if any(self.run.workers[other].state != "finished" for other in self.workers):
-                return
-            self.desired.paused = True
-            self.desired.pause_until = None
-            self._save_desired()
-            self.record_event("finished", "finished the epoch; paused")
-            self._enter(states.PAUSED, "user")
-        elif worker_state == "training" and self.lifecycle.state == states.JOINING:
-            self._enter(states.TRAINING)
-
-    def _report_step(self, name: str, report: dict) -> None:
-        self.run.apply_step(name, report)
-        self.db.record_step(
-            self.run.run_id, report.get("epoch"), report.get("loss"), report.get("samples"), report.get("samples_per_second"), ts=report.get("ts")
-        )
-        self.broadcaster.publish("step", {**report, "worker": name})
-
-    def _report_epoch(self, name: str, report: dict) -> None:
-        self.run.apply_epoch(report)
-        self.db.record_epoch(
-            self.run.run_id,
-            report["epoch"],
-            report.get("started_at"),
-            report.get("ended_at"),
-            report.get("duration_s"),
-            report.get("num_peers"),
-            report.get("global_samples"),
-            report.get("loss"),
-            report.get("val_loss"),
-        )
-        self.broadcaster.publish("epoch", {**report, "worker": name})
-
-    def _report_swarm(self, name: str, report: dict) -> None:
-        peers = self.run.apply_swarm(report)
-        self.db.record_peers(self.run.run_id, peers)
-        self.broadcaster.publish("peers", {"run_id": self.run.run_id, "peers": peers})
-
-    def _report_event(self, name: str, report: dict) -> None:
-        data = report.get("data")
-        if len(self.slots) > 1:
-            data = {**(data if isinstance(data, dict) else {}), "worker": name}
-        self.record_event(report["kind"], report.get("message", "") + self._worker_words(name), data)
-
-    def _report_error(self, name: str, report: dict) -> None:
-        message, fix = report.get("message", "training worker error") + self._worker_words(name), report.get("fix", "")
-        if report.get("kind") == "oom":
-            self.restarts[name].ran_out_of_memory = True
-        self.record_event("worker-error", message, {"fix": fix, "fatal": bool(report.get("fatal")), "worker": name})
-        if report.get("fatal"):
-            # A fatal error (no such run, bad manifest...) needs the user: stop retrying, and end the other workers.
-            self.desired = DesiredState()
-            self._save_desired()
-            self._send_all("leave")
-            self._enter(states.ERROR, error={"message": message, "fix": f"{fix}; then join again (p2ptrain leave clears this error)"})
-        else:
-            self.run.warnings.append({"level": "warning", "message": message, "fix": fix})
-
-    def _report_left(self, name: str, report: dict) -> None:
-        self.record_event("left", f"left run {self.run.run_id!r}{self._worker_words(name)}", {"worker": name})
-
     def _on_worker_exit(self, name: str, worker: WorkerHandle, exitcode: int | None) -> None:
         if self.workers.get(name) is not worker:
             return  # a worker of an earlier run, which had already been given up on
@@ -432,7 +331,7 @@ class Daemon:
         self.run.workers[name].stopped("oom-backoff" if out_of_memory else "restarting")
         if out_of_memory:
             restarts.micro_batch_halvings += 1
-            plan = (worker.spec.get("plan") if worker is not None else None) or {}
+            plan = worker.spec.get("plan") or {}
             self.record_event(
                 "worker-oom",
                 f"training worker{self._worker_words(name)} ran out of memory; restarting in {delay} s with a smaller micro-batch",
@@ -488,12 +387,20 @@ class Daemon:
             lines.append(
                 {"level": "error", "message": f"cannot write the database: {self.db.last_write_error}", "fix": f"free disk space or fix permissions of {self.paths.database}"}
             )
-        for name, restarts in self.restarts.items():
-            if restarts.restart_at is not None:
-                lines.append(
-                    {"level": "warning", "message": f"training worker{self._worker_words(name)} crashed {restarts.crashes_in_a_row} time(s) in a row; restarting soon", "fix": "see p2ptrain events and the daemon log"}
-                )
+        if self.desired.run is not None:
+            lines.extend(self._crash_health())
         lines.extend(self.run.reachability_health())
+        return lines
+
+    def _crash_health(self) -> list[dict]:
+        """A line per worker that crashed, from the crash until it is back in the swarm (not only until its restart begins)."""
+        lines = []
+        for name, restarts in self.restarts.items():
+            view = self.run.workers.get(name)
+            if restarts.crashes_in_a_row and not (view and view.joined):
+                lines.append(
+                    {"level": "warning", "message": f"training worker{self._worker_words(name)} crashed {restarts.crashes_in_a_row} time(s) in a row; restarting", "fix": "see p2ptrain events and the daemon log"}
+                )
         return lines
 
     def status(self) -> dict:

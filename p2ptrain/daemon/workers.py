@@ -71,6 +71,23 @@ class WorkerSlot:
         return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(self.device.index)}
 
 
+@dataclass
+class WorkerRestarts:
+    """One worker's crashes and out-of-memory errors in this run, for its own back-off.
+
+    Attributes:
+        crashes_in_a_row: exits since it last joined the swarm.
+        restart_at: ``time.monotonic()`` of its next start, None when none is due.
+        micro_batch_halvings: out-of-memory errors so far (``smaller_after_out_of_memory``).
+        ran_out_of_memory: its current process reported an out-of-memory error.
+    """
+
+    crashes_in_a_row: int = 0
+    restart_at: float | None = None
+    micro_batch_halvings: int = 0
+    ran_out_of_memory: bool = False
+
+
 def select_devices(config: Config, hardware: HardwareFacts) -> list[DeviceFacts]:
     """The devices to train on: ``training.gpus`` of the probed GPUs, or the CPU.
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 
 import pytest
 from test_hardware import FakeNvml, card
@@ -185,6 +186,10 @@ def test_a_restarted_daemon_ends_the_groups_of_every_worker_it_left_behind(tmp_p
     slots = worker_slots(select_devices(config(), two_gpus()), paths)
     # stand-ins for two SIGKILLed daemon's worker groups: real process groups
     leaders = [subprocess.Popen(["sleep", "600"], start_new_session=True) for _ in slots]
+    # a left-behind group has no parent waiting on it: reap ours at once, as init would
+    reapers = [threading.Thread(target=leader.wait, daemon=True) for leader in leaders]
+    for reaper in reapers:
+        reaper.start()
     try:
         for slot, leader in zip(slots, leaders):
             slot.pgid_file.write_text(f"{leader.pid}\n")
