@@ -33,7 +33,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +45,8 @@ import torch
 from p2ptrain.peers.checkpoint import checkpoint_path, load_checkpoint
 from p2ptrain.peers.data import train_batches, validation_batches
 from p2ptrain.peers.models import build_model, causal_lm_loss
-from p2ptrain.peers.worker import VALIDATION_BATCHES, main as worker_main, stream_seed
+from p2ptrain.peers.worker import VALIDATION_BATCHES, stream_seed
+from p2ptrain.peers.worker import main as worker_main
 
 HERE = Path(__file__).resolve().parent
 PEERS = 4
@@ -97,7 +100,8 @@ class Setup:
     curve_windows: list = field(default_factory=list)
 
     def __post_init__(self):
-        tokenizer = build_model("tiny", seed=SEED).tokenizer
+        loaded = build_model("tiny", seed=SEED)
+        tokenizer, self.parameters = loaded.tokenizer, loaded.trainable_parameters
         self.final_windows = validation_batches(DATASET, tokenizer, self.seq_len, EVAL_BATCH, self.cache_dir, FINAL_EVAL_BATCHES)
         # what a worker's epoch report measures, so the curves compare
         self.curve_windows = validation_batches(DATASET, tokenizer, self.seq_len, self.micro_batch, self.cache_dir, VALIDATION_BATCHES)
@@ -127,7 +131,6 @@ def run_single(setup: Setup, batch: int) -> Result:
     """One peer, a plain AdamW loop at ``batch`` samples per step."""
     torch.manual_seed(SEED)
     loaded = build_model("tiny", seed=SEED)
-    setup.parameters = loaded.trainable_parameters
     optimizer = torch.optim.AdamW(loaded.trainable(), lr=setup.inner_lr)
     batches = train_batches(DATASET, loaded.tokenizer, setup.seq_len, batch, stream_seed(SEED, "baseline"), setup.cache_dir)
     steps = setup.total_samples // batch
@@ -449,9 +452,9 @@ def write_outputs(setup: Setup, results: list[Result], command: str, started: fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--total-samples", type=int, default=None, help="samples per configuration (default 8000, --quick 1280)")
+    parser.add_argument("--total-samples", type=int, default=None, help="samples per configuration (default 4000, --quick 1280)")
     parser.add_argument("--quick", action="store_true", help="shorter sequences and fewer samples: a smoke run")
-    parser.add_argument("--micro-batch", type=int, default=4, help="B, samples per step per peer")
+    parser.add_argument("--micro-batch", type=int, default=2, help="B, samples per step per peer")
     parser.add_argument("--inner-lr", type=float, default=3e-3, help="AdamW lr of the baselines and of DiLoCo's inner steps")
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.9)
@@ -460,31 +463,48 @@ def main() -> None:
                         choices=["diloco-blockwise8bit", "sync-none", "diloco-none"], help="which 4-peer configurations to run")
     parser.add_argument("--cache-dir", type=Path, default=None, help="token cache to reuse (default: a temporary one)")
     parser.add_argument("--out-dir", type=Path, default=HERE)
-    parser.add_argument("--timeout", type=float, default=2400, help="seconds one swarm configuration may take (sync needs ~5 s a round on a busy 2-core machine)")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="configurations run at once; on a machine shared with other "
+                             "work, more of them get more of its CPU")
+    parser.add_argument("--timeout", type=float, default=1500, help="seconds one swarm configuration may take (sync needs ~5 s a round on a busy 2-core machine)")
     args = parser.parse_args()
-    total = args.total_samples or (1280 if args.quick else 8000)
+    total = args.total_samples or (1280 if args.quick else 4000)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="p2ptrain-convergence-") as temp:
         setup = Setup(total, args.micro_batch, 32 if args.quick else 64, args.inner_lr, args.outer_lr, args.outer_momentum,
                       args.cache_dir or Path(temp) / "cache", Path(temp) / "peers", args.timeout)
         torch.set_num_threads(1)
-        results = [run_single(setup, setup.micro_batch), run_single(setup, PEERS * setup.micro_batch)]
         plans = [("diloco", h, "blockwise8bit") for h in args.local_steps] + [("sync", 1, "none")]
         plans.append(("diloco", args.local_steps[len(args.local_steps) // 2], "none"))
-        plans = [plan for plan in plans if f"{plan[0]}-{plan[2]}" in args.swarms]
+        plans = [("baseline", PEERS, ""), ("baseline", 1, "")] + [plan for plan in plans if f"{plan[0]}-{plan[2]}" in args.swarms]
         command = "nice -n 10 .venv/bin/python " + " ".join(["benchmarks/convergence.py"] + sys.argv[1:])
-        text = write_outputs(setup, results, command, started, args.out_dir)
-        for mode, local_steps, compression in plans:
+        results: list[Result] = []
+        lock = threading.Lock()
+        text = ""
+
+        def run(plan: tuple[str, int, str]) -> None:
+            nonlocal text
+            mode, local_steps, compression = plan
             print(f"running {mode} H={local_steps} {compression}", file=sys.stderr, flush=True)
             began = time.monotonic()
             try:
-                results.append(run_swarm(setup, mode, local_steps, compression))
+                if mode == "baseline":
+                    done = [run_single(setup, local_steps * setup.micro_batch)]
+                else:
+                    done = [run_swarm(setup, mode, local_steps, compression)]
             except RuntimeError as error:
-                print(f"skipped: {error}", file=sys.stderr, flush=True)
-                continue
-            print(f"{time.monotonic() - began:.0f} s:", json.dumps(results[-1].__dict__, default=str)[:400], file=sys.stderr, flush=True)
-            # after every configuration, so a cut-short run still leaves its results
-            text = write_outputs(setup, results, command, started, args.out_dir)
+                print(f"skipped {mode} H={local_steps}: {error}", file=sys.stderr, flush=True)
+                return
+            with lock:
+                results.extend(done)
+                print(f"{time.monotonic() - began:.0f} s:", json.dumps(done[-1].__dict__, default=str)[:400], file=sys.stderr, flush=True)
+                # after every configuration, so a cut-short run still leaves its results
+                if any(result.order == PEERS * setup.micro_batch for result in results):
+                    text = write_outputs(setup, results, command, started, args.out_dir)
+
+        with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+            for future in [pool.submit(run, plan) for plan in plans]:
+                future.result()
     print(text)
 
 
