@@ -1,8 +1,8 @@
-"""Compressed averaging in real sync runs: two training workers on 127.0.0.1 per compression.
+"""Compressed averaging in real runs: two training workers on 127.0.0.1 per compression.
 
-The fp16 run also trains with LAMB and a warm-up + cosine schedule, so the
-large-batch optimizer goes through hivemind's real optimizer step and state
-averaging too.
+Gradients in ``sync``, pseudo-gradients in ``diloco``. The fp16 run also trains
+with LAMB and a warm-up + cosine schedule, so the large-batch optimizer goes
+through hivemind's real optimizer step and state averaging too.
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ pytestmark = pytest.mark.swarm
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize(
-    ("compression", "optimizer_settings"),
+    ("mode", "compression", "settings"),
     [
-        ("fp16", {"optimizer": "lamb", "warmup_epochs": 1, "lr_schedule": "cosine", "total_epochs": 20}),
-        ("blockwise8bit", {}),
+        ("sync", "fp16", {"optimizer": "lamb", "warmup_epochs": 1, "lr_schedule": "cosine", "total_epochs": 20}),
+        ("sync", "blockwise8bit", {}),
+        ("diloco", "blockwise8bit", {"local_steps": 6}),
     ],
 )
-def test_two_sync_workers_average_compressed_gradients(tmp_path, compression, optimizer_settings):
-    manifest = run_manifest(f"compressed-{compression}", compression=compression, target_batch_size=64, **optimizer_settings)
+def test_two_workers_average_compressed_gradients(tmp_path, mode, compression, settings):
+    manifest = run_manifest(f"compressed-{mode}-{compression}", mode=mode, compression=compression, target_batch_size=64, **settings)
     workers = start_swarm(tmp_path, manifest, 2)
     try:
         for worker in workers:
