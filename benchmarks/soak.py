@@ -9,8 +9,9 @@ alternately a new daemon and the peer that has been out longest (``join`` on
 its idle daemon, or its daemon started again, which rejoins by itself).
 
 Every minute a row records the global epoch, each peer's local epoch, the
-averaging rounds attempted and succeeded in that minute (over every peer's
-database: finished local epochs, and ``averaged`` events with >= 2 peers),
+averaging rounds attempted and succeeded in that minute over every peer's
+database (attempted: finished local epochs in sync mode, ``averaged`` events
+in diloco mode; succeeded: ``averaged`` events with >= 2 peers),
 the resident memory (RSS) of each peer's worker, its DHT / averager children
 and p2pd, and the machine's load. At the end: RSS growth per peer per 10
 minutes, how long each SIGKILLed daemon's processes took to go, and whether any
@@ -182,8 +183,9 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 def database_counts(home: Path) -> dict:
-    """This peer's local epoch, finished local epochs, averaging rounds with >= 2 peers, state downloads."""
-    counts = {"epoch": None, "epochs": 0, "averaged": 0, "downloads": 0}
+    """This peer's latest local epoch, finished local epochs, averaging rounds recorded (``rounds``), of them
+    with >= 2 peers (``averaged``), and state downloads, from its database."""
+    counts = {"epoch": None, "epochs": 0, "rounds": 0, "averaged": 0, "downloads": 0}
     database = resolve_paths(home).database
     if not database.exists():
         return counts
@@ -195,6 +197,7 @@ def database_counts(home: Path) -> dict:
                 if kind == "state-downloaded":
                     counts["downloads"] += 1
                 else:
+                    counts["rounds"] += 1
                     counts["averaged"] += (json.loads(data or "{}").get("peers") or 0) >= 2
     except sqlite3.Error:
         pass
@@ -297,14 +300,18 @@ class Soak:
         now = time.monotonic() - self.started
         statuses = {peer.name: peer.status() for peer in self.active}
         counts = {peer.name: database_counts(peer.home) for peer in self.everyone}
-        totals = {key: sum(c[key] for c in counts.values()) for key in ("epochs", "averaged", "downloads")}
+        totals = {key: sum(c[key] for c in counts.values()) for key in ("epochs", "rounds", "averaged", "downloads")}
+        # sync records only the rounds that finished (hivemind logs failures at debug level), so every local epoch
+        # counts as an attempt; diloco records every outer round, of size 1 when it failed
+        totals["attempted"] = totals["epochs"] if self.mode == "sync" else totals["rounds"]
         before = self.rows[-1]["totals"] if self.rows else totals
         self.rows.append({
             "minute": round(now / 60, 1),
+            "time": time.strftime("%H:%M:%S"),
             "global_epoch": max(((s.get("run") or {}).get("epoch") or 0 for s in statuses.values()), default=0),
             "peer_epochs": {name: counts[name]["epoch"] for name in statuses},
             "states": {name: s.get("state", "no answer") for name, s in statuses.items() if s.get("state") != "training"},
-            "attempted": totals["epochs"] - before["epochs"],
+            "attempted": totals["attempted"] - before["attempted"],
             "succeeded": totals["averaged"] - before["averaged"],
             "downloads": totals["downloads"] - before["downloads"],
             "totals": totals,
@@ -368,15 +375,16 @@ def markdown(result: dict) -> str:
         f"**{result['succeeded']} / {result['attempted']}** (share {result['success_share']}). "
         f"Processes left behind: **{len(result['left_behind'])}**" + (f" ({'; '.join(result['left_behind'])})" if result["left_behind"] else "") + ".",
         "",
-        "| min | global epoch | local epoch per peer | rounds ok / tried | state downloads | RSS per peer, MiB | load 1m | churn |",
-        "|---|---|---|---|---|---|---|---|",
+        "| min | time | training | global epoch | local epoch per peer | rounds ok / tried | state downloads | RSS per peer, MiB | load 1m | churn |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         epochs = " ".join(f"{name}:{epoch}" for name, epoch in row["peer_epochs"].items())
         if row["states"]:
             epochs += " (" + ", ".join(f"{name} {state}" for name, state in row["states"].items()) + ")"
         rss = " ".join(f"{name}:{mib}" for name, mib in row["rss_mib"].items())
-        lines.append(f"| {row['minute']} | {row['global_epoch']} | {epochs} | {row['succeeded']} / {row['attempted']} "
+        training = f"{len(row['peer_epochs']) - len(row['states'])} of {len(row['peer_epochs'])}"
+        lines.append(f"| {row['minute']} | {row.get('time', '')} | {training} | {row['global_epoch']} | {epochs} | {row['succeeded']} / {row['attempted']} "
                      f"| {row['downloads']} | {rss} | {row['load']} | {row['churn']} |")
     lines += ["", "RSS growth per worker life sampled for at least a minute (worker + DHT/averager + p2pd):", "",
               "| peer#life | minutes sampled | first RSS MiB | last RSS MiB | RSS MiB per 10 min | USS MiB per 10 min |",
@@ -389,7 +397,7 @@ def markdown(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--peers", type=int, default=8, help="peers training at any time (default 8)")
+    parser.add_argument("--peers", type=int, default=8, help="peers in the run (training or joining) at any time (default 8)")
     parser.add_argument("--minutes", type=float, default=10, help="length of the churn phase in minutes (default 10)")
     parser.add_argument("--churn-every", type=float, default=60, help="seconds between one leave + one join (default 60)")
     parser.add_argument("--mode", choices=sorted(RUNS), default="sync", help="the run's training mode (default sync)")
