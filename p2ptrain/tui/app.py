@@ -2,8 +2,9 @@
 
 A thin client of the daemon's control socket: a thread worker polls the
 daemon (never two polls at once) and posts what it got as a message; the
-widgets only show what the message carries. Quitting leaves the daemon
-running.
+widgets only show what the message carries. A second worker follows the
+daemon's ``subscribe`` stream and starts a poll at once when it pushes a
+change. Quitting leaves the daemon running.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from textual.widgets import ContentSwitcher, Footer
 from textual.worker import get_current_worker
 
 from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
+from p2ptrain.tui.changes import follow_changes
 from p2ptrain.tui.connection import DaemonTarget, find_daemon, start_daemon
 from p2ptrain.tui.formatting import format_duration
 from p2ptrain.tui.messages import ActionFinished, DaemonUnreachable, DaemonUpdated
@@ -117,6 +119,7 @@ class P2PTrainApp(App):
 
     def on_mount(self) -> None:
         self.poll_daemon()
+        self.follow_daemon_changes()
 
     @property
     def _exiting(self) -> bool:
@@ -163,6 +166,11 @@ class P2PTrainApp(App):
                 failures = 0
                 self.post_message(DaemonUpdated(snapshot))
             self._wait_for_next_poll(worker, delay)
+
+    @work(exclusive=True, group="changes")
+    async def follow_daemon_changes(self) -> None:
+        """Poll at once whenever the daemon pushes a change (its ``subscribe`` stream)."""
+        await follow_changes(self.target.socket, self._poll_now.set)
 
     def _wait_for_next_poll(self, worker, delay: float) -> None:
         # Short waits so that quitting (worker cancelled) and actions (poll now) are noticed at once.

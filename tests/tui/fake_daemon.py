@@ -238,9 +238,9 @@ class FakeDaemon:
         return self
 
     def stop(self) -> None:
-        """Close the socket and end the server thread."""
+        """Close the socket and every connection (as a daemon that exits does), then end the server thread."""
         if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._server.close)
+            asyncio.run_coroutine_threadsafe(self._close_connections(), self._loop).result(10)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
         self.socket_path.unlink(missing_ok=True)
@@ -271,6 +271,13 @@ class FakeDaemon:
     def requests_for(self, method: str) -> list[dict]:
         with self._lock:
             return [request for request in self.requests if request.get("method") == method]
+
+    async def _close_connections(self) -> None:
+        self._server.close()
+        handlers = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
 
     def _notify_change(self) -> None:
         self._changed.set()
@@ -305,16 +312,20 @@ class FakeDaemon:
                     return
                 writer.write(encode(self._reply(request)))
                 await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
+        # stop() cancels the handlers: they end quietly (asyncio would log a cancelled one), closing the connection.
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
             writer.close()
 
     async def _stream(self, writer: asyncio.StreamWriter) -> None:
+        # Take the event before the first await: a change made once the request is recorded is never missed.
+        changed = self._changed
         writer.write(encode({"event": "snapshot", "data": self.status}))
         await writer.drain()
         while True:
-            await self._changed.wait()
+            await changed.wait()
+            changed = self._changed
             writer.write(encode({"event": "status", "data": self.status}))
             await writer.drain()
 

@@ -182,7 +182,8 @@ async def test_quit_leaves_the_daemon_running(daemon):
         await pilot.press("q")
         await wait_until(pilot, lambda: not app.is_running, what="the app to exit")
     assert ControlClient(str(daemon.socket_path)).call("status")["state"] == "training"
-    assert set(daemon.methods_called()) <= {"status", "peers", "metrics", "epochs", "events"}
+    # Only reads: quitting sends no control verb (pause, leave...).
+    assert set(daemon.methods_called()) <= {"status", "peers", "metrics", "epochs", "events", "subscribe"}
 
 
 async def test_state_change_in_the_daemon_reaches_the_screen(daemon):
