@@ -16,7 +16,7 @@ from test_worker_swarm import rounds_with_others, run_manifest, start_swarm, sto
 pytestmark = pytest.mark.swarm
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     ("mode", "compression", "settings"),
     [
