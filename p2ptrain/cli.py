@@ -289,14 +289,23 @@ def cmd_daemon(args) -> int:
 
 
 def cmd_service(args) -> int:
-    from p2ptrain.service import ServiceInstallError, install_service
+    from p2ptrain.paths import resolve_paths
+    from p2ptrain.service import ServiceInstallError, install_service, uninstall_service
 
     try:
-        commands = install_service(user=args.user, bindir=args.bindir, dry_run=args.dry_run)
+        if args.action == "uninstall":
+            removed, commands = uninstall_service(user=args.user, dry_run=args.dry_run)
+        else:
+            commands = install_service(user=args.user, bindir=args.bindir, dry_run=args.dry_run)
     except ServiceInstallError as error:
-        print(f"p2ptrain service install: {error}", file=sys.stderr)
+        print(f"p2ptrain service {args.action}: {error}", file=sys.stderr)
         return EXIT_ERROR
-    print("now run:" if not args.dry_run else "would write the units; then run:")
+    if args.action == "uninstall":
+        for path in removed:
+            print(f"{'would remove' if args.dry_run else 'removed'} {path}")
+        kept = resolve_paths(None, system=not args.user)
+        print(f"kept your training state (database, identity, checkpoints) in {kept.state_dir} and {kept.config_file}")
+    print("now run:" if not args.dry_run else "would change the files; then run:")
     for command in commands:
         print(f"  {command}")
     return EXIT_OK
@@ -402,8 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = add("daemon", "run the daemon in the foreground", cmd_daemon)
     sub.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
-    sub = add("service", "install the systemd unit", cmd_service)
-    sub.add_argument("action", choices=["install"])
+    sub = add("service", "install or uninstall the systemd unit", cmd_service)
+    sub.add_argument("action", choices=["install", "uninstall"])
     sub.add_argument("--user", action="store_true", help="a user unit (systemctl --user) instead of the system service")
     sub.add_argument("--bindir", help="where the p2ptrain script is installed (default: this one's)")
     sub.add_argument("--dry-run", action="store_true")

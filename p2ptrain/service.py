@@ -1,4 +1,4 @@
-"""``p2ptrain service install``: put the systemd unit (and its users and directories) in place.
+"""``p2ptrain service install | uninstall``: put the systemd unit (and its users and directories) in place, or take it away.
 
 Two flavours:
 
@@ -17,6 +17,10 @@ unit starts the same installation that installed it.
 Files are written, and the ``systemctl`` commands that enable the service are
 returned for the caller to show (or run): enabling a service that trains
 around the clock is a step the volunteer takes knowingly.
+
+``uninstall`` removes those files and the ``enable`` symlinks (what
+``systemctl disable`` removes) and returns the commands that stop the running
+service; the state (database, identity, checkpoints) is kept.
 
 Standard library only: the CLI imports this module lazily.
 """
@@ -90,6 +94,49 @@ def install_service(user: bool, bindir: str | None = None, dry_run: bool = False
         for destination, text in files.items():
             _write_file(destination, text)
     return _next_commands(user=user, root=root)
+
+
+def uninstall_service(user: bool, dry_run: bool = False, root: str = "/") -> tuple[list[Path], list[str]]:
+    """Remove what :func:`install_service` wrote, and the symlinks that enable it.
+
+    Args:
+        user: the user service instead of the system service.
+        dry_run: remove nothing; return what would be removed.
+        root: the directory the service was installed into (``/`` for the running system).
+
+    Returns:
+        (the files and symlinks removed, or that would be removed; the shell
+        commands that stop the running service and make systemd forget it).
+
+    Raises:
+        ServiceInstallError: not root for the system service in ``/``, nothing
+            installed, or a file that cannot be removed.
+    """
+    if os.path.abspath(root) == "/" and not dry_run and not user and os.geteuid() != 0:
+        raise ServiceInstallError("removing the system service needs root: run `sudo p2ptrain service uninstall`")
+    base = Path(root)
+    if user:
+        unit_dir = base / _relative(_user_unit_dir())
+        files = [unit_dir / UNIT_NAME]
+    else:
+        unit_dir = base / SYSTEM_UNIT.parent
+        files = [base / SYSTEM_UNIT, base / SYSUSERS_FILE, base / TMPFILES_FILE]
+    # `systemctl enable` links the unit from <target>.wants/ directories beside it
+    enabled = [link for link in unit_dir.glob(f"*.wants/{UNIT_NAME}") if link.is_symlink()]
+    present = [path for path in files if path.exists()] + enabled
+    if not present:
+        flag = " --user" if user else ""
+        raise ServiceInstallError(f"no p2ptrain{flag} service is installed here (nothing at {files[0]}); nothing to remove")
+    if not dry_run:
+        for path in present:
+            try:
+                path.unlink()
+            except OSError as error:
+                raise ServiceInstallError(f"cannot remove {path}: {error.strerror}; check the permissions of {path.parent}") from error
+    systemctl = "systemctl --user" if user else "systemctl"
+    if os.path.abspath(root) != "/":
+        return present, [f"systemctl --root={shlex.quote(str(base.absolute()))} daemon-reload  # when that system runs"]
+    return present, [f"{systemctl} stop {UNIT_NAME}", f"{systemctl} daemon-reload"]
 
 
 def planned_files(user: bool, bindir: str | None = None, root: str = "/") -> dict[Path, str]:

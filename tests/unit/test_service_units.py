@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from p2ptrain.service import ServiceInstallError, install_service, packaged_file, planned_files, render_unit
+from p2ptrain.service import (
+    ServiceInstallError,
+    install_service,
+    packaged_file,
+    planned_files,
+    render_unit,
+    uninstall_service,
+)
 
 REPO_PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
 needs_systemd_analyze = pytest.mark.skipif(
@@ -209,3 +216,41 @@ def test_bindir_without_the_script_is_refused(tmp_path):
     with pytest.raises(ServiceInstallError, match=r"no executable p2ptrain in .*--bindir"):
         install_service(user=True, bindir=str(tmp_path), root=str(tmp_path / "root"))
 
+
+
+def test_uninstall_removes_the_user_unit_and_its_enable_link_and_keeps_the_state(tmp_path, venv_bindir, monkeypatch):
+    monkeypatch.setenv("HOME", "/home/volunteer")
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    install_service(user=True, bindir=venv_bindir, root=str(tmp_path))
+    unit_dir = tmp_path / "home/volunteer/.config/systemd/user"
+    wants = unit_dir / "default.target.wants"
+    wants.mkdir()
+    (wants / "p2ptrain.service").symlink_to(unit_dir / "p2ptrain.service")  # what `systemctl --user enable` made
+    state = tmp_path / "home/volunteer/.local/state/p2ptrain/metrics.db"
+    state.parent.mkdir(parents=True)
+    state.write_text("kept")
+
+    planned, _ = uninstall_service(user=True, dry_run=True, root=str(tmp_path))
+    assert (unit_dir / "p2ptrain.service").exists() and set(planned) == {unit_dir / "p2ptrain.service", wants / "p2ptrain.service"}
+    removed, commands = uninstall_service(user=True, root=str(tmp_path))
+    assert set(removed) == set(planned)
+    assert not (unit_dir / "p2ptrain.service").exists() and not os.path.lexists(wants / "p2ptrain.service")
+    assert state.read_text() == "kept"
+    assert "daemon-reload" in commands[-1]
+    with pytest.raises(ServiceInstallError, match="no p2ptrain --user service is installed here"):
+        uninstall_service(user=True, root=str(tmp_path))
+
+
+def test_uninstall_removes_every_system_file(tmp_path, system_bindir):
+    root = tmp_path / "root"
+    install_service(user=False, bindir=system_bindir, root=str(root))
+    removed, _ = uninstall_service(user=False, root=str(root))
+    assert sorted(path.relative_to(root).as_posix() for path in removed) == [
+        "etc/systemd/system/p2ptrain.service", "etc/sysusers.d/p2ptrain.conf", "etc/tmpfiles.d/p2ptrain.conf"]
+    assert not [path for path in root.rglob("*") if path.is_file()]
+
+
+def test_uninstall_of_the_system_service_without_root_says_to_use_sudo(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # this test machine runs as root; a volunteer usually does not
+    with pytest.raises(ServiceInstallError, match="sudo p2ptrain service uninstall"):
+        uninstall_service(user=False)
