@@ -83,11 +83,11 @@ class Peer:
     marker: str
     process: subprocess.Popen | None = None
     # (seconds since the churn started, RSS and USS bytes summed over the worker's processes), one list per worker life
-    rss_lives: list[list[tuple[float, int, int]]] = field(default_factory=lambda: [[]])
+    rss_lives: list[list[tuple[float, int, int]]] = field(default_factory=list)
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([*P2PTRAIN, *args, "--home", str(self.home)], capture_output=True, text=True,
-                              timeout=timeout, env=environment(self.marker))
+        return subprocess.run([*P2PTRAIN, *args, "--home", str(self.home)], check=False, capture_output=True,
+                              text=True, timeout=timeout, env=environment(self.marker))
 
     def start(self) -> None:
         """Start the daemon in its own session; return once it answers."""
@@ -136,7 +136,6 @@ class Peer:
 
     def leave(self) -> str:
         result = self.cli("leave", timeout=120)
-        self.rss_lives.append([])
         return "leave" if result.returncode == 0 else f"leave failed: {(result.stderr or result.stdout).strip()[:120]}"
 
     def sigkill(self) -> str:
@@ -146,7 +145,6 @@ class Peer:
         self.process.wait(10)
         began = time.monotonic()
         _, alive = psutil.wait_procs(started_by_it, timeout=30)
-        self.rss_lives.append([])
         alive = [p for p in alive if _running(p)]
         if alive:
             return f"SIGKILL: {len(alive)} of {len(started_by_it)} processes still up after 30 s"
@@ -158,6 +156,7 @@ class Peer:
             self.start()
             return "restarted"
         result = self.cli("join", run, "--peers", address)
+        self.rss_lives.append([])
         return "rejoined" if result.returncode == 0 else f"join failed: {(result.stderr or result.stdout).strip()[:120]}"
 
     def end(self) -> None:
@@ -170,6 +169,10 @@ def _running(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], check=False, capture_output=True, text=True).stdout.strip()
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -230,7 +233,7 @@ class Soak:
         self.churns = 0
         self.address = ""
         self.started = 0.0
-        self.uptime = [subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()]
+        self.uptime = [uptime()]
 
     def new_peer(self) -> Peer:
         peer = Peer(f"p{len(self.everyone)}", self.root / f"p{len(self.everyone)}", self.marker)
@@ -242,7 +245,7 @@ class Soak:
             self.start_swarm()
             self.churn_forever()
         finally:
-            self.uptime.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+            self.uptime.append(uptime())
             left_behind = self.end_everything()
         return self.summary(left_behind)
 
@@ -315,7 +318,7 @@ class Soak:
             "succeeded": totals["averaged"] - before["averaged"],
             "downloads": totals["downloads"] - before["downloads"],
             "totals": totals,
-            "rss_mib": {p.name: round(p.rss_lives[-1][-1][1] / 2**20) for p in self.active if p.rss_lives[-1]},
+            "rss_mib": {p.name: round(p.rss_lives[-1][-1][1] / 2**20) for p in self.active if p.rss_lives and p.rss_lives[-1]},
             "load": round(os.getloadavg()[0], 1),
             "churn": churn,
         })
