@@ -79,13 +79,17 @@ def main(conn, spec: dict) -> None:
         worker.report("error", message=failure.message, fix=failure.fix, fatal=True)
         exit_code = 1
     except Exception as error:
-        logger.exception("The training worker failed")
-        if isinstance(error, MemoryError) or is_out_of_memory(error):
+        if worker.stop_requested:
+            # ending the group under a busy step can break what it was using (a pipe, shared memory)
+            logger.info("Stopped by a signal during a step (%s: %s)", type(error).__name__, error)
+        elif isinstance(error, MemoryError) or is_out_of_memory(error):
+            logger.exception("The training worker ran out of memory")
             # not fatal: the daemon restarts the worker with half the micro-batch
             micro_batch = getattr(worker, "micro_batch", None)
             worker.report("error", kind="oom", message=f"out of memory at micro-batch {micro_batch}: {error}", fix="the daemon retries with a smaller micro-batch", fatal=False, micro_batch=micro_batch)
             exit_code = OUT_OF_MEMORY_EXIT_CODE
         else:
+            logger.exception("The training worker failed")
             worker.report("error", message=f"training worker failed: {error}", fix="see the worker log; the daemon restarts the worker", fatal=True)
             exit_code = 1
     finally:
@@ -162,8 +166,9 @@ class Worker:
     def _stop_now(self, deadline: float) -> None:
         """Runs on a timer thread when the main thread did not stop within ``deadline`` seconds."""
         logger.warning("Still busy %.0f s after the stop signal (averaging?): ending without a final checkpoint", deadline)
-        process.kill_descendants(grace_s=1.0)
-        process.kill_group(self.pgid, grace_s=1.0)
+        # past the deadline nothing is worth a grace period: SIGKILL at once
+        process.kill_descendants(grace_s=0)
+        process.kill_group(self.pgid, grace_s=0)
         os._exit(STOP_DEADLINE_EXIT_CODE)
 
     # --- setup --------------------------------------------------------
