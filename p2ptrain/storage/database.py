@@ -150,7 +150,7 @@ class Database:
 
         Args:
             run_id: the run the worker trains in.
-            epoch: the run's epoch (hivemind's global epoch) at the report.
+            epoch: this peer's epoch at the report (its local epoch: behind the swarm's until it catches up).
             loss: mean training loss over the report, or None if unknown.
             samples: samples processed since the previous report.
             samples_per_second: the local throughput over the report.
