@@ -146,10 +146,13 @@ class P2PTrainApp(App):
         client = self._client()
         history = History()
         failures = 0
+        answered = False
         while not worker.is_cancelled:
             delay = self.poll_interval_s
             try:
-                snapshot = fetch_snapshot(client, history)
+                # Until the daemon first answered, the status alone: the first frame shows it
+                # three round trips sooner, and the history follows at once.
+                snapshot = fetch_snapshot(client, history, with_history=answered)
             except DaemonNotRunning:
                 delay = self.retry_delays_s[min(failures, len(self.retry_delays_s) - 1)]
                 failures += 1
@@ -165,6 +168,9 @@ class P2PTrainApp(App):
             else:
                 failures = 0
                 self.post_message(DaemonUpdated(snapshot))
+                if not answered:
+                    answered = True
+                    continue
             self._wait_for_next_poll(worker, delay)
 
     @work(exclusive=True, group="changes")

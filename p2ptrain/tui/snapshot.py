@@ -75,8 +75,14 @@ def _optional(client: ControlClient, method: str, key: str, **params) -> list[di
         return []
 
 
-def fetch_snapshot(client: ControlClient, history: History) -> DaemonSnapshot:
+def fetch_snapshot(client: ControlClient, history: History, with_history: bool = True) -> DaemonSnapshot:
     """Ask the daemon for everything the dashboard shows, updating ``history``.
+
+    Args:
+        client: the daemon's control client.
+        history: the rows fetched so far; new ones are added to it.
+        with_history: False asks only for the status and peers (two round
+            trips instead of five) and returns the history as it was.
 
     Raises DaemonNotRunning when no daemon listens, DaemonError when it refuses.
     """
@@ -87,6 +93,19 @@ def fetch_snapshot(client: ControlClient, history: History) -> DaemonSnapshot:
     peers: list[dict] = []
     if run_id:
         peers = _optional(client, "peers", "peers")
+    if with_history:
+        _fetch_history(client, history)
+    return DaemonSnapshot(
+        status=status,
+        peers=tuple(peers),
+        steps=tuple(history.steps),
+        epochs=tuple(history.epochs),
+        events=tuple(history.events),
+    )
+
+
+def _fetch_history(client: ControlClient, history: History) -> None:
+    """Add the steps and events newer than ``history``'s to it, and replace its epochs."""
     last_step = history.steps[-1] if history.steps else None
     steps = _optional(
         client, "metrics", "steps", run_id=history.run_id, since=last_step and last_step.get("ts"), limit=MAX_STEPS
@@ -96,10 +115,3 @@ def fetch_snapshot(client: ControlClient, history: History) -> DaemonSnapshot:
     last_event = history.events[-1] if history.events else None
     events = _optional(client, "events", "events", since=last_event and last_event.get("ts"), limit=MAX_EVENTS)
     history.events.extend(_newer(events, last_event))
-    return DaemonSnapshot(
-        status=status,
-        peers=tuple(peers),
-        steps=tuple(history.steps),
-        epochs=tuple(history.epochs),
-        events=tuple(history.events),
-    )

@@ -8,6 +8,7 @@ from fake_daemon import FakeDaemon, idle_status, paused_status, training_status
 from textual.widgets import Label
 
 from p2ptrain.protocol import ControlClient
+from p2ptrain.tui.messages import DaemonUpdated
 from p2ptrain.tui.widgets.event_log import EventLog
 from p2ptrain.tui.widgets.hardware_panel import HardwarePanel
 from p2ptrain.tui.widgets.peers_table import PeersTable
@@ -33,7 +34,7 @@ def notifications(app) -> list[str]:
 async def test_dashboard_shows_state_peers_history_and_gpu(daemon):
     app = make_app(daemon.paths.home)
     async with app.run_test(size=(200, 60)) as pilot:
-        await wait_until(pilot, lambda: app.snapshot is not None, what="the first poll")
+        await wait_until(pilot, lambda: app.snapshot is not None and app.snapshot.events, what="the history")
         await pilot.pause(0.1)
         assert "TRAINING" in label_text(app, "#state")
         details = label_text(app, "#details")
@@ -53,6 +54,21 @@ async def test_dashboard_shows_state_peers_history_and_gpu(daemon):
         assert len(log.lines) == len(daemon.events)
         assert app.query_one(SwarmPanel).last_averaging == daemon.epochs[-1]["ended_at"]
     assert {"status", "peers", "metrics", "epochs", "events"} <= set(daemon.methods_called())
+
+
+async def test_first_update_is_the_status_alone_and_the_history_follows_at_once(daemon):
+    updates = []
+
+    def keep_updates(message) -> None:
+        if isinstance(message, DaemonUpdated):
+            updates.append(message.snapshot)
+
+    app = make_app(daemon.paths.home, poll_interval_s=60.0)
+    async with app.run_test(message_hook=keep_updates) as pilot:
+        await wait_until(pilot, lambda: len(updates) >= 2, what="two updates (no wait for the next poll between them)")
+    assert updates[0].status["state"] == "training" and updates[0].events == () and updates[0].steps == ()
+    assert len(updates[1].events) == len(daemon.events) and len(updates[1].steps) == len(daemon.steps)
+    assert [method for method in daemon.methods_called() if method != "subscribe"][:2] == ["status", "peers"]
 
 
 async def test_polls_ask_only_for_newer_history(daemon):

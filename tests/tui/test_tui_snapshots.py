@@ -19,10 +19,11 @@ ABSENT_HOME = "/nonexistent/p2ptrain-home"
 
 
 def settled_on(state: str):
-    """``run_before``: wait for the daemon's state and the charts on screen, then for the app to go idle."""
+    """``run_before``: wait for the daemon's state, its history and the charts, then for the app to go idle."""
 
     async def run_before(pilot) -> None:
         await wait_until(pilot, lambda: pilot.app.state == state, what=state)
+        await wait_until(pilot, lambda: pilot.app.snapshot.events, what="the history")
         await wait_until(pilot, lambda: pilot.app.charts_ready, what="the charts")
         await pilot.pause(0.3)
 
