@@ -57,6 +57,9 @@ FINAL_EVAL_BATCHES = 32
 EVAL_BATCH = 8
 # starting a worker (torch, hivemind, p2pd) took over 3 minutes when the shared machine's load was ~35
 JOIN_TIMEOUT_S = 900
+# workers start one at a time across parallel configurations: twelve started together on a loaded
+# machine missed the worker's 60 s DHT start timeout
+STARTING = threading.Lock()
 # Bytes a value takes on the wire. Blockwise 8-bit: one byte, a float32 scale per
 # 4096 values, and a 256-entry float32 codebook per chunk of 2**19 fp32 bytes
 # (hivemind's default part size for all-reduce), i.e. 1024 bytes per 131072 values.
@@ -127,6 +130,14 @@ def every_step_allreduce_bytes_per_sample(setup: Setup) -> float:
     return PEERS * allreduce_bytes(PEERS, setup.parameters, 4.0) / (PEERS * setup.micro_batch)
 
 
+def plan_name(setup: Setup, mode: str, local_steps: int, compression: str) -> str:
+    """The table name of a configuration (``mode`` "baseline": ``local_steps`` is the batch in B)."""
+    if mode == "baseline":
+        label = "B" if local_steps == 1 else f"{local_steps}B"
+        return f"1 peer, batch {label} ({local_steps * setup.micro_batch})"
+    return "4 peers, sync" if mode == "sync" else f"4 peers, diloco H={local_steps}, {compression}"
+
+
 def run_single(setup: Setup, batch: int) -> Result:
     """One peer, a plain AdamW loop at ``batch`` samples per step."""
     torch.manual_seed(SEED)
@@ -142,8 +153,7 @@ def run_single(setup: Setup, batch: int) -> Result:
         optimizer.zero_grad(set_to_none=True)
         if step % every == 0 or step == steps:
             curve.append((step * batch, mean_loss(loaded.model, setup.curve_windows)))
-    label = "B" if batch == setup.micro_batch else f"{batch // setup.micro_batch}B"
-    return Result(f"1 peer, batch {label} ({batch})", steps * batch, [mean_loss(loaded.model, setup.final_windows)], curve, order=batch)
+    return Result(plan_name(setup, "baseline", batch // setup.micro_batch, ""), steps * batch, [mean_loss(loaded.model, setup.final_windows)], curve, order=batch)
 
 
 class Worker:
@@ -280,7 +290,7 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
     to ``total_samples`` (at most a second of steps per peer more)."""
     per_epoch = PEERS * setup.micro_batch * (local_steps if mode == "diloco" else 1)
     epochs = max(1, setup.total_samples // per_epoch)
-    name = "4 peers, sync" if mode == "sync" else f"4 peers, diloco H={local_steps}, {compression}"
+    name = plan_name(setup, mode, local_steps, compression)
     run_id = f"convergence-{mode}-{local_steps}-{compression}-{os.getpid()}"
     manifest = {
         "run_id": run_id, "mode": mode, "model": "tiny", "dataset": DATASET, "seq_len": setup.seq_len,
@@ -293,12 +303,11 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
     workers: list[Worker] = []
     sent = SentBytes()
     try:
-        workers.append(Worker(home / "peer0", "peer0", manifest, [], setup, matchmaking_time))
-        address = workers[0].wait_joined(JOIN_TIMEOUT_S)["addresses"][0]
-        for index in range(1, PEERS):
-            workers.append(Worker(home / f"peer{index}", f"peer{index}", manifest, [address], setup, matchmaking_time))
-        for worker in workers:
-            worker.wait_joined(JOIN_TIMEOUT_S)
+        for index in range(PEERS):
+            with STARTING:
+                initial_peers = [workers[0].of_type("joined")[0]["addresses"][0]] if workers else []
+                workers.append(Worker(home / f"peer{index}", f"peer{index}", manifest, initial_peers, setup, matchmaking_time))
+                workers[-1].wait_joined(JOIN_TIMEOUT_S)
         pids = set().union(*(worker.p2pd_pids() for worker in workers))
         sent.poll(pids)
         baseline_bytes = sent.total
@@ -466,6 +475,9 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=1,
                         help="configurations run at once; on a machine shared with other "
                              "work, more of them get more of its CPU")
+    parser.add_argument("--save", type=Path, help="also write the results so far to this JSON file")
+    parser.add_argument("--load", type=Path, nargs="*", default=[],
+                        help="results of earlier runs (--save files) to include; their configurations are not run again")
     parser.add_argument("--timeout", type=float, default=1500, help="seconds one swarm configuration may take (sync needs ~5 s a round on a busy 2-core machine)")
     args = parser.parse_args()
     total = args.total_samples or (1280 if args.quick else 4000)
@@ -478,7 +490,9 @@ def main() -> None:
         plans.append(("diloco", args.local_steps[len(args.local_steps) // 2], "none"))
         plans = [("baseline", PEERS, ""), ("baseline", 1, "")] + [plan for plan in plans if f"{plan[0]}-{plan[2]}" in args.swarms]
         command = "nice -n 10 .venv/bin/python " + " ".join(["benchmarks/convergence.py"] + sys.argv[1:])
-        results: list[Result] = []
+        results = [Result(**row) for path in args.load for row in json.loads(path.read_text())]
+        names = {result.name for result in results}
+        plans = [plan for plan in plans if plan_name(setup, *plan) not in names]
         lock = threading.Lock()
         text = ""
 
@@ -499,12 +513,16 @@ def main() -> None:
                 results.extend(done)
                 print(f"{time.monotonic() - began:.0f} s:", json.dumps(done[-1].__dict__, default=str)[:400], file=sys.stderr, flush=True)
                 # after every configuration, so a cut-short run still leaves its results
+                if args.save:
+                    args.save.write_text(json.dumps([result.__dict__ for result in results]))
                 if any(result.order == PEERS * setup.micro_batch for result in results):
                     text = write_outputs(setup, results, command, started, args.out_dir)
 
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
             for future in [pool.submit(run, plan) for plan in plans]:
                 future.result()
+        if any(result.order == PEERS * setup.micro_batch for result in results):
+            text = write_outputs(setup, results, command, started, args.out_dir)
     print(text)
 
 

@@ -164,7 +164,9 @@ CONFIGS = {config.name: config for config in [
 ]}
 
 
-def report(paths: list[Path], out: Path) -> str:
+def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> str:
+    """The study's markdown from JSONL run files; ``baseline_loss``: base-4B's eval loss when no
+    run file has it (``convergence.py``'s 4B baseline is the same computation, so the same number)."""
     rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
     by_budget: dict[tuple, list] = {}
     for row in rows:
@@ -178,6 +180,8 @@ def report(paths: list[Path], out: Path) -> str:
              "inner AdamW lr 3e-3 constant, outer Nesterov SGD lr 0.7 momentum 0.9, blockwise 8-bit pseudo-gradients.", ""]
     for (total, micro_batch, seq_len), group in sorted(by_budget.items()):
         reference = {row["config"]["name"]: row["eval_loss"] for row in group}
+        if baseline_loss is not None:
+            reference.setdefault("base-4B", baseline_loss)
         lines += [f"## {total:,} total samples, B = {micro_batch}, seq_len {seq_len} "
                   f"({total // (REPLICAS * micro_batch)} inner steps per replica)", "",
                   "| config | H | outer steps | inner lr | schedule | outer lr | momentum | eval loss | Δ vs base-4B | Δ vs base-4B-cos |",
@@ -208,9 +212,10 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/p2ptrain-study-cache"))
     parser.add_argument("--out", type=Path, default=HERE / "diloco_study_runs.jsonl")
     parser.add_argument("--report", type=Path, nargs="*", help="write diloco_study_results.md from these JSONL files")
+    parser.add_argument("--baseline-loss", type=float, help="base-4B's eval loss, for --report when no run file has it")
     args = parser.parse_args()
     if args.report:
-        print(report(args.report, HERE / "diloco_study_results.md"))
+        print(report(args.report, HERE / "diloco_study_results.md", args.baseline_loss))
         return
     torch.set_num_threads(1)
     tokenizer = build_model("tiny", seed=SEED).tokenizer
