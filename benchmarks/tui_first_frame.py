@@ -5,8 +5,9 @@ in its own process, serving a run named ``tiny-demo`` in the ``training``
 state), then, for each run, starts the real ``p2ptrain-tui`` in a real
 terminal (a 120x40 tmux pane) and reads the screen every 10 ms until it
 shows both ``training`` and ``tiny-demo``. The time counts the interpreter's
-start and every import. The target is under 1 s. Prints a table of the runs,
-the median and the spread, and the load average (the machine is shared).
+start and every import. The target is under 1 s. Prints a table of the runs
+(wall-clock seconds, and the CPU seconds the TUI had used by then), the median
+and the spread, and the load average (the machine may be shared).
 
     .venv/bin/python benchmarks/tui_first_frame.py [--runs 7]
 
@@ -73,6 +74,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7, help="TUI starts to time (default 7)")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1, e.g. --runs 7")
     if TMUX is None:
         print("tui_first_frame: needs tmux for a real terminal; install it (apt-get install tmux)", file=sys.stderr)
         return 2
