@@ -369,6 +369,23 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
                   order=1e6 if mode == "sync" else 1e3 + local_steps + (compression == "none") / 2)
 
 
+def goals(results: list[Result], baseline: Result, reference: float) -> list[str]:
+    """The issue's two goals, judged on these results: DiLoCo within 2 % of the 4B
+    baseline's eval loss, and >= 1000x fewer bytes per sample (8-bit) than the reference."""
+    diloco = [result for result in results if "diloco" in result.name and "blockwise8bit" in result.name and result.rounds]
+    if not diloco:
+        return ["Goals: no 8-bit DiLoCo configuration finished in this run."]
+    lines = ["Goals (issue 4), per 8-bit DiLoCo configuration:", ""]
+    for result in diloco:
+        delta = 100 * (result.eval_loss - baseline.eval_loss) / baseline.eval_loss
+        reduction = reference / result.computed_bytes
+        lines.append(f"- {result.name}: eval loss {delta:+.2f} % vs 1 peer 4B (goal within 2 %: "
+                     f"{'met' if delta <= 2 else 'not met'}); {reduction:,.0f}x fewer bytes per sample "
+                     f"computed (goal >= 1000x: {'met' if reduction >= 1000 else 'not met'}); both at once: "
+                     f"{'yes' if delta <= 2 and reduction >= 1000 else 'no'}.")
+    return lines
+
+
 def markdown(setup: Setup, results: list[Result], command: str, seconds: float) -> str:
     reference = every_step_allreduce_bytes_per_sample(setup)
     baseline = next(result for result in results if result.name.startswith("1 peer, batch 4B"))
@@ -395,7 +412,7 @@ def markdown(setup: Setup, results: list[Result], command: str, seconds: float) 
         else:
             communication = "0 | 0 | | no communication"
         lines.append(f"| {result.name} | {result.samples:,} | {result.eval_loss:.4f}{spread} | {delta:+.2f} % | {communication} |")
-    lines += ["", "Notes:", ""]
+    lines += ["", *goals(results, baseline, reference), "", "Notes:", ""]
     lines += [f"- {result.name}: {result.notes}" for result in results if result.notes]
     lines += [
         "- bytes/sample = bytes sent by all peers together ÷ samples trained by all peers together.",
@@ -468,8 +485,8 @@ def main() -> None:
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.9)
     parser.add_argument("--local-steps", type=int, nargs="+", default=[20, 50, 100, 250], help="H values for diloco")
-    parser.add_argument("--swarms", nargs="*", default=["diloco-blockwise8bit", "sync-none"],
-                        choices=["diloco-blockwise8bit", "sync-none", "diloco-none"], help="which 4-peer configurations to run")
+    parser.add_argument("--swarms", nargs="*", default=["baselines", "diloco-blockwise8bit", "sync-none"],
+                        choices=["baselines", "diloco-blockwise8bit", "sync-none", "diloco-none"], help="which configurations to run")
     parser.add_argument("--cache-dir", type=Path, default=None, help="token cache to reuse (default: a temporary one)")
     parser.add_argument("--out-dir", type=Path, default=HERE)
     parser.add_argument("--parallel", type=int, default=1,
@@ -488,7 +505,8 @@ def main() -> None:
         torch.set_num_threads(1)
         plans = [("diloco", h, "blockwise8bit") for h in args.local_steps] + [("sync", 1, "none")]
         plans.append(("diloco", args.local_steps[len(args.local_steps) // 2], "none"))
-        plans = [("baseline", PEERS, ""), ("baseline", 1, "")] + [plan for plan in plans if f"{plan[0]}-{plan[2]}" in args.swarms]
+        baselines = [("baseline", PEERS, ""), ("baseline", 1, "")] if "baselines" in args.swarms else []
+        plans = baselines + [plan for plan in plans if f"{plan[0]}-{plan[2]}" in args.swarms]
         command = "nice -n 10 .venv/bin/python " + " ".join(["benchmarks/convergence.py"] + sys.argv[1:])
         results = [Result(**row) for path in args.load for row in json.loads(path.read_text())]
         names = {result.name for result in results}
