@@ -47,20 +47,22 @@ def poison(averager, prefix):
             for tensor in tensors:
                 tensor.fill_(float("nan"))
         try:
-            group = averager.step(weight=1.0, timeout=30.0)
+            group = averager.step(weight=1.0, timeout=10.0)
         except Exception:
             group = None
         if group:
             print(json.dumps({"prefix": prefix, "group": len(group), "time": time.time()}), flush=True)
 
-for prefix, requires_grad in config["prefixes"]:
-    # hivemind starts an averager from the main thread only (it sets a signal handler);
-    # groups form only among averagers whose tensors match in shape, dtype and requires_grad
-    averager = DecentralizedAverager(
+for prefix, class_name, requires_grad in config["prefixes"]:
+    # hivemind names its RPC handlers after the averager's class, and groups form only among
+    # averagers whose tensors match in shape, dtype and requires_grad; it starts an averager
+    # from the main thread only (it sets a signal handler)
+    averager = type(class_name, (DecentralizedAverager,), {})(
         averaged_tensors=[torch.full(shape, float("nan")).requires_grad_(requires_grad) for shape in shapes], dht=dht, prefix=prefix,
         min_matchmaking_time=3.0, request_timeout=1.5, allreduce_timeout=20.0, start=True,
     )
     threading.Thread(target=poison, args=(averager, prefix), daemon=True).start()
+    print(json.dumps({"prefix": prefix, "schema": averager.schema_hash.hex()}), flush=True)
 print(json.dumps({"ready": True}), flush=True)
 while True:
     time.sleep(1)
@@ -70,20 +72,23 @@ while True:
 class Rogue:
     """The rogue peer's process (its own session, so it ends with everything it started)."""
 
-    def __init__(self, tmp_path: Path, manifest: dict, prefixes: list[tuple[str, bool]], initial_peer: str):
-        """``prefixes``: (averaging prefix, whether its tensors require grad) for each averager to poison."""
+    def __init__(self, tmp_path: Path, manifest: dict, prefixes: list[tuple[str, str, bool]], initial_peer: str):
+        """``prefixes``: (averaging prefix, the honest averager's class name, whether its tensors
+        require grad) for each averager to poison."""
         config = {"model": manifest["model"], "seed": manifest["seed"], "identity": str(tmp_path / "rogue.key"),
                   "prefixes": prefixes, "initial_peers": [initial_peer]}
         environment = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-        self.output = open(tmp_path / "rogue.jsonl", "w+")
+        self.output = open(tmp_path / "rogue.jsonl", "w")
         self.log = open(tmp_path / "rogue.log", "w")
         self.process = subprocess.Popen([sys.executable, "-c", ROGUE, json.dumps(config)], stdout=self.output,
                                         stderr=self.log, env=environment, start_new_session=True)
 
     def rounds(self) -> list[dict]:
         """Rounds the rogue finished with at least one other peer."""
-        self.output.seek(0)
-        lines = [json.loads(line) for line in self.output.read().splitlines() if line.strip()]
+        # read through a path of its own: the rogue's stdout shares the offset of self.output
+        written = Path(self.output.name).read_text()
+        complete = written[: written.rfind("\n") + 1]
+        lines = [json.loads(line) for line in complete.splitlines() if line.strip()]
         return [line for line in lines if line.get("group", 0) >= 2]
 
     def wait_for_rounds(self, count: int, timeout: float, workers: list[WorkerHandle]) -> list[dict]:
@@ -94,9 +99,10 @@ class Rogue:
                 worker.drain(0.2)
             if len(self.rounds()) >= count:
                 return self.rounds()
-        self.log.flush()
+        honest = {worker.spec["nickname"]: (worker.epoch(), [event["data"]["peers"] for event in worker.events("averaged")][-20:],
+                                            len(worker.events("state-downloaded"))) for worker in workers}
         raise AssertionError(f"the rogue joined {len(self.rounds())} rounds with honest peers in {timeout} s, not {count}; "
-                             f"its log ends: {Path(self.log.name).read_text()[-2000:]}")
+                             f"honest (epoch, last group sizes, downloads): {honest}; see {self.log.name}")
 
     def kill(self) -> None:
         try:
@@ -140,13 +146,15 @@ def assert_finite_tensors(tensors, what: str) -> None:
     assert tensors and all(bool(tensor.isfinite().all()) for tensor in tensors), f"{what} holds NaN or infinity"
 
 
-def poisoned_and_trained_on(tmp_path: Path, manifest: dict, prefixes: list[tuple[str, bool]], workers: list[WorkerHandle]):
-    """The honest peers start, the rogue joins two of their rounds, and each honest peer trains two more epochs
-    with finite losses. Returns the rogue (the caller kills it)."""
+def poisoned_and_trained_on(tmp_path: Path, manifest: dict, prefixes: list[tuple[str, str, bool]], workers: list[WorkerHandle]):
+    """The honest peers start, the rogue gets into one of their rounds (its rounds form when the timing lets it
+    lead or join, not every epoch), and each honest peer trains two more epochs with finite losses. Returns the
+    rogue (the caller kills it)."""
     address = start_honest_peers(tmp_path, manifest, workers)
+    assert workers[0].of_type("joined")[0]["manifest_hash"] in prefixes[0][0]
     rogue = Rogue(tmp_path, manifest, prefixes, address)
     try:
-        rogue.wait_for_rounds(2, 240, workers)
+        rogue.wait_for_rounds(1, 240, workers)
         poisoned_at = {id(worker): worker.epoch() for worker in workers}
         for worker in workers:
             # training goes on past the poisoned rounds, the rogue still there
@@ -164,7 +172,7 @@ def test_a_peer_that_averages_nan_poisons_nobody_in_diloco(tmp_path, capfd):
     prefix = f"{averaging_prefix(parse_manifest(manifest))}_diloco"
     workers: list[WorkerHandle] = []
     try:
-        rogue = poisoned_and_trained_on(tmp_path, manifest, [(prefix, False)], workers)
+        rogue = poisoned_and_trained_on(tmp_path, manifest, [(prefix, "PseudoGradientAverager", False)], workers)
         rogue.kill()
         for worker, state in zip(workers, leave_and_read_checkpoints(workers, manifest["run_id"])):
             assert_finite_tensors(list(state["trainable"].values()) + state["trainer"]["global_parameters"]
@@ -180,7 +188,8 @@ def test_a_peer_that_averages_nan_poisons_nobody_in_sync_mode(tmp_path, capfd):
     manifest = run_manifest("nan-sync", target_batch_size=128)
     prefix = averaging_prefix(parse_manifest(manifest))
     # hivemind.Optimizer averages gradients, then parameters (which require grad), each epoch
-    prefixes = [(f"{prefix}_grad_averager", False), (f"{prefix}_state_averager", True)]
+    prefixes = [(f"{prefix}_grad_averager", "GradientAverager", False),
+                (f"{prefix}_state_averager", "CheckedTrainingStateAverager", True)]
     workers: list[WorkerHandle] = []
     try:
         rogue = poisoned_and_trained_on(tmp_path, manifest, prefixes, workers)
