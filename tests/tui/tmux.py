@@ -1,9 +1,10 @@
 """A real terminal for the TUI: one tmux pane on a private tmux server.
 
 Used by the tmux test and by ``benchmarks/tui_first_frame.py``. Each
-``TmuxPane`` starts its own tmux server (``tmux -L NAME -f /dev/null``), so it
-never touches a user's sessions or configuration, and ``close`` ends that
-server and everything running in it.
+``TmuxPane`` starts its own tmux server on a socket in a temporary directory
+(``tmux -S PATH -f /dev/null``), so it never touches a user's sessions or
+configuration, and ``close`` ends that server, everything running in it, and
+removes the directory.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -37,13 +39,13 @@ class TmuxPane:
     def __init__(self, width: int = 120, height: int = 40) -> None:
         if TMUX is None:
             raise RuntimeError("tmux is not installed: apt-get install tmux")
-        self.server = f"p2ptrain-test-{os.getpid()}-{time.monotonic_ns()}"
         self.width, self.height = width, height
-        self._started = False
+        self._directory: str | None = None
 
     def _tmux(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [TMUX, "-L", self.server, "-f", "/dev/null", *args], capture_output=True, text=True, check=check, timeout=30
+            [TMUX, "-S", os.path.join(self._directory, "socket"), "-f", "/dev/null", *args],
+            capture_output=True, text=True, check=check, timeout=30,
         )
 
     def open(self) -> TmuxPane:
@@ -52,10 +54,15 @@ class TmuxPane:
         The command comes later (``run``), so the time it takes to start is not
         mixed with the time tmux takes to start its server.
         """
-        self._tmux("new-session", "-d", "-s", "main", "-x", str(self.width), "-y", str(self.height), "cat")
-        self._started = True
-        # Keep the pane after its command ends, so that `exited` can tell.
-        self._tmux("set-option", "-t", "main", "remain-on-exit", "on")
+        # Under /tmp, not a long test directory: a socket's path must stay under ~100 bytes.
+        self._directory = tempfile.mkdtemp(prefix="p2ptrain-tmux-", dir="/tmp")
+        try:
+            self._tmux("new-session", "-d", "-s", "main", "-x", str(self.width), "-y", str(self.height), "cat")
+            # Keep the pane after its command ends, so that `exited` can tell.
+            self._tmux("set-option", "-t", "main", "remain-on-exit", "on")
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def run(self, argv: list[str]) -> None:
@@ -94,9 +101,10 @@ class TmuxPane:
 
     def close(self) -> None:
         """End the tmux server and the command running in it."""
-        if self._started:
+        if self._directory is not None:
             self._tmux("kill-server", check=False)
-            self._started = False
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
 
     def __enter__(self) -> TmuxPane:
         return self.open()
