@@ -217,8 +217,10 @@ class DiLoCoTrainer:
                 # others train in this run: a lone outer step would split this peer from them
                 self._reset_local()
                 return StepOutcome(loaded_state=self.load_state_from_peers())
-            if any(epoch != self.local_epoch for epoch in group.values()):
-                logger.warning("Averaged with peers at other outer steps: %s", sorted(set(group.values())))
+            # what a peer gathers is whatever it sent (None, or anything from a broken peer): never sort it raw
+            other_steps = {repr(epoch) for epoch in group.values() if epoch != self.local_epoch}
+            if other_steps:
+                logger.warning("Averaged with peers at other outer steps: %s", ", ".join(sorted(other_steps)))
             with self.averager.get_tensors() as buffers:
                 averaged = [buffer.clone() for buffer in buffers]
             averaged_with = len(group)
