@@ -110,8 +110,11 @@ class Daemon(WorkerReports):
     async def shutdown(self) -> None:
         """Orderly stop: the workers checkpoint and exit, the database is flushed."""
         self.notifier.stopping("stopping: checkpointing and flushing")
-        workers, self.workers = list(self.workers.values()), {}
-        await asyncio.gather(*(worker.stop(STOP_TIMEOUT_S) for worker in workers))
+        self._stopping.set()  # exiting workers are not restarted
+        # the workers stay registered while they stop: their last reports (the
+        # stop checkpoint) are recorded only from registered workers
+        await asyncio.gather(*(worker.stop(STOP_TIMEOUT_S) for worker in list(self.workers.values())))
+        self.workers = {}
         self.record_event("daemon-stopped", "daemon stopped")
         self.db.close()
 

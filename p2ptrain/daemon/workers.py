@@ -240,4 +240,5 @@ def worker_spec(
         "checkpoint_interval_s": config.training.checkpoint_interval_s,
         "log_level": config.log_level,
         "environment": slot.environment(),
+        "device_label": slot.device_label,  # what peers are shown: the worker itself sees only cuda:0
     }

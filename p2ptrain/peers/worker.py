@@ -21,6 +21,7 @@ from pathlib import Path
 
 from p2ptrain.daemon.calibrate import is_out_of_memory
 from p2ptrain.peers import process
+from p2ptrain.peers.known_peers import peers_file, remember_peers, remembered_peers
 
 logger = logging.getLogger(__name__)
 
@@ -110,13 +111,6 @@ def stream_seed(manifest_seed: int, peer_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{manifest_seed}:{peer_id}".encode()).digest()[:8], "little")
 
 
-async def connected_peer_addresses(dht, node) -> list[str]:
-    """Run in the DHT process: dialable multiaddrs (with /p2p/ID) of the peers it is connected to."""
-    peers = await node.p2p.list_peers()
-    return [f"{address}/p2p/{peer.peer_id.to_base58()}" for peer in peers for address in peer.addrs
-            if "p2p-circuit" not in str(address)]
-
-
 class Worker:
     """Holds one run's DHT, model, data and trainer, and the loop that drives them."""
 
@@ -197,7 +191,7 @@ class Worker:
 
         try:
             initial_peers = list(spec.get("initial_peers") or [])
-            remembered = [] if initial_peers else self._remembered_peers()
+            remembered = [] if initial_peers else remembered_peers(peers_file(self._checkpoint_file()))
             try:
                 # a run's creator has no bootstrap peers: after a restart it finds
                 # its swarm again through the peers it was connected to
@@ -307,29 +301,6 @@ class Worker:
             self.event("checkpoint-ignored", f"checkpoint {path} is unreadable or of another manifest; starting without it")
         return state
 
-    def _peers_file(self) -> Path:
-        return self._checkpoint_file().with_suffix(".peers.json")
-
-    def _remembered_peers(self) -> list[str]:
-        """Addresses of the peers this one was connected to when it last checkpointed this run."""
-        import json
-
-        try:
-            addresses = json.loads(self._peers_file().read_text())
-        except (OSError, ValueError):
-            return []
-        return [address for address in addresses if isinstance(address, str)] if isinstance(addresses, list) else []
-
-    def _remember_peers(self) -> None:
-        import json
-
-        try:
-            addresses = self.dht.run_coroutine(connected_peer_addresses, return_future=True).result(timeout=5)
-            if addresses:
-                self._peers_file().write_text(json.dumps(addresses[:20]))
-        except Exception as error:  # only a hint for the next start: never fail a checkpoint for it
-            logger.info("Could not remember the connected peers: %r", error)
-
     def save_checkpoint(self, why: str) -> None:
         from p2ptrain.peers.checkpoint import save_checkpoint
 
@@ -343,7 +314,7 @@ class Worker:
         }
         try:
             save_checkpoint(self._checkpoint_file(), state)
-            self._remember_peers()
+            remember_peers(self.dht, peers_file(self._checkpoint_file()))
         except OSError as error:
             self.report("error", message=f"could not write the checkpoint: {error}", fix="free disk space or fix permissions of the state directory", fatal=False)
             return
@@ -515,25 +486,31 @@ class Worker:
             self.loaded.model.train()
         return sum(losses) / len(losses)
 
-    def _report_swarm_forever(self) -> None:
+    def local_metrics(self, samples_per_second: float):
+        """This peer's signed-record content (``LocalMetrics``), at ``samples_per_second``."""
         from hivemind.utils import get_dht_time
 
         from p2ptrain import __version__
-        from p2ptrain.peers.records import LocalMetrics, publish_metrics
+        from p2ptrain.peers.records import LocalMetrics
+
+        return LocalMetrics(
+            peer_id=self.peer_id, nickname=self.spec.get("nickname", "")[:64],
+            device=self.spec.get("device_label") or self.device, precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
+            samples_per_second=samples_per_second, loss=self.last_loss, epoch=self.trainer.local_epoch,
+            contributed_samples=self.contributed_samples, manifest_hash=self.manifest_hash,
+            version=__version__, reachability=self.reachability, time=get_dht_time(),
+        )
+
+    def _report_swarm_forever(self) -> None:
+        from p2ptrain.peers.records import publish_metrics
         from p2ptrain.peers.swarm import read_swarm
 
         while not self.left and not self.stop_requested:
             if self.trainer is None:
                 return
             try:
-                metrics = LocalMetrics(
-                    peer_id=self.peer_id, nickname=self.spec.get("nickname", "")[:64], device=self.device,
-                    precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
-                    samples_per_second=self.samples_per_second if self.state == "training" else 0.0,
-                    loss=self.last_loss, epoch=self.trainer.local_epoch, contributed_samples=self.contributed_samples,
-                    manifest_hash=self.manifest_hash, version=__version__, reachability=self.reachability, time=get_dht_time(),
-                )
-                publish_metrics(self.dht, self.manifest.run_id, metrics)
+                training = self.state == "training"
+                publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(self.samples_per_second if training else 0.0))
                 view = read_swarm(self.dht, self.manifest.run_id, self.manifest_hash, self.manifest.target_batch_size)
                 self.report(
                     "swarm", epoch=view.epoch, samples_accumulated=view.samples_accumulated,
@@ -546,20 +523,10 @@ class Worker:
 
     def goodbye(self) -> None:
         """Publish a last metrics record that expires at once, so peers drop us quickly."""
-        from hivemind.utils import get_dht_time
-
-        from p2ptrain import __version__
-        from p2ptrain.peers.records import LocalMetrics, publish_metrics
+        from p2ptrain.peers.records import publish_metrics
 
         try:
-            metrics = LocalMetrics(
-                peer_id=self.peer_id, nickname=self.spec.get("nickname", "")[:64], device=self.device,
-                precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
-                samples_per_second=0.0, loss=self.last_loss, epoch=self.trainer.local_epoch,
-                contributed_samples=self.contributed_samples, manifest_hash=self.manifest_hash,
-                version=__version__, reachability=self.reachability, time=get_dht_time(),
-            )
-            publish_metrics(self.dht, self.manifest.run_id, metrics, expiration_s=GOODBYE_EXPIRATION_S)
+            publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(0.0), expiration_s=GOODBYE_EXPIRATION_S)
         except Exception:
             logger.exception("Could not say goodbye to the swarm")
 

@@ -77,6 +77,7 @@ def test_each_gpu_worker_sees_only_its_own_gpu_in_pci_bus_order(tmp_path):
 
     assert first["environment"] == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0"}
     assert second["environment"] == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1"}
+    assert (first["device_label"], second["device_label"]) == ("cuda:0", "cuda:1")  # what peers are shown
     # inside the worker its one visible card is cuda:0; the daemon shows this machine's numbering
     assert first["plan"]["device"] == second["plan"]["device"] == "cuda:0"
     assert [slot.device_label for slot in slots] == ["cuda:0", "cuda:1"]
