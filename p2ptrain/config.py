@@ -46,6 +46,9 @@ class DhtSettings(_Section):
     use_relay: bool = True
     use_auto_relay: bool = True
     client_mode: bool = False
+    start_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="seconds to wait for the DHT to start and reach a bootstrap peer; raise it on a slow or loaded machine"
+    )
 
     _check = field_validator("host_maddrs", "announce_maddrs", "initial_peers")(_check_multiaddrs)
 

@@ -230,7 +230,7 @@ def start_dht(
         if isinstance(error, TimeoutError) or type(error).__name__ == "TimeoutError":
             raise DHTStartError(
                 f"the DHT did not start within {start_timeout:.0f} s",
-                "check the bootstrap addresses and the network, or raise the start timeout",
+                "check the bootstrap addresses and the network, or raise it: p2ptrain config set dht.start_timeout_s 180",
             ) from error
         raise _explain_start_failure(error, peers, identity_path) from error
     dht.p2ptrain_private_key = private_key

@@ -187,6 +187,7 @@ class Worker:
                 use_relay=dht_options.get("use_relay", True),
                 use_auto_relay=dht_options.get("use_auto_relay", False),
                 client_mode=dht_options.get("client_mode", False),
+                start_timeout=float(dht_options.get("start_timeout_s", 60)),
             )
 
         try:
