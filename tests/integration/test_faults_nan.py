@@ -177,7 +177,8 @@ def test_a_peer_that_averages_nan_poisons_nobody_in_diloco(tmp_path, capfd):
         for worker, state in zip(workers, leave_and_read_checkpoints(workers, manifest["run_id"])):
             assert_finite_tensors(list(state["trainable"].values()) + state["trainer"]["global_parameters"]
                                   + state["trainer"]["outer_momentum"], f"{worker.spec['nickname']}'s checkpoint")
-        # an honest peer said it refused a poisoned average (the worker logs warnings to stderr)
+        # an honest peer said it refused a poisoned average: an event, and a warning in its log (stderr)
+        assert any(worker.events("non-finite-average") for worker in workers)
         assert "non-finite pseudo-gradients: not adopted" in capfd.readouterr().err
     finally:
         stop_all(workers)
@@ -196,6 +197,7 @@ def test_a_peer_that_averages_nan_poisons_nobody_in_sync_mode(tmp_path, capfd):
         rogue.kill()
         for worker, state in zip(workers, leave_and_read_checkpoints(workers, manifest["run_id"])):
             assert_finite_tensors(state["trainable"].values(), f"{worker.spec['nickname']}'s checkpoint")
+        assert any(worker.events("non-finite-average") for worker in workers)
         logged = capfd.readouterr().err
         assert "averaging gave non-finite" in logged and "not adopted" in logged
     finally:
