@@ -53,12 +53,14 @@ class StepOutcome:
     loaded_state: state was downloaded from peers (this peer was behind).
     non_finite_average: peers in an averaging round whose result held NaN or
         infinity and was not adopted (this peer stepped on its own values), or None.
+    failed_rounds: averaging rounds that formed no group in time since the last outcome.
     """
 
     epoch_advanced: bool = False
     averaged_with: int | None = None
     loaded_state: bool = False
     non_finite_average: int | None = None
+    failed_rounds: int = 0
 
     def non_finite_message(self) -> str | None:
         """The event message for a rejected round, or None if there was none."""
@@ -202,6 +204,7 @@ class SyncOptimizer(hivemind.Optimizer):
     def __init__(self, **kwargs):
         self._finished_groups: list[int] = []
         self._rejected_groups: list[int] = []
+        self._failed_rounds = 0
         self._groups_lock = threading.Lock()
         self._loading_local_gradients = False
         self._round_rejected = False
@@ -228,14 +231,19 @@ class SyncOptimizer(hivemind.Optimizer):
         self._round_rejected = False
         super()._average_gradients_and_load_into_optimizer(maybe_step_control)
         # the real group size comes from hivemind's round result (GroupInfo-keyed dict)
-        if maybe_step_control is not None and maybe_step_control.done() and not maybe_step_control.cancelled():
+        if maybe_step_control is None:
+            return  # no other peer: nothing was attempted
+        group = None
+        if maybe_step_control.done() and not maybe_step_control.cancelled():
             try:
                 group = maybe_step_control.result(0)
-            except BaseException:
-                return
+            except BaseException:  # hivemind already fell back to the local gradients
+                group = None
+        with self._groups_lock:
             if group:
-                with self._groups_lock:
-                    (self._rejected_groups if self._round_rejected else self._finished_groups).append(len(group))
+                (self._rejected_groups if self._round_rejected else self._finished_groups).append(len(group))
+            else:
+                self._failed_rounds += 1
 
     def _load_averaged_gradients_into_optimizer_(self):
         # raising here makes hivemind fall back to the local gradients, as after a
@@ -256,13 +264,14 @@ class SyncOptimizer(hivemind.Optimizer):
         finally:
             self._loading_local_gradients = False
 
-    def pop_finished_groups(self) -> tuple[list[int], list[int]]:
-        """Sizes of gradient-averaging rounds finished since the last call:
-        (adopted, rejected as non-finite)."""
+    def pop_finished_groups(self) -> tuple[list[int], list[int], int]:
+        """Gradient-averaging rounds finished since the last call: sizes of the
+        adopted and of the rejected (non-finite) ones, and how many found no group."""
         with self._groups_lock:
             groups, self._finished_groups = self._finished_groups, []
             rejected, self._rejected_groups = self._rejected_groups, []
-        return groups, rejected
+            failed, self._failed_rounds = self._failed_rounds, 0
+        return groups, rejected, failed
 
 
 class SyncTrainer:
@@ -355,7 +364,7 @@ class SyncTrainer:
         return self._outcome(self.local_epoch)
 
     def _outcome(self, epoch_before: int) -> StepOutcome:
-        groups, rejected = self.optimizer.pop_finished_groups()
+        groups, rejected, failed = self.optimizer.pop_finished_groups()
         state_rejections = self.optimizer.state_averager.rejected_averages
         if state_rejections > self._state_rejections_seen and not rejected:
             # hivemind does not hand out the state round's group: the peers in the run bound it
@@ -366,6 +375,7 @@ class SyncTrainer:
             averaged_with=groups[-1] if groups else None,
             loaded_state=self.local_epoch > epoch_before + 1,
             non_finite_average=rejected[-1] if rejected else None,
+            failed_rounds=failed,
         )
 
     def skip_batch(self) -> None:

@@ -453,8 +453,10 @@ class Worker:
             self.last_group = outcome.averaged_with
             self.event("averaged", f"averaged with {outcome.averaged_with} peers", peers=outcome.averaged_with, epoch=self.trainer.local_epoch)
         if outcome.non_finite_average is not None:
-            self.event("non-finite-average", f"averaging with {outcome.non_finite_average} peers gave non-finite values; kept this peer's own",
-                       peers=outcome.non_finite_average, epoch=self.trainer.local_epoch)
+            self.event("non-finite-average", outcome.non_finite_message(), peers=outcome.non_finite_average, epoch=self.trainer.local_epoch)
+        if outcome.failed_rounds:
+            self.event("averaging-failed", "an averaging round formed no group in time; trained on without it",
+                       rounds=outcome.failed_rounds, epoch=self.trainer.local_epoch)
         if outcome.loaded_state:
             self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
         if outcome.epoch_advanced:
