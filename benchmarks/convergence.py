@@ -44,7 +44,7 @@ import torch
 
 from p2ptrain.peers.checkpoint import checkpoint_path, load_checkpoint
 from p2ptrain.peers.data import train_batches, validation_batches
-from p2ptrain.peers.models import build_model, causal_lm_loss
+from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
 from p2ptrain.peers.worker import VALIDATION_BATCHES, stream_seed
 from p2ptrain.peers.worker import main as worker_main
 
@@ -108,15 +108,6 @@ class Setup:
         self.final_windows = validation_batches(DATASET, tokenizer, self.seq_len, EVAL_BATCH, self.cache_dir, FINAL_EVAL_BATCHES)
         # what a worker's epoch report measures, so the curves compare
         self.curve_windows = validation_batches(DATASET, tokenizer, self.seq_len, self.micro_batch, self.cache_dir, VALIDATION_BATCHES)
-
-
-@torch.no_grad()
-def mean_loss(model: torch.nn.Module, windows: list) -> float:
-    model.eval()
-    try:
-        return sum(causal_lm_loss(model, batch).item() for batch in windows) / len(windows)
-    finally:
-        model.train()
 
 
 def allreduce_bytes(group_size: int, values: int, bytes_per_value: float) -> float:

@@ -31,7 +31,7 @@ import torch
 from hivemind.compression import CompressionInfo
 
 from p2ptrain.peers.data import train_batches, validation_batches
-from p2ptrain.peers.models import build_model, causal_lm_loss
+from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
 from p2ptrain.peers.sync import Blockwise8Bit
 from p2ptrain.peers.worker import stream_seed
 
@@ -70,15 +70,6 @@ def learning_rate(config: Config, step: int, total_steps: int) -> float:
         return config.inner_lr * (step + 1) / config.warmup_steps
     progress = (step - config.warmup_steps) / max(1, total_steps - config.warmup_steps)
     return config.inner_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-@torch.no_grad()
-def mean_loss(model: torch.nn.Module, windows: list) -> float:
-    model.eval()
-    try:
-        return sum(causal_lm_loss(model, batch).item() for batch in windows) / len(windows)
-    finally:
-        model.train()
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

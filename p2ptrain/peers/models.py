@@ -7,6 +7,7 @@ peers and writes to checkpoints.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -272,3 +273,14 @@ def causal_lm_loss(model: torch.nn.Module, batch: torch.LongTensor) -> torch.Ten
     device = next(model.parameters()).device
     batch = batch.to(device)
     return model(input_ids=batch, labels=batch).loss
+
+
+@torch.no_grad()
+def mean_loss(model: torch.nn.Module, batches: Iterable[torch.LongTensor]) -> float:
+    """Mean of :func:`causal_lm_loss` over ``batches`` (validation windows), in eval mode."""
+    model.eval()
+    try:
+        losses = [causal_lm_loss(model, batch).item() for batch in batches]
+    finally:
+        model.train()
+    return sum(losses) / len(losses)

@@ -477,17 +477,9 @@ class Worker:
             self.pause(finished=True)
 
     def validation_loss(self) -> float:
-        import torch
+        from p2ptrain.peers.models import mean_loss
 
-        from p2ptrain.peers.models import causal_lm_loss
-
-        self.loaded.model.eval()
-        try:
-            with torch.no_grad():
-                losses = [causal_lm_loss(self.loaded.model, batch).item() for batch in self.validation]
-        finally:
-            self.loaded.model.train()
-        return sum(losses) / len(losses)
+        return mean_loss(self.loaded.model, self.validation)
 
     def local_metrics(self, samples_per_second: float):
         """This peer's signed-record content (``LocalMetrics``), at ``samples_per_second``."""
