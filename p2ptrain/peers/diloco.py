@@ -15,10 +15,10 @@ Progress is published with hivemind's ProgressTracker under
 ``samples_accumulated`` the samples trained in the current outer step. A peer
 that has done its H inner steps waits until the swarm's samples reach
 ``target_batch_size`` (or a bounded wait passes), so peers meet at the same
-outer step. A round that finds no group is tried again, keeping the local
-steps, up to ``OUTER_ROUND_ATTEMPTS`` times while the others are at the same
-outer step. A peer whose epoch is behind the swarm downloads the global
-parameters, the outer momentum and the epoch from a peer.
+outer step. A round that finds no group costs the peer its H local steps: it
+resets to the global parameters and downloads the swarm's state (a lone outer
+step would split it from the others). A peer whose epoch is behind the swarm
+downloads the global parameters, the outer momentum and the epoch from a peer.
 """
 
 from __future__ import annotations
@@ -36,10 +36,6 @@ from hivemind.optim.progress_tracker import ProgressTracker
 from p2ptrain.peers.sync import CheckedStateMixin, StepOutcome, all_finite, make_compression
 
 logger = logging.getLogger(__name__)
-
-# averaging attempts per outer step before this peer gives up its H local steps
-# and downloads the swarm's state (a lone outer step would split it from the others)
-OUTER_ROUND_ATTEMPTS = 3
 
 
 def pseudo_gradients(global_parameters: Sequence[torch.Tensor], local_parameters: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -139,7 +135,6 @@ class DiLoCoTrainer:
         self.samples_this_epoch = 0
         self.rejected_averages = 0  # averaging rounds whose result was not finite
         self._done_since: float | None = None
-        self._failed_rounds = 0  # averaging attempts of this outer step that found no group
         self._lock = threading.Lock()
 
         self.global_parameters = [parameter.detach().to("cpu", torch.float32).clone() for parameter in self.parameters]
@@ -221,11 +216,6 @@ class DiLoCoTrainer:
                 logger.info("Outer averaging failed: %r", error)
                 group = None
             if not group:
-                self._failed_rounds += 1
-                if self._failed_rounds < OUTER_ROUND_ATTEMPTS and not self.is_behind():
-                    # the others are still at this outer step (slower, or a round that
-                    # missed): keep the H local steps and try again after another wait
-                    return StepOutcome(failed_rounds=1)
                 # others train in this run: a lone outer step would split this peer from them
                 self._reset_local()
                 return StepOutcome(loaded_state=self.load_state_from_peers(), failed_rounds=1)
@@ -253,7 +243,6 @@ class DiLoCoTrainer:
         return StepOutcome(epoch_advanced=True, averaged_with=averaged_with, non_finite_average=rejected_from)
 
     def _reset_local(self) -> None:
-        self._failed_rounds = 0
         with torch.no_grad():
             for parameter, global_parameter in zip(self.parameters, self.global_parameters):
                 parameter.copy_(global_parameter.to(parameter.device, parameter.dtype))
@@ -261,7 +250,6 @@ class DiLoCoTrainer:
         self.samples_this_epoch = 0
 
     def _start_epoch(self) -> None:
-        self._failed_rounds = 0
         self.inner_steps = 0
         self.samples_this_epoch = 0
         with self.tracker.pause_updates():
