@@ -116,7 +116,8 @@ class Worker:
 
     def __init__(self, conn, spec: dict, pgid: int):
         """``conn``: the pipe to the daemon; ``spec``: what to run (see
-        ``p2ptrain.daemon.supervisor``); ``pgid``: the process group this worker leads."""
+        ``p2ptrain.daemon.workers.worker_spec`` and DEVELOPERS.md); ``pgid``: the
+        process group this worker leads."""
         self.conn, self.spec, self.pgid = conn, spec, pgid
         self.daemon_pid = os.getppid()
         self.send_lock = threading.Lock()
