@@ -7,7 +7,10 @@ then computes the pseudo-gradient ``global - local``, averages it with the
 compatible peers (a hivemind all-reduce, weighted by the samples each peer
 trained on), and applies an outer SGD step with Nesterov momentum to the global
 parameters. The local parameters are reset to the new global ones. One outer
-step is one epoch.
+step is one epoch. The inner learning rate follows the manifest's warm-up and
+schedule counted in inner steps: an epoch is H of them, so the rate rises over
+the first ``warmup_epochs`` x H inner steps and a cosine or linear schedule
+reaches 0 after ``total_epochs`` x H (``p2ptrain.peers.optimizers``).
 
 Progress is published with hivemind's ProgressTracker under
 ``{averaging_prefix(manifest)}_progress`` (like sync mode, so
@@ -26,13 +29,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import hivemind
 import torch
 from hivemind.compression import CompressionInfo, TensorRole
 from hivemind.optim.progress_tracker import ProgressTracker
 
+from p2ptrain.peers.optimizers import learning_rate_factor
 from p2ptrain.peers.sync import CheckedStateMixin, StepOutcome, all_finite, make_compression
 
 logger = logging.getLogger(__name__)
@@ -47,12 +51,24 @@ def pseudo_gradients(global_parameters: Sequence[torch.Tensor], local_parameters
 
 
 def make_outer_optimizer(global_parameters: Sequence[torch.Tensor], outer_lr: float, outer_momentum: float) -> torch.optim.SGD:
-    """SGD with Nesterov momentum over the global parameters, momentum buffers created up front
-    (so their shapes are known before the first outer step, for state sharing)."""
-    optimizer = torch.optim.SGD(list(global_parameters), lr=outer_lr, momentum=outer_momentum, nesterov=True)
+    """SGD with Nesterov momentum over the global parameters (plain SGD when ``outer_momentum`` is 0:
+    torch's Nesterov needs a momentum), momentum buffers created up front (so their shapes are
+    known before the first outer step, for state sharing)."""
+    optimizer = torch.optim.SGD(list(global_parameters), lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
     for parameter in optimizer.param_groups[0]["params"]:
         optimizer.state[parameter]["momentum_buffer"] = torch.zeros_like(parameter)
     return optimizer
+
+
+def inner_lr_factor(local_steps: int, warmup_epochs: int = 0, lr_schedule: str = "constant",
+                    total_epochs: int | None = None) -> Callable[[int], float]:
+    """The inner learning rate's multiplier as a function of the run's inner step
+    (``epoch * local_steps + inner steps done in this epoch``, 0-based): the
+    manifest's warm-up and schedule with an epoch of ``local_steps`` inner steps.
+    Raises ValueError for bad settings now, not mid-run."""
+    warmup, total = warmup_epochs * local_steps, total_epochs * local_steps if total_epochs else None
+    learning_rate_factor(0, warmup, lr_schedule, total)
+    return lambda step: learning_rate_factor(step, warmup, lr_schedule, total)
 
 
 def momentum_buffers(outer_optimizer: torch.optim.SGD) -> list[torch.Tensor]:
@@ -102,7 +118,9 @@ class DiLoCoTrainer:
             finished its H steps waits for the swarm to reach it.
         batch_size_per_step: samples per inner step on this peer.
         local_steps: H, inner steps per outer step.
-        inner_lr: AdamW learning rate of the inner steps.
+        inner_lr: AdamW learning rate of the inner steps (its peak, under a schedule).
+        warmup_epochs, lr_schedule, total_epochs: the inner learning rate's
+            warm-up and schedule, in epochs of H inner steps (see the module doc).
         outer_lr, outer_momentum: the outer Nesterov SGD (0.7 and 0.9 in DiLoCo).
         compression: manifest compression name for the pseudo-gradients.
         matchmaking_time: seconds peers spend forming an averaging group.
@@ -125,10 +143,15 @@ class DiLoCoTrainer:
         compression: str,
         matchmaking_time: float,
         averaging_timeout: float,
+        warmup_epochs: int = 0,
+        lr_schedule: str = "constant",
+        total_epochs: int | None = None,
         client_mode: bool = False,
     ):
         self.parameters = list(parameters)
         self.local_steps = local_steps
+        self.inner_lr = inner_lr
+        self._lr_factor = inner_lr_factor(local_steps, warmup_epochs, lr_schedule, total_epochs)
         self.matchmaking_time, self.averaging_timeout = matchmaking_time, averaging_timeout
         self.local_epoch = 0
         self.inner_steps = 0
@@ -169,12 +192,18 @@ class DiLoCoTrainer:
 
     def step(self, samples: int) -> StepOutcome:
         """One inner AdamW step with the gradients in ``.grad``."""
+        for group in self.inner_optimizer.param_groups:
+            group["lr"] = self.current_lr()
         self.inner_optimizer.step()
         self.inner_optimizer.zero_grad(set_to_none=True)
         self.inner_steps += 1
         self.samples_this_epoch += samples
         self.tracker.report_local_progress(self.local_epoch, self.samples_this_epoch)
         return self.tick()
+
+    def current_lr(self) -> float:
+        """The inner learning rate of the next inner step."""
+        return self.inner_lr * self._lr_factor(self.local_epoch * self.local_steps + self.inner_steps)
 
     def skip_batch(self) -> None:
         """Discard gradients of a batch that must not be contributed."""

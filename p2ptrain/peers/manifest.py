@@ -94,8 +94,10 @@ class Manifest(pydantic.BaseModel):
     null for full training. ``micro_batch_hint`` is only a starting point for
     the hardware plan. ``compression`` applies to averaged tensors. ``optimizer``
     (``adamw`` or ``lamb``), ``warmup_epochs``, ``lr_schedule`` and
-    ``total_epochs`` set the sync optimizer's learning rate per global epoch
-    (DiLoCo's inner optimizer is AdamW at ``inner_lr``). ``seed``
+    ``total_epochs`` set the sync optimizer's learning rate per global epoch;
+    DiLoCo's inner optimizer is AdamW, whose ``inner_lr`` follows the same
+    warm-up and schedule counted in inner steps (an epoch is ``local_steps``
+    of them). ``seed``
     fixes initial weights and data order; ``created_at`` is when the run was
     defined (seconds since the epoch). ``format`` is the manifest format the
     creator's p2ptrain wrote (:data:`MANIFEST_FORMAT`).

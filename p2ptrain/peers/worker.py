@@ -267,15 +267,16 @@ class Worker:
             client_mode=bool((self.spec.get("dht") or {}).get("client_mode", False)),
             **averaging_timings(self.spec.get("averaging"), (self.spec.get("dht") or {}).get("host_maddrs") or ()),
         )
+        schedule = dict(warmup_epochs=manifest.warmup_epochs, lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs)
         if manifest.mode == "diloco":
             from p2ptrain.peers.diloco import DiLoCoTrainer
 
-            trainer = DiLoCoTrainer(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr, outer_momentum=manifest.outer_momentum, **common)
+            trainer = DiLoCoTrainer(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr,
+                                    outer_momentum=manifest.outer_momentum, **schedule, **common)
         else:
             from p2ptrain.peers.sync import SyncTrainer
 
-            trainer = SyncTrainer(optimizer=manifest.optimizer, warmup_epochs=manifest.warmup_epochs,
-                                  lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs, **common)
+            trainer = SyncTrainer(optimizer=manifest.optimizer, **schedule, **common)
         # hivemind's averagers set SIGINT to ignored when they start
         process.install_stop_handlers(self.on_signal)
         return trainer

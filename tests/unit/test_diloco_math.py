@@ -2,7 +2,16 @@
 
 import torch
 
-from p2ptrain.peers.diloco import all_finite, apply_outer_step, make_outer_optimizer, momentum_buffers, pseudo_gradients
+import pytest
+
+from p2ptrain.peers.diloco import (
+    all_finite,
+    apply_outer_step,
+    inner_lr_factor,
+    make_outer_optimizer,
+    momentum_buffers,
+    pseudo_gradients,
+)
 
 
 def test_two_averaged_local_results_give_a_nesterov_step():
@@ -36,3 +45,31 @@ def test_non_finite_pseudo_gradients_are_detected():
     assert all_finite([torch.ones(3)])
     assert not all_finite([torch.ones(3), torch.tensor([0.0, float("nan")])])
     assert not all_finite([torch.tensor([float("inf")])])
+
+
+def test_outer_momentum_zero_is_plain_averaging_sgd():
+    """``--outer-momentum 0`` is valid in a manifest; torch's Nesterov would refuse it."""
+    global_parameters = [torch.tensor([1.0, 2.0])]
+    optimizer = make_outer_optimizer(global_parameters, 1.0, 0.0)
+    local = torch.nn.Parameter(torch.tensor([0.0, 0.0]))
+    apply_outer_step(global_parameters, [torch.tensor([0.5, -1.0])], optimizer, [local])
+    assert torch.allclose(global_parameters[0], torch.tensor([0.5, 3.0]))
+    assert torch.equal(local.data, global_parameters[0])
+
+
+def test_inner_lr_warms_up_and_decays_in_epochs_of_h_inner_steps():
+    factor = inner_lr_factor(local_steps=10, warmup_epochs=2, lr_schedule="cosine", total_epochs=6)
+    # warm-up over 2 epochs = 20 inner steps, linear
+    assert factor(0) == pytest.approx(1 / 20)
+    assert factor(9) == pytest.approx(10 / 20)
+    assert factor(19) == pytest.approx(1.0)
+    # cosine from step 20 to 0 at step 60: halfway (step 40) is 0.5
+    assert factor(40) == pytest.approx(0.5)
+    assert factor(60) == pytest.approx(0.0)
+    assert factor(80) == pytest.approx(0.0)
+    assert inner_lr_factor(local_steps=50)(12345) == 1.0
+
+
+def test_inner_lr_schedule_without_an_end_is_refused():
+    with pytest.raises(ValueError, match="total_epochs"):
+        inner_lr_factor(local_steps=10, lr_schedule="linear")
