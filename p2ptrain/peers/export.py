@@ -8,8 +8,9 @@ checkpoint carries, loads the trained state and writes:
   (``adapter_config.json`` + ``adapter_model.safetensors``, loadable with
   ``PeftModel.from_pretrained(base, PATH)``), plus the base model's tokenizer;
 - otherwise: the whole model with ``save_pretrained`` (loadable with
-  ``AutoModelForCausalLM.from_pretrained(PATH)``) and its tokenizer, or for the
-  tiny preset a note that its tokenizer is UTF-8 bytes;
+  ``AutoModelForCausalLM.from_pretrained(PATH)``) and its tokenizer (for the
+  tiny preset its UTF-8 byte tokenizer as a Hugging Face one), so PATH can
+  start a new run: ``p2ptrain join --new-run NAME --model PATH``;
 - ``p2ptrain-export.json``: run id, epoch, manifest.
 
 The weights are the swarm's: DiLoCo's averaged global parameters, not this
@@ -70,8 +71,8 @@ def export_checkpoint(checkpoint: Path, output: Path) -> dict:
     """
     from p2ptrain.peers.checkpoint import load_checkpoint
     from p2ptrain.peers.manifest import ManifestError, parse_manifest
-    from p2ptrain.peers.models import TINY_PRESET, build_model
-    from p2ptrain.peers.tokenizers import ModelUnavailable
+    from p2ptrain.peers.models import build_model
+    from p2ptrain.peers.tokenizers import ByteTokenizer, ModelUnavailable
 
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ExportError(f"{output} exists and is not an empty directory; give a new directory")
@@ -98,13 +99,16 @@ def export_checkpoint(checkpoint: Path, output: Path) -> dict:
     hf_tokenizer = getattr(loaded.tokenizer, "hf_tokenizer", None)
     if hf_tokenizer is not None:
         hf_tokenizer.save_pretrained(output)
+    elif isinstance(loaded.tokenizer, ByteTokenizer):
+        loaded.tokenizer.save_pretrained(output)
     info = {
         "run_id": manifest.run_id,
         "epoch": int(state.get("epoch", 0)),
         "format": "peft-lora-adapters" if manifest.lora else "transformers-model",
         "base_model": manifest.model if manifest.lora else None,
         "tokenizer": "saved" if hf_tokenizer is not None else (
-            "UTF-8 bytes: ids 0-255 are bytes, 256 bos, 257 eos, 258 pad" if manifest.model == TINY_PRESET else "none"),
+            "saved; UTF-8 bytes: ids 0-255 are bytes, 256 bos, 257 eos, 258 pad"
+            if isinstance(loaded.tokenizer, ByteTokenizer) else "none"),
         "manifest": manifest.model_dump(mode="json"),
     }
     (output / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")

@@ -9,11 +9,15 @@ reuses tokens made by another one.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 TINY_PRESET = "tiny"
+# Written beside a saved byte tokenizer: a model directory holding it is read
+# with ByteTokenizer itself (byte-exact, and the tiny preset's token cache).
+BYTE_TOKENIZER_FILE = "p2ptrain-byte-tokenizer.json"
 
 
 class ModelUnavailable(RuntimeError):
@@ -68,6 +72,28 @@ class ByteTokenizer:
         """Text of token ids; special tokens are dropped, invalid UTF-8 is replaced."""
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
+    def save_pretrained(self, directory: Path) -> None:
+        """Write this tokenizer into a model directory as a Hugging Face fast tokenizer
+        (``AutoTokenizer.from_pretrained(directory)`` gives the same ids: a byte-level
+        BPE without merges) plus :data:`BYTE_TOKENIZER_FILE`, so that a model saved
+        from the tiny preset can be fine-tuned with ``--model DIR``."""
+        import json
+
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        characters = bytes_to_unicode()
+        vocabulary = {characters[byte]: byte for byte in range(256)}
+        vocabulary.update({"<bos>": self.bos_token_id, "<eos>": self.eos_token_id, "<pad>": self.pad_token_id})
+        backend = HFTokenizer(models.BPE(vocab=vocabulary, merges=[]))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        backend.decoder = decoders.ByteLevel()
+        PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>",
+                                pad_token="<pad>").save_pretrained(directory)
+        (Path(directory) / BYTE_TOKENIZER_FILE).write_text(json.dumps({"name": self.name, "vocab_size": self.vocab_size}) + "\n")
+
 
 class PretrainedTokenizer:
     """A Hugging Face tokenizer (`AutoTokenizer`) seen through the `Tokenizer` protocol."""
@@ -96,9 +122,9 @@ class PretrainedTokenizer:
 
 
 def build_tokenizer(model: str) -> Tokenizer:
-    """The tokenizer of `model`: the byte tokenizer for the tiny preset (offline),
-    otherwise `AutoTokenizer.from_pretrained(model)`."""
-    if model == TINY_PRESET:
+    """The tokenizer of `model`: the byte tokenizer for the tiny preset (offline) and
+    for model directories saved from it, otherwise `AutoTokenizer.from_pretrained(model)`."""
+    if model == TINY_PRESET or (Path(model) / BYTE_TOKENIZER_FILE).is_file():
         return ByteTokenizer()
     return PretrainedTokenizer(model)
 

@@ -100,6 +100,34 @@ def test_full_tiny_checkpoint_exports_through_the_cli_a_model_transformers_loads
     assert "UTF-8 bytes" in json.loads((tmp_path / "out" / "p2ptrain-export.json").read_text())["tokenizer"]
 
 
+def test_an_exported_tiny_model_starts_a_new_run_with_the_byte_tokenizer(tmp_path):
+    """The export of a tiny run is a `--model DIR` for the next run: Hugging Face reads its
+    tokenizer as bytes, and p2ptrain builds it with the byte tokenizer and the trained weights."""
+    from transformers import AutoTokenizer
+
+    from p2ptrain.peers.tokenizers import ByteTokenizer
+
+    home = tmp_path / "home"
+    manifest = new_manifest("tiny-pretrain", mode="sync")
+    loaded = build_model("tiny", seed=manifest.seed)
+    with torch.no_grad():
+        for parameter in loaded.trainable():
+            parameter.add_(0.25)
+    write_checkpoint(checkpoint_path(resolve_paths(home).checkpoints_dir, manifest.run_id), manifest, loaded)
+    assert run_export(str(tmp_path / "out"), "--home", str(home)).returncode == 0
+
+    text = "déf f(x):\n\treturn x  # ✓"
+    hf_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert hf_tokenizer.encode(text, add_special_tokens=False) == list(text.encode("utf-8"))
+    assert (hf_tokenizer.bos_token_id, hf_tokenizer.eos_token_id, hf_tokenizer.pad_token_id) == (256, 257, 258)
+    assert hf_tokenizer.decode(list(text.encode("utf-8"))) == text
+
+    again = build_model(str(tmp_path / "out"), seed=7)
+    assert isinstance(again.tokenizer, ByteTokenizer)
+    assert again.parameters == loaded.parameters
+    assert all(torch.equal(again.trainable_state()[name], tensor) for name, tensor in loaded.trainable_state().items())
+
+
 def test_without_a_checkpoint_export_says_so_in_one_line(tmp_path):
     result = run_export(str(tmp_path / "out"), "--home", str(tmp_path / "home"))
     assert result.returncode == 1
