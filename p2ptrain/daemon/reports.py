@@ -81,7 +81,13 @@ class WorkerReports:
     def _report_step(self, name: str, report: dict) -> None:
         self.run.apply_step(name, report)
         self.db.record_step(
-            self.run.run_id, report.get("epoch"), report.get("loss"), report.get("samples"), report.get("samples_per_second"), ts=report.get("ts")
+            self.run.run_id,
+            report.get("epoch"),
+            report.get("loss"),
+            report.get("samples"),
+            report.get("samples_per_second"),
+            ts=report.get("ts"),
+            worker=name,
         )
         self.broadcaster.publish("step", {**report, "worker": name})
 

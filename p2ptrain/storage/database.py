@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import shutil
 import sqlite3
 import time
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any, Callable
 import sqlite_utils
 
 from .buffer import WriteBuffer
+from .disk_full import disk_full_message
 from .schema import PEER_COLUMNS, StorageError, connect
 
 logger = logging.getLogger(__name__)
@@ -145,8 +144,9 @@ class Database:
         samples: int,
         samples_per_second: float,
         ts: float | None = None,
+        worker: str | None = None,
     ) -> None:
-        """Buffer one step report of the local training worker.
+        """Buffer one step report of a local training worker.
 
         Args:
             run_id: the run the worker trains in.
@@ -155,6 +155,9 @@ class Database:
             samples: samples processed since the previous report.
             samples_per_second: the local throughput over the report.
             ts: Unix time of the report; now if None.
+            worker: the reporting worker's name (``gpu1``, ``cpu``; see
+                ``daemon/workers.py``), so several workers' rows can be told
+                apart; None if unknown (rows written before schema version 3).
         """
         self._buffer.steps.append(
             {
@@ -164,6 +167,7 @@ class Database:
                 "loss": _finite(loss),
                 "samples": samples,
                 "samples_per_second": _finite(samples_per_second),
+                "worker": worker,
             }
         )
         self._buffered()
@@ -427,32 +431,6 @@ class Database:
         self.connection.close()
         self.connection = fresh
         self._reconnect_needed = False
-
-
-def disk_full_message(path: Path, waiting_rows: int) -> str:
-    """One line for SQLITE_FULL that names the disk (its mount point and free
-    space) and the fix.
-
-    Args:
-        path: the database file.
-        waiting_rows: rows kept in memory until there is room.
-    """
-    mount = _mount_point(path)
-    try:
-        free = f"{shutil.disk_usage(mount).free / 2**20:.1f} MiB free"
-    except OSError:
-        free = "free space unknown"
-    return (
-        f"the disk holding {path} is full ({mount}: {free}): free space on {mount}; "
-        f"{waiting_rows} rows wait in memory and are written once there is room"
-    )
-
-
-def _mount_point(path: Path) -> str:
-    current = os.path.realpath(path.parent)
-    while not os.path.ismount(current):
-        current = os.path.dirname(current)
-    return current
 
 
 def _now(ts: float | None) -> float:

@@ -122,9 +122,16 @@ def _v2_validation_plan_and_indexes(db: sqlite_utils.Database) -> None:
     db["epochs"].create_index(["ended_at"])
 
 
+def _v3_step_worker(db: sqlite_utils.Database) -> None:
+    """Which local worker (``gpu1``, ``cpu``) reported each step, as a daemon
+    runs one worker per GPU; older rows keep NULL."""
+    db["steps"].add_column("worker", str)
+
+
 MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (
     _v1_tables,
     _v2_validation_plan_and_indexes,
+    _v3_step_worker,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

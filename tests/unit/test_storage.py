@@ -11,6 +11,9 @@ import time
 
 import pytest
 
+from p2ptrain.daemon.reports import WorkerReports
+from p2ptrain.daemon.run_view import RunView
+from p2ptrain.daemon.server import Broadcaster
 from p2ptrain.storage import SCHEMA_VERSION, Database, SchemaTooNewError, StorageError
 from p2ptrain.storage import queries
 
@@ -86,6 +89,63 @@ def test_v1_database_is_migrated_forward_keeping_its_rows(tmp_path):
     with sqlite3.connect(path) as connection:
         indexes = {row[1] for row in connection.execute("SELECT * FROM sqlite_master WHERE type = 'index'")}
     assert "idx_steps_ts" in indexes
+
+
+def make_v2_database(path):
+    """The database as p2ptrain wrote it before steps had a worker column,
+    with one step row in it."""
+    make_v1_database(path)
+    with sqlite3.connect(path) as connection:
+        connection.executescript(
+            """
+            ALTER TABLE epochs ADD COLUMN val_loss FLOAT;
+            ALTER TABLE peers ADD COLUMN precision TEXT;
+            ALTER TABLE peers ADD COLUMN quantization TEXT;
+            ALTER TABLE peers ADD COLUMN micro_batch INTEGER;
+            ALTER TABLE peers ADD COLUMN reachability TEXT;
+            ALTER TABLE peers ADD COLUMN compatible INTEGER;
+            CREATE INDEX idx_steps_ts ON steps (ts);
+            CREATE INDEX idx_steps_run_id_ts ON steps (run_id, ts);
+            INSERT INTO steps VALUES (65.0, 'old-run', 3, 2.6, 32, 12.5);
+            PRAGMA user_version = 2;
+            """
+        )
+
+
+def test_steps_without_a_worker_column_are_migrated_and_stay_readable(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    make_v2_database(path)
+    with Database.open(path, flush_interval_s=3600, clock=ManualClock()) as db:
+        db.record_step("old-run", 4, 2.4, 32, 12.0, ts=75.0, worker="gpu1")
+        db.flush()
+        steps = queries.steps_since(db, run_id="old-run")
+    assert pragma(path, "user_version") == SCHEMA_VERSION
+    assert [(s["ts"], s["loss"], s["worker"]) for s in steps] == [(65.0, 2.6, None), (75.0, 2.4, "gpu1")]
+    assert [s["worker"] for s in queries.steps_since(path)] == [None, "gpu1"]
+
+
+def test_step_reports_of_two_workers_are_stored_with_their_names(tmp_path):
+    class Reports(WorkerReports):
+        """The daemon's report handlers over a real database, without the rest of the daemon."""
+
+        def __init__(self, db):
+            self.db, self.run, self.broadcaster = db, RunView(run_id="run"), Broadcaster(dict)
+            self.run.worker("gpu0", "cuda:0")
+            self.run.worker("gpu1", "cuda:1")
+
+    def step(ts, loss):
+        return {"type": "step", "ts": ts, "epoch": 3, "loss": loss, "samples": 32, "samples_per_second": 8.0}
+
+    path = tmp_path / "p2ptrain.db"
+    with Database.open(path, flush_interval_s=3600, clock=ManualClock()) as db:
+        reports = Reports(db)
+        reports.on_report("gpu0", step(10.0, 3.0))
+        reports.on_report("gpu1", step(10.5, 3.5))
+        reports.on_report("gpu0", step(11.0, 2.9))
+        reports.on_report("gpu1", step(11.5, 3.4))
+    with sqlite3.connect(path) as connection:
+        rows = connection.execute("SELECT worker, loss FROM steps ORDER BY ts").fetchall()
+    assert rows == [("gpu0", 3.0), ("gpu1", 3.5), ("gpu0", 2.9), ("gpu1", 3.4)]
 
 
 def test_newer_schema_is_refused_with_a_one_line_fix(tmp_path):
