@@ -292,6 +292,8 @@ def cmd_service(args) -> int:
     from p2ptrain.paths import resolve_paths
     from p2ptrain.service import ServiceInstallError, install_service, uninstall_service
 
+    if args.action == "uninstall" and args.bindir is not None:
+        raise UsageError("--bindir is only for install (uninstall removes the unit whatever p2ptrain it runs): drop --bindir")
     try:
         if args.action == "uninstall":
             removed, commands = uninstall_service(user=args.user, dry_run=args.dry_run)
@@ -414,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = add("service", "install or uninstall the systemd unit", cmd_service)
     sub.add_argument("action", choices=["install", "uninstall"])
     sub.add_argument("--user", action="store_true", help="a user unit (systemctl --user) instead of the system service")
-    sub.add_argument("--bindir", help="where the p2ptrain script is installed (default: this one's)")
+    sub.add_argument("--bindir", help="install only: where the p2ptrain script is installed (default: this one's)")
     sub.add_argument("--dry-run", action="store_true")
 
     sub = add("demo", "a local swarm on 127.0.0.1 training the built-in model on the built-in corpus", cmd_demo)

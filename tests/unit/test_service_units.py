@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from p2ptrain import cli
 from p2ptrain.service import (
     ServiceInstallError,
     install_service,
@@ -248,6 +249,22 @@ def test_uninstall_removes_every_system_file(tmp_path, system_bindir):
     assert sorted(path.relative_to(root).as_posix() for path in removed) == [
         "etc/systemd/system/p2ptrain.service", "etc/sysusers.d/p2ptrain.conf", "etc/tmpfiles.d/p2ptrain.conf"]
     assert not [path for path in root.rglob("*") if path.is_file()]
+
+
+def test_uninstall_refuses_bindir_in_one_line_and_removes_nothing(tmp_path, venv_bindir, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    install_service(user=True, bindir=venv_bindir)
+    unit_file = tmp_path / "config/systemd/user/p2ptrain.service"
+    assert unit_file.exists()
+
+    assert cli.main(["service", "uninstall", "--user", "--bindir", venv_bindir]) == cli.EXIT_USAGE
+    error = capsys.readouterr().err
+    assert "--bindir is only for install" in error and "drop --bindir" in error
+    assert error.count("\n") == 1
+    assert unit_file.exists()
+    assert cli.main(["service", "uninstall", "--user"]) == cli.EXIT_OK
+    assert not unit_file.exists()
 
 
 def test_uninstall_of_the_system_service_without_root_says_to_use_sudo(monkeypatch):
