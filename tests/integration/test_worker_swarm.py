@@ -129,13 +129,20 @@ def group_processes(pgid: int) -> list[psutil.Process]:
 
 
 def start_swarm(tmp_path, manifest: dict, count: int) -> list[WorkerHandle]:
-    first = WorkerHandle(tmp_path, "peer0", manifest, True, [])
-    workers = [first]
-    address = first.joined()["addresses"][0]
-    for index in range(1, count):
-        workers.append(WorkerHandle(tmp_path, f"peer{index}", manifest, False, [address]))
-    for worker in workers[1:]:
-        worker.joined()
+    """Start ``count`` workers (the first creates the run, the others join it
+    through it) and wait until each has joined. If one fails to start or join,
+    every worker started so far is ended before the error goes on."""
+    workers: list[WorkerHandle] = []
+    try:
+        workers.append(WorkerHandle(tmp_path, "peer0", manifest, True, []))
+        address = workers[0].joined()["addresses"][0]
+        for index in range(1, count):
+            workers.append(WorkerHandle(tmp_path, f"peer{index}", manifest, False, [address]))
+        for worker in workers[1:]:
+            worker.joined()
+    except BaseException:
+        stop_all(workers)
+        raise
     return workers
 
 
