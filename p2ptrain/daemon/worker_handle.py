@@ -31,6 +31,7 @@ from typing import Callable
 import psutil
 
 from p2ptrain.daemon.workers import leftover_pgid_files
+from p2ptrain.processes import group_alive, kill_group
 
 MEMORY_HEADROOM_ENV = "P2PTRAIN_WORKER_MEMORY_HEADROOM_MB"
 EXIT_POLL_S = 1.0
@@ -49,39 +50,13 @@ def _run_worker(conn, spec: dict) -> None:
     main(conn, spec)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def kill_group(pgid: int, grace_s: float = 0.0) -> None:
-    """SIGTERM a process group, then SIGKILL whatever is left after ``grace_s`` seconds."""
-    if pgid <= 1 or pgid == os.getpgid(0):
-        return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
-        if not _group_alive(pgid):
-            return
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and _group_alive(pgid):
-            time.sleep(0.05)
-
-
 def reap_leftover_group(pgid_file: Path) -> int | None:
     """End the worker group a previous daemon recorded (it was SIGKILLed); returns the pgid it ended."""
     try:
         pgid = int(pgid_file.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
-    alive = _group_alive(pgid)
+    alive = group_alive(pgid)
     if alive:
         log.warning("ending worker process group %d left behind by a previous daemon", pgid)
         kill_group(pgid, grace_s=5.0)

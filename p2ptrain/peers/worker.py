@@ -9,7 +9,6 @@ checkpoints and ends everything it started (DHT process, averagers, p2pd).
 from __future__ import annotations
 
 import faulthandler
-import hashlib
 import logging
 import multiprocessing
 import os
@@ -19,9 +18,12 @@ import threading
 import time
 from pathlib import Path
 
+from p2ptrain import processes
 from p2ptrain.daemon.calibrate import is_out_of_memory
 from p2ptrain.peers import process
-from p2ptrain.peers.known_peers import peers_file, remember_peers, remembered_peers
+from p2ptrain.peers.known_peers import peers_file, remember_peers
+from p2ptrain.peers.run_setup import VALIDATION_BATCHES, stream_seed  # noqa: F401 (the benchmarks import them from here)
+from p2ptrain.peers.run_setup import WorkerFailure, build_model_and_data, join_dht, make_trainer, run_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +38,6 @@ STOP_DEADLINE_EXIT_CODE = 4  # a stop signal was not honoured in time: ended wit
 # it ends its process group without a final checkpoint (the timer's one stays)
 STOP_DEADLINE_S = 30.0  # the daemon asked (SIGTERM while it lives)
 DAEMON_GONE_DEADLINE_S = 4.0  # the daemon died: leave no orphan for long
-VALIDATION_BATCHES = 3
-
-
-class WorkerFailure(Exception):
-    """A failure the volunteer can fix: reported as an ``error`` with ``fix``."""
-
-    def __init__(self, message: str, fix: str):
-        super().__init__(message)
-        self.message, self.fix = message, fix
 
 
 class Stopped(KeyboardInterrupt):
@@ -99,16 +92,11 @@ def main(conn, spec: dict) -> None:
         # rest get a short grace when the daemon is gone and no one waits for them
         grace_s = 1.0 if worker.daemon_gone() else 3.0
         ending_started = time.monotonic()
-        process.kill_descendants(grace_s)
-        process.kill_group(pgid, grace_s)
+        processes.kill_descendants(grace_s)
+        processes.kill_own_group(pgid, grace_s)
         logger.info("Worker processes ended in %.1f s", time.monotonic() - ending_started)
     # hivemind's atexit hooks would wait for processes we already ended
     os._exit(exit_code)
-
-
-def stream_seed(manifest_seed: int, peer_id: str) -> int:
-    """Each peer reads its own sample stream: the seed mixes the run's seed and the peer id."""
-    return int.from_bytes(hashlib.sha256(f"{manifest_seed}:{peer_id}".encode()).digest()[:8], "little")
 
 
 class Worker:
@@ -162,86 +150,47 @@ class Worker:
         """Runs on a timer thread when the main thread did not stop within ``deadline`` seconds."""
         logger.warning("Still busy %.0f s after the stop signal (averaging?): ending without a final checkpoint", deadline)
         # past the deadline nothing is worth a grace period: SIGKILL at once
-        process.kill_descendants(grace_s=0)
-        process.kill_group(self.pgid, grace_s=0)
+        processes.kill_descendants(grace_s=0)
+        processes.kill_own_group(self.pgid, grace_s=0)
         os._exit(STOP_DEADLINE_EXIT_CODE)
 
     # --- setup --------------------------------------------------------
     def start(self) -> None:
+        """Join the run: DHT, manifest, model, data, trainer (``run_setup``), the checkpoint, then report ``joined``."""
         import torch
 
-        from p2ptrain.peers.data import DatasetUnavailable, train_batches, validation_batches
-        from p2ptrain.peers.dht import DHTStartError, reachability, start_dht, visible_addresses
-        from p2ptrain.peers.manifest import ManifestError, fetch_manifest, parse_manifest, publish_manifest
-        from p2ptrain.peers.models import build_model
-        from p2ptrain.peers.tokenizers import ModelUnavailable
+        from p2ptrain.peers.dht import reachability, visible_addresses
 
-        spec, paths, dht_options = self.spec, self.spec["paths"], self.spec.get("dht") or {}
+        spec, plan = self.spec, self.spec.get("plan") or {}
         if spec.get("torch_threads"):
             torch.set_num_threads(int(spec["torch_threads"]))
-        def start(initial_peers: list[str]):
-            return start_dht(
-                initial_peers,
-                Path(paths["identity_key"]),
-                host_maddrs=dht_options.get("host_maddrs"),
-                announce_maddrs=dht_options.get("announce_maddrs"),
-                use_relay=dht_options.get("use_relay", True),
-                use_auto_relay=dht_options.get("use_auto_relay", False),
-                client_mode=dht_options.get("client_mode", False),
-                start_timeout=float(dht_options.get("start_timeout_s", 60)),
-            )
+        self.dht = join_dht(spec, peers_file(self._checkpoint_file()))
+        # ask now: once the averagers are up, hivemind can stall this query for minutes
+        self.addresses, self.reachability = visible_addresses(self.dht), reachability(self.dht)
+        self.manifest = manifest = run_manifest(spec, self.dht)
 
-        try:
-            initial_peers = list(spec.get("initial_peers") or [])
-            remembered = [] if initial_peers else remembered_peers(peers_file(self._checkpoint_file()))
-            try:
-                # a run's creator has no bootstrap peers: after a restart it finds
-                # its swarm again through the peers it was connected to
-                self.dht = start(initial_peers or remembered)
-            except DHTStartError:
-                if not remembered:
-                    raise
-                logger.info("None of the %d remembered peers answered: starting alone", len(remembered))
-                self.dht = start(initial_peers)
-            # ask now: once the averagers are up, hivemind can stall this query for minutes
-            self.addresses, self.reachability = visible_addresses(self.dht), reachability(self.dht)
-            if spec.get("new_run"):
-                self.manifest = parse_manifest(spec["manifest"])
-            else:
-                self.manifest = fetch_manifest(self.dht, spec["run_id"], timeout=float(spec.get("manifest_timeout_s", 60)))
-            # every peer republishes the manifest, so the run outlives its creator
-            publish_manifest(self.dht, self.manifest)
-        except (DHTStartError, ManifestError) as error:
-            raise WorkerFailure(error.message, error.fix) from error
-
-        plan = spec.get("plan") or {}
         self.device = plan.get("device", "cpu")
         self.precision = plan.get("precision", "fp32")
         self.quantization = plan.get("quantization", "none")
-        self.micro_batch = int(plan.get("micro_batch") or self.manifest.micro_batch_hint)
+        self.micro_batch = int(plan.get("micro_batch") or manifest.micro_batch_hint)
         self.grad_accum = int(plan.get("grad_accum") or 1)
-        self.manifest_hash = self.manifest.manifest_hash()
+        self.manifest_hash = manifest.manifest_hash()
         self.peer_id = self.dht.peer_id.to_base58()
-        manifest = self.manifest
-        try:
-            self.loaded = build_model(manifest.model, manifest.lora.model_dump() if manifest.lora else None, self.precision, self.quantization, self.device, manifest.seed)
-            cache_dir = Path(paths["cache_dir"])
-            checkpoint = self._read_checkpoint()
-            start_position = int(checkpoint.get("data_position", 0)) if checkpoint else 0
-            self.batches = train_batches(manifest.dataset, self.loaded.tokenizer, manifest.seq_len, self.micro_batch, stream_seed(manifest.seed, self.peer_id), cache_dir, start_position)
-            self.validation = validation_batches(manifest.dataset, self.loaded.tokenizer, manifest.seq_len, self.micro_batch, cache_dir, max_batches=VALIDATION_BATCHES)
-        except (ModelUnavailable, DatasetUnavailable) as error:
-            raise WorkerFailure(str(error), "use the 'tiny' model and the built-in stdlib dataset, or make the model/data available offline") from error
-        except ValueError as error:
-            raise WorkerFailure(str(error), "fix the run manifest or the hardware plan") from error
-
+        checkpoint = self._read_checkpoint()
+        start_position = int(checkpoint.get("data_position", 0)) if checkpoint else 0
+        self.loaded, self.batches, self.validation = build_model_and_data(
+            manifest, self.device, self.precision, self.quantization, self.micro_batch, self.peer_id,
+            Path(spec["paths"]["cache_dir"]), start_position,
+        )
         if checkpoint:
             try:
                 self.loaded.load_trainable_state(checkpoint["trainable"])
             except (KeyError, ValueError) as error:
                 self.event("checkpoint-ignored", f"checkpoint not used: {error}")
                 checkpoint = None
-        self.trainer = self._make_trainer()
+        self.trainer = make_trainer(spec, manifest, self.dht, self.loaded.trainable(), self.micro_batch * self.grad_accum)
+        # hivemind's averagers set SIGINT to ignored when they start
+        process.install_stop_handlers(self.on_signal)
         if checkpoint:
             self.trainer.load_state_dict(checkpoint["trainer"])
             self.contributed_samples = int(checkpoint.get("contributed_samples", 0))
@@ -254,32 +203,6 @@ class Worker:
             grad_accum=self.grad_accum, parameters=self.loaded.parameters,
             trainable_parameters=self.loaded.trainable_parameters, nickname=spec.get("nickname", ""),
         )
-
-    def _make_trainer(self):
-        from p2ptrain.peers.manifest import averaging_prefix
-        from p2ptrain.peers.sync import averaging_timings
-
-        manifest = self.manifest
-        common = dict(
-            dht=self.dht, prefix=averaging_prefix(manifest), parameters=self.loaded.trainable(),
-            target_batch_size=manifest.target_batch_size, batch_size_per_step=self.micro_batch * self.grad_accum,
-            inner_lr=manifest.inner_lr, compression=manifest.compression,
-            client_mode=bool((self.spec.get("dht") or {}).get("client_mode", False)),
-            **averaging_timings(self.spec.get("averaging"), (self.spec.get("dht") or {}).get("host_maddrs") or ()),
-        )
-        schedule = dict(warmup_epochs=manifest.warmup_epochs, lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs)
-        if manifest.mode == "diloco":
-            from p2ptrain.peers.diloco import DiLoCoTrainer
-
-            trainer = DiLoCoTrainer(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr,
-                                    outer_momentum=manifest.outer_momentum, **schedule, **common)
-        else:
-            from p2ptrain.peers.sync import SyncTrainer
-
-            trainer = SyncTrainer(optimizer=manifest.optimizer, **schedule, **common)
-        # hivemind's averagers set SIGINT to ignored when they start
-        process.install_stop_handlers(self.on_signal)
-        return trainer
 
     def _catch_up(self) -> None:
         """Download the swarm's state if it is ahead of ours (checkpoint or fresh model)."""

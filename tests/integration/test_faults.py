@@ -22,7 +22,7 @@ import pytest
 
 from daemons import cli, start_daemon, still_running, write_local_config
 from p2ptrain.paths import resolve_paths
-from p2ptrain.peers.process import group_members
+from p2ptrain.processes import group_members
 from p2ptrain.storage import queries
 
 pytestmark = [pytest.mark.swarm]

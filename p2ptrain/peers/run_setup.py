@@ -1,0 +1,166 @@
+"""Setting up a worker's run from its spec: the DHT, the manifest, the model, the data and the trainer.
+
+``p2ptrain.peers.worker`` calls these in order while it joins a run and keeps
+each part as soon as it is built (so it can shut down what exists if a stop
+signal interrupts the rest). Importable without torch or hivemind: they are
+imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+from p2ptrain.peers.known_peers import remembered_peers
+
+logger = logging.getLogger(__name__)
+
+VALIDATION_BATCHES = 3
+
+
+class WorkerFailure(Exception):
+    """A failure the volunteer can fix: reported as an ``error`` with ``fix``."""
+
+    def __init__(self, message: str, fix: str):
+        super().__init__(message)
+        self.message, self.fix = message, fix
+
+
+def stream_seed(manifest_seed: int, peer_id: str) -> int:
+    """Each peer reads its own sample stream: the seed mixes the run's seed and the peer id."""
+    return int.from_bytes(hashlib.sha256(f"{manifest_seed}:{peer_id}".encode()).digest()[:8], "little")
+
+
+def join_dht(spec: dict, known_peers_file: Path):
+    """Start the worker's DHT, with the spec's ``initial_peers`` or else the peers it remembers.
+
+    A run's creator has no bootstrap peers: after a restart it finds its swarm
+    again through the peers it was connected to; if none of them answers it
+    starts alone.
+
+    Args:
+        spec: the worker spec (``initial_peers``, ``dht`` options, ``paths["identity_key"]``).
+        known_peers_file: where the peers of the last checkpoint are remembered.
+
+    Raises:
+        WorkerFailure: the DHT did not start.
+    """
+    from p2ptrain.peers.dht import DHTStartError
+
+    initial_peers = list(spec.get("initial_peers") or [])
+    remembered = [] if initial_peers else remembered_peers(known_peers_file)
+    try:
+        try:
+            return _start_dht(spec, initial_peers or remembered)
+        except DHTStartError:
+            if not remembered:
+                raise
+            logger.info("None of the %d remembered peers answered: starting alone", len(remembered))
+            return _start_dht(spec, initial_peers)
+    except DHTStartError as error:
+        raise WorkerFailure(error.message, error.fix) from error
+
+
+def _start_dht(spec: dict, initial_peers: list[str]):
+    from p2ptrain.peers.dht import start_dht
+
+    dht_options = spec.get("dht") or {}
+    return start_dht(
+        initial_peers,
+        Path(spec["paths"]["identity_key"]),
+        host_maddrs=dht_options.get("host_maddrs"),
+        announce_maddrs=dht_options.get("announce_maddrs"),
+        use_relay=dht_options.get("use_relay", True),
+        use_auto_relay=dht_options.get("use_auto_relay", False),
+        client_mode=dht_options.get("client_mode", False),
+        start_timeout=float(dht_options.get("start_timeout_s", 60)),
+    )
+
+
+def run_manifest(spec: dict, dht):
+    """The run's manifest (the spec's own for a new run, else fetched from the swarm), published again.
+
+    Every peer republishes the manifest, so the run outlives its creator.
+
+    Args:
+        spec: the worker spec (``new_run``, ``manifest``, ``run_id``, ``manifest_timeout_s``).
+        dht: the worker's running DHT.
+
+    Raises:
+        WorkerFailure: the manifest is invalid or no peer has it.
+    """
+    from p2ptrain.peers.manifest import ManifestError, fetch_manifest, parse_manifest, publish_manifest
+
+    try:
+        if spec.get("new_run"):
+            manifest = parse_manifest(spec["manifest"])
+        else:
+            manifest = fetch_manifest(dht, spec["run_id"], timeout=float(spec.get("manifest_timeout_s", 60)))
+        publish_manifest(dht, manifest)
+    except ManifestError as error:
+        raise WorkerFailure(error.message, error.fix) from error
+    return manifest
+
+
+def build_model_and_data(manifest, device: str, precision: str, quantization: str, micro_batch: int, peer_id: str, cache_dir: Path, start_position: int):
+    """Build the model and this peer's training and validation batches; returns ``(loaded, batches, validation)``.
+
+    Args:
+        manifest: the run manifest.
+        device, precision, quantization: from the hardware plan (``cuda:0``, ``bf16``, ``nf4``...).
+        micro_batch: samples per micro-batch.
+        peer_id: this peer's id (it seeds its sample stream, see ``stream_seed``).
+        cache_dir: where datasets are cached.
+        start_position: how many training batches to skip (from a checkpoint).
+
+    Raises:
+        WorkerFailure: the model or data is unavailable, or the manifest or plan is invalid.
+    """
+    from p2ptrain.peers.data import DatasetUnavailable, train_batches, validation_batches
+    from p2ptrain.peers.models import build_model
+    from p2ptrain.peers.tokenizers import ModelUnavailable
+
+    try:
+        loaded = build_model(manifest.model, manifest.lora.model_dump() if manifest.lora else None, precision, quantization, device, manifest.seed)
+        batches = train_batches(manifest.dataset, loaded.tokenizer, manifest.seq_len, micro_batch, stream_seed(manifest.seed, peer_id), cache_dir, start_position)
+        validation = validation_batches(manifest.dataset, loaded.tokenizer, manifest.seq_len, micro_batch, cache_dir, max_batches=VALIDATION_BATCHES)
+    except (ModelUnavailable, DatasetUnavailable) as error:
+        raise WorkerFailure(str(error), "use the 'tiny' model and the built-in stdlib dataset, or make the model/data available offline") from error
+    except ValueError as error:
+        raise WorkerFailure(str(error), "fix the run manifest or the hardware plan") from error
+    return loaded, batches, validation
+
+
+def make_trainer(spec: dict, manifest, dht, parameters, batch_size_per_step: int):
+    """The manifest's trainer (``SyncTrainer``, or ``DiLoCoTrainer`` in ``diloco`` mode).
+
+    Its averagers start now and set SIGINT to ignored: install the stop handlers again after.
+
+    Args:
+        spec: the worker spec (``dht`` options, ``averaging`` timings).
+        manifest: the run manifest.
+        dht: the worker's running DHT.
+        parameters: the trainable parameters.
+        batch_size_per_step: samples of one step (micro-batch times gradient accumulation).
+    """
+    from p2ptrain.peers.manifest import averaging_prefix
+    from p2ptrain.peers.sync import averaging_timings
+
+    dht_options = spec.get("dht") or {}
+    common = dict(
+        dht=dht, prefix=averaging_prefix(manifest), parameters=parameters,
+        target_batch_size=manifest.target_batch_size, batch_size_per_step=batch_size_per_step,
+        inner_lr=manifest.inner_lr, compression=manifest.compression,
+        client_mode=bool(dht_options.get("client_mode", False)),
+        **averaging_timings(spec.get("averaging"), dht_options.get("host_maddrs") or ()),
+    )
+    schedule = dict(warmup_epochs=manifest.warmup_epochs, lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs)
+    if manifest.mode == "diloco":
+        from p2ptrain.peers.diloco import DiLoCoTrainer
+
+        return DiLoCoTrainer(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr,
+                             outer_momentum=manifest.outer_momentum, **schedule, **common)
+    from p2ptrain.peers.sync import SyncTrainer
+
+    return SyncTrainer(optimizer=manifest.optimizer, **schedule, **common)
