@@ -2,13 +2,16 @@
 
     nice -n 10 .venv/bin/python benchmarks/convergence.py [--total-samples N] [--quick]
 
-writes ``benchmarks/convergence_results.md``, ``convergence_loss.png`` and
-``convergence_bytes.png`` (the plots need matplotlib). Configurations, all on the
-built-in ``tiny`` model and stdlib corpus, all from the same initial weights:
+writes ``benchmarks/convergence_results.md``, its table and goals into the
+convergence section of ``benchmarks/RESULTS.md``, ``convergence_loss.png`` and
+``convergence_bytes.png`` (the plots need matplotlib). First the tiny preset is
+pretrained here on ``--pretrain-samples`` and saved as a model directory with its
+byte tokenizer (what ``p2ptrain export`` writes); every configuration fine-tunes
+that directory, on the stdlib corpus, from the same weights:
 
 - 1 peer at micro-batch B and at 4B: a plain PyTorch AdamW loop in this process;
-- 4 peers ``diloco`` at H = 20, 50, 100, 250 (8-bit blockwise compression), and
-  optionally at the middle H without compression;
+- 4 peers ``diloco`` at each ``--local-steps`` H (8-bit blockwise compression),
+  and optionally at the middle H without compression;
 - 4 peers ``sync``: four real worker processes (hivemind on 127.0.0.1),
   target_batch_size 4B, each contributing B per step.
 
@@ -45,7 +48,8 @@ import torch
 from p2ptrain.peers.checkpoint import checkpoint_path, load_checkpoint
 from p2ptrain.peers.data import train_batches, validation_batches
 from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
-from p2ptrain.peers.worker import VALIDATION_BATCHES, stream_seed
+from p2ptrain.peers.tokenizers import ByteTokenizer
+from p2ptrain.peers.run_setup import VALIDATION_BATCHES, stream_seed
 from p2ptrain.peers.worker import main as worker_main
 
 HERE = Path(__file__).resolve().parent
@@ -98,12 +102,15 @@ class Setup:
     cache_dir: Path
     work_dir: Path
     timeout_s: float
+    model: str = "tiny"  # the preset, or the directory of the pretrained start
+    pretrained_loss: float | None = None
+    pretrain_samples: int = 0
     parameters: int = 0
     final_windows: list = field(default_factory=list)
     curve_windows: list = field(default_factory=list)
 
     def __post_init__(self):
-        loaded = build_model("tiny", seed=SEED)
+        loaded = build_model(self.model, seed=SEED)
         tokenizer, self.parameters = loaded.tokenizer, loaded.trainable_parameters
         self.final_windows = validation_batches(DATASET, tokenizer, self.seq_len, EVAL_BATCH, self.cache_dir, FINAL_EVAL_BATCHES)
         # what a worker's epoch report measures, so the curves compare
@@ -129,10 +136,27 @@ def plan_name(setup: Setup, mode: str, local_steps: int, compression: str) -> st
     return "4 peers, sync" if mode == "sync" else f"4 peers, diloco H={local_steps}, {compression}"
 
 
+def pretrain(samples: int, batch: int, seq_len: int, lr: float, cache_dir: Path, directory: Path) -> float:
+    """Train the tiny preset from scratch on ``samples`` samples (AdamW at ``lr``, its own data
+    stream) and save it with its byte tokenizer into ``directory``, as ``p2ptrain export`` would:
+    the pretrained start every configuration fine-tunes (``--model DIRECTORY``), like the
+    DiLoCo paper's runs start from a pretrained checkpoint. Returns its eval loss."""
+    loaded = build_model("tiny", seed=SEED)
+    optimizer = torch.optim.AdamW(loaded.trainable(), lr=lr)
+    batches = train_batches(DATASET, loaded.tokenizer, seq_len, batch, stream_seed(SEED, "pretrain"), cache_dir)
+    for _ in range(samples // batch):
+        causal_lm_loss(loaded.model, next(batches)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    loaded.model.save_pretrained(directory)
+    ByteTokenizer().save_pretrained(directory)
+    return mean_loss(loaded.model, validation_batches(DATASET, loaded.tokenizer, seq_len, EVAL_BATCH, cache_dir, FINAL_EVAL_BATCHES))
+
+
 def run_single(setup: Setup, batch: int) -> Result:
     """One peer, a plain AdamW loop at ``batch`` samples per step."""
     torch.manual_seed(SEED)
-    loaded = build_model("tiny", seed=SEED)
+    loaded = build_model(setup.model, seed=SEED)
     optimizer = torch.optim.AdamW(loaded.trainable(), lr=setup.inner_lr)
     batches = train_batches(DATASET, loaded.tokenizer, setup.seq_len, batch, stream_seed(SEED, "baseline"), setup.cache_dir)
     steps = setup.total_samples // batch
@@ -284,7 +308,7 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
     name = plan_name(setup, mode, local_steps, compression)
     run_id = f"convergence-{mode}-{local_steps}-{compression}-{os.getpid()}"
     manifest = {
-        "run_id": run_id, "mode": mode, "model": "tiny", "dataset": DATASET, "seq_len": setup.seq_len,
+        "run_id": run_id, "mode": mode, "model": setup.model, "dataset": DATASET, "seq_len": setup.seq_len,
         "target_batch_size": per_epoch, "local_steps": local_steps, "micro_batch_hint": setup.micro_batch,
         "inner_lr": setup.inner_lr, "outer_lr": setup.outer_lr, "outer_momentum": setup.outer_momentum, "compression": compression,
         "seed": SEED, "created_at": time.time(),
@@ -336,7 +360,7 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
             worker.kill_group()
     eval_losses = []
     for state in states:
-        loaded = build_model("tiny", seed=SEED)
+        loaded = build_model(setup.model, seed=SEED)
         loaded.load_trainable_state(state["trainable"])
         eval_losses.append(mean_loss(loaded.model, setup.final_windows))
     samples = sum(int(state["contributed_samples"]) for state in states)
@@ -377,6 +401,15 @@ def goals(results: list[Result], baseline: Result, reference: float) -> list[str
     return lines
 
 
+def start_sentence(setup: Setup) -> str:
+    if not setup.pretrain_samples:
+        return "Training starts from the preset's random weights."
+    return (f"Training starts from the tiny preset pretrained here on {setup.pretrain_samples:,} samples (batch "
+            f"{2 * setup.micro_batch}, its own data order; eval loss {setup.pretrained_loss:.4f}) and saved as a model "
+            f"directory, which every configuration fine-tunes (`--model DIR`), as the DiLoCo paper's runs start from a "
+            f"pretrained checkpoint.")
+
+
 def markdown(setup: Setup, results: list[Result], command: str, seconds: float) -> str:
     reference = every_step_allreduce_bytes_per_sample(setup)
     baseline = next(result for result in results if result.name.startswith("1 peer, batch 4B"))
@@ -384,8 +417,9 @@ def markdown(setup: Setup, results: list[Result], command: str, seconds: float) 
         "# Convergence at equal total samples (DiLoCo Table 2 shape)", "",
         f"Command: `{command}` ({seconds / 60:.0f} min on this machine).", "",
         f"Model `tiny` ({setup.parameters:,} parameters, byte vocabulary), stdlib corpus, seq_len {setup.seq_len}, "
-        f"B = {setup.micro_batch} samples, AdamW lr {setup.inner_lr} constant (the inner lr for DiLoCo), outer Nesterov SGD "
-        f"lr {setup.outer_lr} momentum {setup.outer_momentum}. Every configuration starts from the same weights and trains "
+        f"B = {setup.micro_batch} samples, AdamW lr {setup.inner_lr} constant (the inner lr for DiLoCo), outer "
+        f"{'Nesterov ' if setup.outer_momentum else ''}SGD lr {setup.outer_lr} momentum {setup.outer_momentum}. "
+        f"{start_sentence(setup)} Every configuration starts from the same weights and trains "
         f"on {setup.total_samples:,} samples ({setup.total_samples // (PEERS * setup.micro_batch)} steps per peer of 4). "
         f"Eval loss: mean cross-entropy (nats/byte) on {FINAL_EVAL_BATCHES * EVAL_BATCH} fixed validation windows, "
         f"measured on each peer's final model, mean over peers.", "",
@@ -459,24 +493,46 @@ def plot(results: list[Result], setup: Setup, out_dir: Path) -> bool:
     return True
 
 
+# RESULTS.md's convergence section lies between these lines; each run rewrites it
+SECTION_START = "<!-- benchmarks/convergence.py writes from here -->"
+SECTION_END = "<!-- benchmarks/convergence.py writes up to here -->"
+
+
+def update_results_section(results_file: Path, table: str) -> None:
+    """Put ``table`` (this run's markdown, its title dropped) between the section markers of
+    ``results_file``; a file without the markers is left alone."""
+    if not results_file.is_file():
+        return
+    text = results_file.read_text()
+    start, end = text.find(SECTION_START), text.find(SECTION_END)
+    if start < 0 or end < start:
+        return
+    body = table.split("\n", 2)[2] if table.startswith("# ") else table
+    results_file.write_text(text[:start + len(SECTION_START)] + "\n\n" + body.strip() + "\n\n" + text[end:])
+
+
 def write_outputs(setup: Setup, results: list[Result], command: str, started: float, out_dir: Path) -> str:
-    """Write the markdown table and the plots for the results so far; returns the markdown."""
+    """Write the markdown table, RESULTS.md's section and the plots for the results so far; returns the markdown."""
     results = sorted(results, key=lambda result: result.order)
     text = markdown(setup, results, command, time.monotonic() - started)
     (out_dir / "convergence_results.md").write_text(text)
+    update_results_section(out_dir / "RESULTS.md", text)
     plot(results, setup, out_dir)
     return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--total-samples", type=int, default=None, help="samples per configuration (default 4000, --quick 1280)")
+    parser.add_argument("--total-samples", type=int, default=None,
+                        help="samples per configuration (default 25600, --quick 1280); a multiple of 4·B·H keeps DiLoCo "
+                             "rows at exactly this many (25600 = 16 · 1600 steps: H = 20, 50, 100, 320 all divide 1600)")
     parser.add_argument("--quick", action="store_true", help="shorter sequences and fewer samples: a smoke run")
-    parser.add_argument("--micro-batch", type=int, default=2, help="B, samples per step per peer")
+    parser.add_argument("--micro-batch", type=int, default=4, help="B, samples per step per peer")
     parser.add_argument("--inner-lr", type=float, default=3e-3, help="AdamW lr of the baselines and of DiLoCo's inner steps")
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.9)
-    parser.add_argument("--local-steps", type=int, nargs="+", default=[20, 50, 100, 250], help="H values for diloco")
+    parser.add_argument("--local-steps", type=int, nargs="+", default=[20, 50, 100, 320],
+                        help="H values for diloco (>= 253 sends >= 1000x fewer bytes than the every-step all-reduce at 8 bits)")
     parser.add_argument("--swarms", nargs="*", default=["baselines", "diloco-blockwise8bit", "sync-none"],
                         choices=["baselines", "diloco-blockwise8bit", "sync-none", "diloco-none"], help="which configurations to run")
     parser.add_argument("--cache-dir", type=Path, default=None, help="token cache to reuse (default: a temporary one)")
@@ -487,13 +543,24 @@ def main() -> None:
     parser.add_argument("--save", type=Path, help="also write the results so far to this JSON file")
     parser.add_argument("--load", type=Path, nargs="*", default=[],
                         help="results of earlier runs (--save files) to include; their configurations are not run again")
+    parser.add_argument("--pretrain-samples", type=int, default=None,
+                        help="pretrain the tiny preset on this many samples first and start every configuration "
+                             "from it (default 24000, --quick 2000; 0: start from random weights)")
     parser.add_argument("--timeout", type=float, default=1500, help="seconds one swarm configuration may take (sync needs ~5 s a round on a busy 2-core machine)")
     args = parser.parse_args()
-    total = args.total_samples or (1280 if args.quick else 4000)
+    total = args.total_samples or (1280 if args.quick else 25600)
     started = time.monotonic()
+    pretrain_samples = args.pretrain_samples if args.pretrain_samples is not None else (2000 if args.quick else 24000)
+    seq_len = 32 if args.quick else 64
     with tempfile.TemporaryDirectory(prefix="p2ptrain-convergence-") as temp:
-        setup = Setup(total, args.micro_batch, 32 if args.quick else 64, args.inner_lr, args.outer_lr, args.outer_momentum,
-                      args.cache_dir or Path(temp) / "cache", Path(temp) / "peers", args.timeout)
+        cache_dir = args.cache_dir or Path(temp) / "cache"
+        model, pretrained_loss = "tiny", None
+        if pretrain_samples:
+            print(f"pretraining the tiny preset on {pretrain_samples} samples", file=sys.stderr, flush=True)
+            model = str(Path(temp) / "pretrained")
+            pretrained_loss = pretrain(pretrain_samples, 2 * args.micro_batch, seq_len, args.inner_lr, cache_dir, Path(model))
+        setup = Setup(total, args.micro_batch, seq_len, args.inner_lr, args.outer_lr, args.outer_momentum,
+                      cache_dir, Path(temp) / "peers", args.timeout, model, pretrained_loss, pretrain_samples)
         torch.set_num_threads(1)
         plans = [("diloco", h, "blockwise8bit") for h in args.local_steps] + [("sync", 1, "none")]
         plans.append(("diloco", args.local_steps[len(args.local_steps) // 2], "none"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -33,7 +34,7 @@ from hivemind.compression import CompressionInfo
 from p2ptrain.peers.data import train_batches, validation_batches
 from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
 from p2ptrain.peers.sync import Blockwise8Bit
-from p2ptrain.peers.worker import stream_seed
+from p2ptrain.peers.run_setup import stream_seed
 
 HERE = Path(__file__).resolve().parent
 DATASET = {"kind": "stdlib"}
@@ -77,8 +78,16 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def run_baseline(config: Config, args, windows: list) -> tuple[float, list]:
+def start_model(args):
+    """The tiny model every configuration starts from: fresh weights, or ``--init``'s."""
     loaded = build_model("tiny", seed=SEED)
+    if args.init:
+        loaded.load_trainable_state(torch.load(args.init))
+    return loaded
+
+
+def run_baseline(config: Config, args, windows: list) -> tuple[float, list]:
+    loaded = start_model(args)
     optimizer = torch.optim.AdamW(loaded.trainable(), lr=config.inner_lr)
     batch = config.batch_factor * args.micro_batch
     batches = train_batches(DATASET, loaded.tokenizer, args.seq_len, batch, stream_seed(SEED, "baseline"), args.cache_dir)
@@ -103,10 +112,10 @@ def through_8bit(tensor: torch.Tensor, compression: str) -> torch.Tensor:
 
 
 def run_diloco(config: Config, args, windows: list) -> tuple[float, list]:
-    loaded = build_model("tiny", seed=SEED)
+    loaded = start_model(args)
     model, parameters = loaded.model, loaded.trainable()
     global_parameters = [parameter.detach().clone() for parameter in parameters]
-    outer = torch.optim.SGD(global_parameters, lr=config.outer_lr, momentum=config.outer_momentum, nesterov=True)
+    outer = torch.optim.SGD(global_parameters, lr=config.outer_lr, momentum=config.outer_momentum, nesterov=config.outer_momentum > 0)
     # one AdamW state and one data stream per replica; the model's weights are swapped in and out
     states = [torch.optim.AdamW(parameters, lr=config.inner_lr).state_dict() for _ in range(REPLICAS)]
     streams = [train_batches(DATASET, loaded.tokenizer, args.seq_len, args.micro_batch, stream_seed(SEED, f"replica{index}"), args.cache_dir)
@@ -141,18 +150,31 @@ def run_diloco(config: Config, args, windows: list) -> tuple[float, list]:
     return mean_loss(model, windows), curve
 
 
-CONFIGS = {config.name: config for config in [
-    Config("base-B", "baseline", batch_factor=1),
-    Config("base-4B", "baseline", batch_factor=4),
-    Config("base-4B-cos", "baseline", batch_factor=4, schedule="cosine", warmup_steps=50),
-    *[Config(f"H{h}", "diloco", local_steps=h) for h in (20, 50, 100, 250)],
-    *[Config(f"H{h}-o1.0", "diloco", local_steps=h, outer_lr=1.0) for h in (20, 50, 100, 250)],
-    *[Config(f"H{h}-o1.0-i6e-3", "diloco", local_steps=h, outer_lr=1.0, inner_lr=6e-3) for h in (50, 250)],
-    *[Config(f"H{h}-i6e-3", "diloco", local_steps=h, inner_lr=6e-3) for h in (50, 250)],
-    *[Config(f"H{h}-m0.5-o1.0", "diloco", local_steps=h, outer_lr=1.0, outer_momentum=0.5) for h in (50, 250)],
-    *[Config(f"H{h}-cos", "diloco", local_steps=h, schedule="cosine", warmup_steps=50) for h in (50, 250)],
-    *[Config(f"H{h}-none", "diloco", local_steps=h, compression="none") for h in (50,)],
-]}
+BASELINES = {"base-B": Config("base-B", "baseline", batch_factor=1),
+             "base-4B": Config("base-4B", "baseline", batch_factor=4),
+             "base-4B-cos": Config("base-4B-cos", "baseline", batch_factor=4, schedule="cosine", warmup_steps=50)}
+NAME_HELP = ("base-B, base-4B, base-4B-cos, or H<local steps> followed by any of -o<outer lr> -m<outer momentum> "
+             "-i<inner lr> -cos -none (no compression), e.g. H256-o1.0-m0.5; defaults: outer lr 0.7, momentum 0.9, "
+             "inner lr 3e-3 constant, blockwise 8-bit")
+
+
+def parse_config(name: str) -> Config:
+    """The configuration a ``--run`` name describes (see ``NAME_HELP``); ValueError if it describes none."""
+    if name in BASELINES:
+        return BASELINES[name]
+    match = re.fullmatch(r"H(\d+)((?:-o[\d.e-]+|-m[\d.]+|-i[\d.e-]+|-cos|-none)*)", name)
+    if not match or int(match.group(1)) < 1:
+        raise ValueError(f"unknown configuration {name!r}: use {NAME_HELP}")
+    config = Config(name, "diloco", local_steps=int(match.group(1)))
+    for part in re.findall(r"-(o[\d.e-]+?|m[\d.]+|i[\d.e-]+?|cos|none)(?=-[omicn]|$)", match.group(2)):
+        if part == "cos":
+            config.schedule, config.warmup_steps = "cosine", 50
+        elif part == "none":
+            config.compression = "none"
+        else:
+            setattr(config, {"o": "outer_lr", "m": "outer_momentum", "i": "inner_lr"}[part[0]], float(part[1:]))
+    return config
+
 
 
 def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> str:
@@ -196,12 +218,13 @@ def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", action="append", choices=sorted(CONFIGS), default=[], help="configuration to simulate (repeatable)")
+    parser.add_argument("--run", action="append", default=[], help=f"configuration to simulate (repeatable): {NAME_HELP}")
     parser.add_argument("--total-samples", type=int, default=8000)
     parser.add_argument("--micro-batch", type=int, default=4, help="B")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/p2ptrain-study-cache"))
     parser.add_argument("--out", type=Path, default=HERE / "diloco_study_runs.jsonl")
+    parser.add_argument("--init", type=Path, help="start every configuration from these weights (a trainable_state saved with torch.save)")
     parser.add_argument("--report", type=Path, nargs="*", help="write diloco_study_results.md from these JSONL files")
     parser.add_argument("--baseline-loss", type=float, help="base-4B's eval loss, for --report when no run file has it")
     args = parser.parse_args()
@@ -212,7 +235,7 @@ def main() -> None:
     tokenizer = build_model("tiny", seed=SEED).tokenizer
     windows = validation_batches(DATASET, tokenizer, args.seq_len, EVAL_BATCH, args.cache_dir, EVAL_BATCHES)
     for name in args.run:
-        config = CONFIGS[name]
+        config = parse_config(name)
         started = time.monotonic()
         eval_loss, curve = (run_baseline if config.kind == "baseline" else run_diloco)(config, args, windows)
         row = {"config": asdict(config), "total_samples": args.total_samples, "micro_batch": args.micro_batch,

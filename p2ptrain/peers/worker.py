@@ -22,7 +22,6 @@ from p2ptrain import processes
 from p2ptrain.daemon.calibrate import is_out_of_memory
 from p2ptrain.peers import process
 from p2ptrain.peers.known_peers import peers_file, remember_peers
-from p2ptrain.peers.run_setup import VALIDATION_BATCHES, stream_seed  # noqa: F401 (the benchmarks import them from here)
 from p2ptrain.peers.run_setup import WorkerFailure, build_model_and_data, join_dht, make_trainer, run_manifest
 
 logger = logging.getLogger(__name__)
