@@ -48,6 +48,7 @@ import torch
 from p2ptrain.peers.checkpoint import checkpoint_path, load_checkpoint
 from p2ptrain.peers.data import train_batches, validation_batches
 from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
+from p2ptrain.peers.optimizers import learning_rate_factor
 from p2ptrain.peers.tokenizers import ByteTokenizer
 from p2ptrain.peers.run_setup import VALIDATION_BATCHES, stream_seed
 from p2ptrain.peers.worker import main as worker_main
@@ -97,6 +98,7 @@ class Setup:
     micro_batch: int
     seq_len: int
     inner_lr: float
+    lr_schedule: str  # "constant", or "cosine" to 0 at the last step of every configuration
     outer_lr: float
     outer_momentum: float
     cache_dir: Path
@@ -163,6 +165,8 @@ def run_single(setup: Setup, batch: int) -> Result:
     every = max(1, steps // 30)
     curve = []
     for step in range(1, steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = setup.inner_lr * learning_rate_factor(step - 1, 0, setup.lr_schedule, steps)
         causal_lm_loss(loaded.model, next(batches)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -311,7 +315,10 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
         "run_id": run_id, "mode": mode, "model": setup.model, "dataset": DATASET, "seq_len": setup.seq_len,
         "target_batch_size": per_epoch, "local_steps": local_steps, "micro_batch_hint": setup.micro_batch,
         "inner_lr": setup.inner_lr, "outer_lr": setup.outer_lr, "outer_momentum": setup.outer_momentum, "compression": compression,
-        "seed": SEED, "created_at": time.time(),
+        "seed": SEED, "created_at": time.time(), "lr_schedule": setup.lr_schedule,
+        # the schedule ends with the last epoch; a sync epoch gathers more than its target while
+        # matchmaking runs, so sync ends before its rate reaches 0
+        "total_epochs": epochs if setup.lr_schedule != "constant" else None,
     }
     matchmaking_time = 1.0 if mode == "sync" else 3.0
     home = setup.work_dir / run_id
@@ -401,6 +408,13 @@ def goals(results: list[Result], baseline: Result, reference: float) -> list[str
     return lines
 
 
+def schedule_words(setup: Setup) -> str:
+    if setup.lr_schedule == "constant":
+        return "constant"
+    return (f"with a {setup.lr_schedule} decay to 0 at each configuration's last step (DiLoCo: the manifest's "
+            f"lr_schedule and total_epochs, counted in inner steps)")
+
+
 def start_sentence(setup: Setup) -> str:
     if not setup.pretrain_samples:
         return "Training starts from the preset's random weights."
@@ -417,7 +431,7 @@ def markdown(setup: Setup, results: list[Result], command: str, seconds: float) 
         "# Convergence at equal total samples (DiLoCo Table 2 shape)", "",
         f"Command: `{command}` ({seconds / 60:.0f} min on this machine).", "",
         f"Model `tiny` ({setup.parameters:,} parameters, byte vocabulary), stdlib corpus, seq_len {setup.seq_len}, "
-        f"B = {setup.micro_batch} samples, AdamW lr {setup.inner_lr} constant (the inner lr for DiLoCo), outer "
+        f"B = {setup.micro_batch} samples, AdamW lr {setup.inner_lr} {schedule_words(setup)} (the inner lr for DiLoCo), outer "
         f"{'Nesterov ' if setup.outer_momentum else ''}SGD lr {setup.outer_lr} momentum {setup.outer_momentum}. "
         f"{start_sentence(setup)} Every configuration starts from the same weights and trains "
         f"on {setup.total_samples:,} samples ({setup.total_samples // (PEERS * setup.micro_batch)} steps per peer of 4). "
@@ -529,8 +543,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter sequences and fewer samples: a smoke run")
     parser.add_argument("--micro-batch", type=int, default=4, help="B, samples per step per peer")
     parser.add_argument("--inner-lr", type=float, default=3e-3, help="AdamW lr of the baselines and of DiLoCo's inner steps")
-    parser.add_argument("--outer-lr", type=float, default=0.7)
-    parser.add_argument("--outer-momentum", type=float, default=0.9)
+    parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
+                        help="AdamW learning rate of every configuration: constant, or cosine to 0 at its last step")
+    # the plain average of the peers' models: best in diloco_study at this budget (the paper's 0.7 / 0.9
+    # needs many more outer steps than a short fine-tuning run has)
+    parser.add_argument("--outer-lr", type=float, default=1.0, help="DiLoCo's outer SGD learning rate")
+    parser.add_argument("--outer-momentum", type=float, default=0.0, help="DiLoCo's outer Nesterov momentum (0: none)")
     parser.add_argument("--local-steps", type=int, nargs="+", default=[20, 50, 100, 320],
                         help="H values for diloco (>= 253 sends >= 1000x fewer bytes than the every-step all-reduce at 8 bits)")
     parser.add_argument("--swarms", nargs="*", default=["baselines", "diloco-blockwise8bit", "sync-none"],
@@ -559,7 +577,7 @@ def main() -> None:
             print(f"pretraining the tiny preset on {pretrain_samples} samples", file=sys.stderr, flush=True)
             model = str(Path(temp) / "pretrained")
             pretrained_loss = pretrain(pretrain_samples, 2 * args.micro_batch, seq_len, args.inner_lr, cache_dir, Path(model))
-        setup = Setup(total, args.micro_batch, seq_len, args.inner_lr, args.outer_lr, args.outer_momentum,
+        setup = Setup(total, args.micro_batch, seq_len, args.inner_lr, args.lr_schedule, args.outer_lr, args.outer_momentum,
                       cache_dir, Path(temp) / "peers", args.timeout, model, pretrained_loss, pretrain_samples)
         torch.set_num_threads(1)
         plans = [("diloco", h, "blockwise8bit") for h in args.local_steps] + [("sync", 1, "none")]

@@ -1,6 +1,7 @@
 """What the simulation says: exact DiLoCo math with 4 replicas in one process.
 
-    nice -n 10 .venv/bin/python benchmarks/diloco_study.py --run NAME [--run NAME ...] [--out FILE.jsonl]
+    nice -n 10 .venv/bin/python benchmarks/diloco_study.py [--pretrain-samples 24000] [--total-samples 25600] \
+        --run NAME [--run NAME ...] [--out FILE.jsonl]
     .venv/bin/python benchmarks/diloco_study.py --report FILE.jsonl [FILE.jsonl ...]
 
 No hivemind swarm: the same `tiny` model, stdlib corpus, per-replica data
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 import time
@@ -33,8 +33,11 @@ from hivemind.compression import CompressionInfo
 
 from p2ptrain.peers.data import train_batches, validation_batches
 from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
+from p2ptrain.peers.optimizers import learning_rate_factor
 from p2ptrain.peers.sync import Blockwise8Bit
 from p2ptrain.peers.run_setup import stream_seed
+
+from convergence import pretrain  # benchmarks/convergence.py, beside this script
 
 HERE = Path(__file__).resolve().parent
 DATASET = {"kind": "stdlib"}
@@ -48,8 +51,8 @@ class Config:
     """One simulated configuration.
 
     ``kind``: "baseline" (one replica at ``batch_factor`` × B) or "diloco".
-    ``schedule``: "constant" or "cosine" (linear warm-up over ``warmup_steps``
-    inner steps, then cosine to 10 % of ``inner_lr`` at the last step).
+    ``schedule``: "constant" or "cosine" (after a linear warm-up over ``warmup_steps``
+    inner steps, cosine to 0 at the last step, as ``p2ptrain.peers.optimizers``).
     """
 
     name: str
@@ -65,12 +68,9 @@ class Config:
 
 
 def learning_rate(config: Config, step: int, total_steps: int) -> float:
-    if config.schedule == "constant":
-        return config.inner_lr
-    if step < config.warmup_steps:
-        return config.inner_lr * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, total_steps - config.warmup_steps)
-    return config.inner_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    """The (inner) learning rate at ``step`` of ``total_steps``: the product's schedule
+    (``p2ptrain.peers.optimizers.learning_rate_factor``, cosine decaying to 0 at the end)."""
+    return config.inner_lr * learning_rate_factor(step, config.warmup_steps, config.schedule, total_steps)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -78,12 +78,20 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
+def pretrained_start(args) -> str:
+    """The model every configuration starts from: "tiny" (random weights) or, with
+    ``--pretrain-samples``, the directory ``convergence.pretrain`` writes (made once, kept in the cache)."""
+    if not args.pretrain_samples:
+        return "tiny"
+    directory = args.cache_dir / f"pretrained-{args.pretrain_samples}-b{2 * args.micro_batch}-s{args.seq_len}"
+    if not (directory / "config.json").is_file():
+        pretrain(args.pretrain_samples, 2 * args.micro_batch, args.seq_len, 3e-3, args.cache_dir, directory)
+    return str(directory)
+
+
 def start_model(args):
-    """The tiny model every configuration starts from: fresh weights, or ``--init``'s."""
-    loaded = build_model("tiny", seed=SEED)
-    if args.init:
-        loaded.load_trainable_state(torch.load(args.init))
-    return loaded
+    """The tiny model every configuration starts from (see ``pretrained_start``)."""
+    return build_model(args.start, seed=SEED)
 
 
 def run_baseline(config: Config, args, windows: list) -> tuple[float, list]:
@@ -152,7 +160,7 @@ def run_diloco(config: Config, args, windows: list) -> tuple[float, list]:
 
 BASELINES = {"base-B": Config("base-B", "baseline", batch_factor=1),
              "base-4B": Config("base-4B", "baseline", batch_factor=4),
-             "base-4B-cos": Config("base-4B-cos", "baseline", batch_factor=4, schedule="cosine", warmup_steps=50)}
+             "base-4B-cos": Config("base-4B-cos", "baseline", batch_factor=4, schedule="cosine")}
 NAME_HELP = ("base-B, base-4B, base-4B-cos, or H<local steps> followed by any of -o<outer lr> -m<outer momentum> "
              "-i<inner lr> -cos -none (no compression), e.g. H256-o1.0-m0.5; defaults: outer lr 0.7, momentum 0.9, "
              "inner lr 3e-3 constant, blockwise 8-bit")
@@ -168,7 +176,7 @@ def parse_config(name: str) -> Config:
     config = Config(name, "diloco", local_steps=int(match.group(1)))
     for part in re.findall(r"-(o[\d.e-]+?|m[\d.]+|i[\d.e-]+?|cos|none)(?=-[omicn]|$)", match.group(2)):
         if part == "cos":
-            config.schedule, config.warmup_steps = "cosine", 50
+            config.schedule = "cosine"
         elif part == "none":
             config.compression = "none"
         else:
@@ -183,7 +191,8 @@ def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> 
     rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
     by_budget: dict[tuple, list] = {}
     for row in rows:
-        by_budget.setdefault((row["total_samples"], row["micro_batch"], row["seq_len"]), []).append(row)
+        key = (row.get("pretrain_samples", 0), row["total_samples"], row["micro_batch"], row["seq_len"])
+        by_budget.setdefault(key, []).append(row)
     lines = ["# DiLoCo study: what the simulation says", "",
              "Exact DiLoCo math with 4 replicas in one process (no swarm): `benchmarks/diloco_study.py` (see its "
              "docstring). Commands: each row's `--run NAME` with the budget flags of its section, then "
@@ -191,11 +200,13 @@ def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> 
              "Eval loss: mean cross-entropy (nats/byte) on 256 fixed validation windows. Δ is against `base-4B` "
              "(1 replica at batch 4B, same lr and schedule kind as its row's note says). Unless named, DiLoCo rows use "
              "inner AdamW lr 3e-3 constant, outer Nesterov SGD lr 0.7 momentum 0.9, blockwise 8-bit pseudo-gradients.", ""]
-    for (total, micro_batch, seq_len), group in sorted(by_budget.items()):
+    for (pretrain_samples, total, micro_batch, seq_len), group in sorted(by_budget.items()):
         reference = {row["config"]["name"]: row["eval_loss"] for row in group}
         if baseline_loss is not None:
             reference.setdefault("base-4B", baseline_loss)
-        lines += [f"## {total:,} total samples, B = {micro_batch}, seq_len {seq_len} "
+        start = (f"from the tiny preset pretrained on {pretrain_samples:,} samples" if pretrain_samples
+                 else "from random weights")
+        lines += [f"## {start}: {total:,} total samples, B = {micro_batch}, seq_len {seq_len} "
                   f"({total // (REPLICAS * micro_batch)} inner steps per replica)", "",
                   "| config | H | outer steps | inner lr | schedule | outer lr | momentum | eval loss | Δ vs base-4B | Δ vs base-4B-cos |",
                   "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
@@ -224,7 +235,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/p2ptrain-study-cache"))
     parser.add_argument("--out", type=Path, default=HERE / "diloco_study_runs.jsonl")
-    parser.add_argument("--init", type=Path, help="start every configuration from these weights (a trainable_state saved with torch.save)")
+    parser.add_argument("--pretrain-samples", type=int, default=0,
+                        help="start every configuration from the tiny preset pretrained on this many samples, as "
+                             "convergence.py does (0: random weights)")
     parser.add_argument("--report", type=Path, nargs="*", help="write diloco_study_results.md from these JSONL files")
     parser.add_argument("--baseline-loss", type=float, help="base-4B's eval loss, for --report when no run file has it")
     args = parser.parse_args()
@@ -232,14 +245,15 @@ def main() -> None:
         print(report(args.report, HERE / "diloco_study_results.md", args.baseline_loss))
         return
     torch.set_num_threads(1)
-    tokenizer = build_model("tiny", seed=SEED).tokenizer
+    args.start = pretrained_start(args)
+    tokenizer = build_model(args.start, seed=SEED).tokenizer
     windows = validation_batches(DATASET, tokenizer, args.seq_len, EVAL_BATCH, args.cache_dir, EVAL_BATCHES)
     for name in args.run:
         config = parse_config(name)
         started = time.monotonic()
         eval_loss, curve = (run_baseline if config.kind == "baseline" else run_diloco)(config, args, windows)
         row = {"config": asdict(config), "total_samples": args.total_samples, "micro_batch": args.micro_batch,
-               "seq_len": args.seq_len, "eval_loss": eval_loss, "curve": curve, "seconds": time.monotonic() - started}
+               "seq_len": args.seq_len, "pretrain_samples": args.pretrain_samples, "eval_loss": eval_loss, "curve": curve, "seconds": time.monotonic() - started}
         with args.out.open("a") as file:
             file.write(json.dumps(row) + "\n")
         print(f"{name}: eval loss {eval_loss:.4f} ({row['seconds']:.0f} s)", file=sys.stderr, flush=True)
