@@ -374,9 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
     new_run.add_argument("--local-steps", type=int, help="DiLoCo inner steps between averaging rounds (H)")
     new_run.add_argument("--seq-len", type=int)
     new_run.add_argument("--micro-batch", type=int, help="suggested micro-batch per peer")
-    new_run.add_argument("--inner-lr", type=float)
-    new_run.add_argument("--outer-lr", type=float)
-    new_run.add_argument("--outer-momentum", type=float)
+    new_run.add_argument("--inner-lr", type=float, help="learning rate: sync's optimizer and DiLoCo's inner AdamW (default 0.001)")
+    new_run.add_argument("--outer-lr", type=float, help="DiLoCo's outer SGD learning rate (default 0.7; 1.0 with momentum 0 "
+                                                        "is the plain average of the peers' models)")
+    new_run.add_argument("--outer-momentum", type=float, help="DiLoCo's outer Nesterov momentum (default 0.9; 0 for none)")
     new_run.add_argument("--compression", choices=["none", "fp16", "uniform8bit", "blockwise8bit"])
     new_run.add_argument("--seed", type=int)
     new_run.add_argument(
