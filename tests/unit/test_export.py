@@ -79,16 +79,23 @@ def test_lora_diloco_checkpoint_exports_the_global_adapters_loadable_with_peft(t
     assert len(AutoTokenizer.from_pretrained(tmp_path / "out")) == len(AutoTokenizer.from_pretrained(model_dir))
 
 
+def checkpointed_tiny_run(home, run_id: str, train):
+    """A sync run of the tiny preset whose weights ``train`` changed in place, checkpointed in ``home``;
+    returns the model."""
+    manifest = new_manifest(run_id, mode="sync")
+    loaded = build_model("tiny", seed=manifest.seed)
+    with torch.no_grad():
+        for parameter in loaded.trainable():
+            train(parameter)
+    write_checkpoint(checkpoint_path(resolve_paths(home).checkpoints_dir, manifest.run_id), manifest, loaded)
+    return loaded
+
+
 def test_full_tiny_checkpoint_exports_through_the_cli_a_model_transformers_loads(tmp_path):
     from transformers import AutoModelForCausalLM
 
     home = tmp_path / "home"
-    manifest = new_manifest("tiny-export", mode="sync")
-    loaded = build_model("tiny", seed=manifest.seed)
-    with torch.no_grad():
-        for parameter in loaded.trainable():
-            parameter.mul_(0.5)
-    write_checkpoint(checkpoint_path(resolve_paths(home).checkpoints_dir, manifest.run_id), manifest, loaded)
+    loaded = checkpointed_tiny_run(home, "tiny-export", lambda parameter: parameter.mul_(0.5))
 
     result = run_export(str(tmp_path / "out"), "--home", str(home))
     assert result.returncode == 0, result.stderr
@@ -108,12 +115,7 @@ def test_an_exported_tiny_model_starts_a_new_run_with_the_byte_tokenizer(tmp_pat
     from p2ptrain.peers.tokenizers import ByteTokenizer
 
     home = tmp_path / "home"
-    manifest = new_manifest("tiny-pretrain", mode="sync")
-    loaded = build_model("tiny", seed=manifest.seed)
-    with torch.no_grad():
-        for parameter in loaded.trainable():
-            parameter.add_(0.25)
-    write_checkpoint(checkpoint_path(resolve_paths(home).checkpoints_dir, manifest.run_id), manifest, loaded)
+    loaded = checkpointed_tiny_run(home, "tiny-pretrain", lambda parameter: parameter.add_(0.25))
     assert run_export(str(tmp_path / "out"), "--home", str(home)).returncode == 0
 
     text = "déf f(x):\n\treturn x  # ✓"
