@@ -32,8 +32,9 @@ logger = logging.getLogger(__name__)
 RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 MANIFEST_EXPIRATION_S = 7 * 24 * 3600
 # bumped whenever a field is added or its meaning changes: a peer refuses a
-# manifest of a newer format with "upgrade p2ptrain" rather than "unknown field"
-MANIFEST_FORMAT = 1
+# manifest of a newer format with "upgrade p2ptrain" rather than "unknown field".
+# 2: warmup_epochs, lr_schedule and total_epochs also schedule DiLoCo's inner lr
+MANIFEST_FORMAT = 2
 
 # What to tell a user whose value for a field was refused.
 _FIXES = {
