@@ -37,14 +37,17 @@ def mount_small_disk(directory: Path) -> None:
 
 
 def fill(directory: Path) -> Path:
-    """Write a file in ``directory`` until its filesystem has no room left."""
+    """Write a file in ``directory`` until its filesystem has no room left.
+
+    Unbuffered: a buffered file would try to flush the rejected bytes again
+    when it closes, and raise ENOSPC there.
+    """
     filler = directory / "filler"
-    with open(filler, "wb") as output:
+    with open(filler, "wb", buffering=0) as output:
         chunk = b"\0" * (1 << 16)
         try:
             while True:
                 output.write(chunk)
-                output.flush()
         except OSError as error:
             assert error.errno == 28, error  # ENOSPC
     return filler
