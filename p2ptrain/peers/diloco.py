@@ -37,7 +37,9 @@ from hivemind.compression import CompressionInfo, TensorRole
 from hivemind.optim.progress_tracker import ProgressTracker
 
 from p2ptrain.peers.optimizers import learning_rate_factor
+from p2ptrain.peers.robust_reduce import RobustOptions, plausible_weight
 from p2ptrain.peers.sync import CheckedStateMixin, StepOutcome, all_finite, make_compression
+from p2ptrain.peers.trust import Trust
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +128,8 @@ class DiLoCoTrainer:
         matchmaking_time: seconds peers spend forming an averaging group.
         averaging_timeout: seconds before a stuck averaging round is abandoned.
         client_mode: this peer cannot accept connections.
+        trust: this peer's ``Trust`` (bans from earlier, suspects named in rounds);
+            a fresh one when None.
     """
 
     def __init__(
@@ -147,8 +151,10 @@ class DiLoCoTrainer:
         lr_schedule: str = "constant",
         total_epochs: int | None = None,
         client_mode: bool = False,
+        trust: Trust | None = None,
     ):
         self.parameters = list(parameters)
+        self.trust = trust if trust is not None else Trust()
         self.local_steps = local_steps
         self.inner_lr = inner_lr
         self._lr_factor = inner_lr_factor(local_steps, warmup_epochs, lr_schedule, total_epochs)
@@ -175,6 +181,9 @@ class DiLoCoTrainer:
             compression=make_compression(compression, self.global_parameters),
             client_mode=client_mode,
             start=True,
+            trust=self.trust,
+            robust=RobustOptions.for_updates(plausible_weight(max(target_batch_size, local_steps * batch_size_per_step)),
+                                             parameter_count=len(self.global_parameters)),
         )
 
     def _shared_state(self):

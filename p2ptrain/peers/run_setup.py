@@ -138,7 +138,7 @@ def make_trainer(spec: dict, manifest, dht, parameters, batch_size_per_step: int
     Its averagers start now and set SIGINT to ignored: install the stop handlers again after.
 
     Args:
-        spec: the worker spec (``dht`` options, ``averaging`` timings).
+        spec: the worker spec (``dht`` options, ``averaging`` timings, ``banned_peers``).
         manifest: the run manifest.
         dht: the worker's running DHT.
         parameters: the trainable parameters.
@@ -146,9 +146,11 @@ def make_trainer(spec: dict, manifest, dht, parameters, batch_size_per_step: int
     """
     from p2ptrain.peers.manifest import averaging_prefix
     from p2ptrain.peers.sync import averaging_timings
+    from p2ptrain.peers.trust import Trust
 
     dht_options = spec.get("dht") or {}
     common = dict(
+        trust=Trust(banned=spec.get("banned_peers") or ()),
         dht=dht, prefix=averaging_prefix(manifest), parameters=parameters,
         target_batch_size=manifest.target_batch_size, batch_size_per_step=batch_size_per_step,
         inner_lr=manifest.inner_lr, compression=manifest.compression,

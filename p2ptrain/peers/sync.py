@@ -12,6 +12,7 @@ reads. DiLoCo (``diloco.py``) publishes under the same key.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from typing import Sequence
@@ -19,7 +20,6 @@ from typing import Sequence
 import hivemind
 import numpy as np
 import torch
-from hivemind.averaging import DecentralizedAverager
 from hivemind.compression import (
     BlockwiseQuantization,
     CompressionBase,
@@ -32,8 +32,10 @@ from hivemind.compression import serialization as hivemind_serialization
 from hivemind.proto import runtime_pb2
 from hivemind.optim.state_averager import TrainingStateAverager
 
-from p2ptrain.peers.checkpoint import state_problem
 from p2ptrain.peers.optimizers import make_optimizer, make_scheduler
+from p2ptrain.peers.robust_averager import GradientAverager, RobustAverager
+from p2ptrain.peers.robust_reduce import RobustOptions, plausible_weight
+from p2ptrain.peers.trust import Trust
 
 logger = logging.getLogger(__name__)
 
@@ -159,24 +161,10 @@ def make_compression(name: str, tensors: Sequence[torch.Tensor]) -> CompressionB
     raise ValueError(f"unknown compression {name!r}: use none, fp16, uniform8bit or blockwise8bit")
 
 
-class CheckedStateMixin(DecentralizedAverager):
-    """Refuses state downloaded from a peer unless every tensor is finite and
-    shapes match ours (a broken or malicious peer must not poison this one)."""
-
-    rejected_states = 0
-
-    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None):
-        loaded = super().load_state_from_peers(wait=wait, timeout=timeout)
-        if loaded is None or not wait:
-            return loaded
-        metadata, received = loaded
-        _, expected, _ = self.get_current_state()
-        problem = state_problem(expected, received)
-        if problem is not None:
-            self.rejected_states += 1
-            logger.warning("Refusing state downloaded from a peer: %s", problem)
-            return None
-        return loaded
+class CheckedStateMixin(RobustAverager):
+    """An averager whose shared state others download: robust rounds, and a downloaded
+    state refused unless it passes ``state_check`` (finite, our shapes, near ours),
+    then the next peer tried (``robust_averager``)."""
 
 
 class CheckedTrainingStateAverager(TrainingStateAverager, CheckedStateMixin):
@@ -198,10 +186,16 @@ class CheckedTrainingStateAverager(TrainingStateAverager, CheckedStateMixin):
 
 
 class SyncOptimizer(hivemind.Optimizer):
-    """hivemind.Optimizer that checks downloaded state and remembers the size
-    of each finished gradient-averaging round."""
+    """hivemind.Optimizer whose averagers are robust (``robust_averager``), that checks
+    downloaded state and remembers the size of each finished gradient-averaging round.
 
-    def __init__(self, **kwargs):
+    ``trust``: this peer's ``Trust`` (bans, suspects); the rest as hivemind.Optimizer."""
+
+    def __init__(self, *, trust: Trust, **kwargs):
+        self._trust = trust
+        self._parameter_count = len(list(kwargs["params"]))
+        kwargs["grad_averager_factory"] = functools.partial(
+            GradientAverager, trust=trust, robust=RobustOptions.for_updates(plausible_weight(kwargs["target_batch_size"])))
         self._finished_groups: list[int] = []
         self._rejected_groups: list[int] = []
         self._failed_rounds = 0
@@ -224,6 +218,8 @@ class SyncOptimizer(hivemind.Optimizer):
             client_mode=self.client_mode,
             auxiliary=self.auxiliary,
             start=True,
+            trust=self._trust,
+            robust=RobustOptions.for_parameters(self._parameter_count),
             **kwargs,
         )
 
@@ -289,6 +285,8 @@ class SyncTrainer:
         matchmaking_time: seconds peers spend forming an averaging group.
         averaging_timeout: seconds before a stuck averaging round is abandoned.
         client_mode: this peer cannot accept connections (behind NAT, no relay).
+        trust: this peer's ``Trust`` (bans from earlier, suspects named in rounds);
+            a fresh one when None.
         optimizer: "adamw" or "lamb" (see ``p2ptrain.peers.optimizers``).
         warmup_epochs, lr_schedule, total_epochs: the learning rate per global
             epoch (``optimizers.learning_rate_factor``).
@@ -307,6 +305,7 @@ class SyncTrainer:
         matchmaking_time: float,
         averaging_timeout: float,
         client_mode: bool = False,
+        trust: Trust | None = None,
         optimizer: str = "adamw",
         warmup_epochs: int = 0,
         lr_schedule: str = "constant",
@@ -315,7 +314,9 @@ class SyncTrainer:
         self.parameters = list(parameters)
         compressor = make_compression(compression, self.parameters)
         optimizer_name = optimizer
+        self.trust = trust if trust is not None else Trust()
         self.optimizer = SyncOptimizer(
+            trust=self.trust,
             dht=dht,
             run_id=prefix,
             target_batch_size=target_batch_size,

@@ -299,8 +299,10 @@ class Worker:
             elif name == "leave":
                 self.leave()
                 return
+            elif name == "unban":
+                self.unban(command.get("peers"))
             elif name not in ("pause", "resume"):
-                self.report("error", message=f"unknown worker command {command!r}", fix="send pause, resume, finish or leave", fatal=False)
+                self.report("error", message=f"unknown worker command {command!r}", fix="send pause, resume, finish, leave or unban", fatal=False)
 
     def pause(self, finished: bool = False) -> None:
         self.trainer.skip_batch()
@@ -371,8 +373,16 @@ class Worker:
         )
         self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
 
+    def unban(self, peer_ids: list[str] | None) -> None:
+        """Lift this peer's bans of ``peer_ids`` (all when None): the daemon's ``unban``."""
+        lifted = self.trainer.trust.unban(peer_ids)
+        logger.info("Lifted the bans of %s", ", ".join(lifted) or "nobody")
+
     def after_step(self, outcome) -> None:
-        """Report what the trainer's step changed: averaging rounds, epoch ends, downloads."""
+        """Report what the trainer's step changed: averaging rounds, epoch ends, downloads,
+        and the peers its averagers named (``trust``)."""
+        for trust_event in self.trainer.trust.collect(self.trainer.local_epoch):
+            self.event(trust_event.kind, trust_event.message, **trust_event.data)
         if outcome.averaged_with is not None:
             self.last_group = outcome.averaged_with
             self.event("averaged", f"averaged with {outcome.averaged_with} peers", peers=outcome.averaged_with, epoch=self.trainer.local_epoch)

@@ -1,0 +1,248 @@
+"""Robust aggregation: what one reducer of an averaging round makes of the pieces its group sends.
+
+hivemind's butterfly all-reduce gives every member of a group one part of the
+tensors to reduce: each member sends that reducer its piece of the part, the
+reducer combines the pieces and sends the result back. hivemind combines them
+with a weighted mean, which a single sender can drag anywhere. Here a reducer
+combines them with **CenteredClip** (Karimireddy et al. 2021; the aggregator of
+BTARD, Gorbunov et al., "Secure Distributed Training at Scale", 2022, from
+hivemind's authors):
+
+    v <- v + sum_i w_i * clip(x_i - v, tau) / sum_i w_i,   clip(d, tau) = d * min(1, tau / |d|)
+
+iterated from the coordinate-wise median of the pieces until it settles. Each
+sender pulls the result toward its piece by at most ``tau``, however far away
+the piece is. Why CenteredClip and not "clip each piece to a multiple of the
+median norm": the median *norm* is the wrong scale for state averaging, whose
+pieces are parameters (large, nearly equal across honest peers), where a clip
+radius of a few parameter norms lets a sender move the model by that much;
+CenteredClip's radius is a distance between pieces, small wherever honest
+peers agree.
+
+The clip radius needs no tuning: ``tau = CLIP_RADIUS_MULTIPLE`` (4) times the
+median distance of the pieces from their coordinate-wise median, so it scales
+with how much honest peers differ in this part.
+
+**The bound.** While no honest piece is clipped, the result lies within
+``(W_bad / W_honest) * tau`` of the honest pieces' weighted mean, whatever the
+other senders send (W: the senders' weights as they count, see below): at the
+fixed point the honest pieces' pull balances the others' clipped pull, at most
+``W_bad * tau``. One sender among three thus moves a part by at most one clip
+radius (4 median distances); the weighted mean moves without limit. With
+nobody misbehaving nothing is clipped in practice (honest pieces sit about one
+median distance from the median, a quarter of ``tau``) and the result *is* the
+weighted mean: the fixed point of the iteration when no piece is clipped.
+``tests/unit/test_robust_reduce.py`` measures both.
+
+**Weights.** A sender's weight (its claimed sample count) counts at most
+``WEIGHT_MEDIAN_MULTIPLE`` (2) times the median weight of the part's senders
+(the upper median: with two senders the larger), so one sender among three
+never holds more than half of the weight, and no more than ``max_weight``
+(what a round can plausibly hold, set by the averager's owner). A weight that
+is not a finite number >= 0, or above ``max_weight``, names its sender. A
+sender with weight 0 (hivemind's "tag along" of a peer that only wants the
+result) does not count at all.
+
+**Two senders.** With two pieces there is no majority: each is as far from the
+median as the other. When the reducer is one of the two, its own piece is the
+one it trusts: the other piece is left out (the result is the reducer's own
+piece) when it is farther from the reducer's piece than ``far_from_own`` times
+that piece's norm (``RobustOptions``).
+
+**Naming.** A sender whose piece ends farther than ``SUSPECT_RATIO`` (4) clip
+radii from the result (16 median distances), or that sent NaN/infinity, an
+implausible weight, or a piece too far from ours in a group of two, is
+returned in ``Aggregate.suspects`` with the reason and the ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping
+
+import torch
+
+CLIP_RADIUS_MULTIPLE = 4.0
+# a sender claiming more samples than this many rounds' worth is named (``plausible_weight``)
+PLAUSIBLE_ROUNDS = 100
+SUSPECT_RATIO = 4.0
+WEIGHT_MEDIAN_MULTIPLE = 2.0
+MAX_ITERATIONS = 20
+# the iteration has settled when a step moves the result by less than this fraction of tau
+SETTLED = 1e-4
+
+# why a sender is named (the ``reason`` of a ``suspect-peer`` event)
+OUTLIER = "outlier"  # its piece was clipped hard
+NON_FINITE = "non-finite"  # its piece held NaN or infinity
+BAD_WEIGHT = "implausible-weight"  # its claimed weight was not finite, negative or above max_weight
+FAR_FROM_OWN = "far-from-own"  # in a group of two, its piece was far from the reducer's own
+REPLAYED = "replayed"  # it sent the same piece as in an earlier round (robust_allreduce)
+BAD_RESULT = "bad-result"  # as a reducer it returned a result far from our piece (robust_allreduce)
+BAD_STATE = "bad-state"  # it served a state far from ours (state_check)
+
+
+@dataclasses.dataclass(frozen=True)
+class RobustOptions:
+    """How an averager's reducers judge the pieces they get (one per averager).
+
+    Args:
+        max_weight: the most samples a sender can plausibly claim in one round;
+            a larger claim is capped there and names the sender (None: no cap).
+        far_from_own: in a group of two, the other sender's piece is left out when
+            it is farther from ours than this many times our piece's norm; a part
+            reduced by another peer is refused (ours kept) on the same bound.
+            Updates (gradients, pseudo-gradients) differ between honest peers by
+            about their own size, hence 10; parameters by a tiny fraction, hence 0.1.
+        detect_replays: name a sender that sends exactly what it sent in an earlier
+            round (meaningful for updates, not for parameters that barely move).
+        parameter_count: how many leading tensors of this averager's shared state
+            are parameters (``state_check`` compares those on a download); None:
+            none are (the gradient averager: a download is only checked for
+            shapes and NaN).
+    """
+
+    max_weight: float | None = None
+    far_from_own: float = 10.0
+    detect_replays: bool = True
+    parameter_count: int | None = None
+
+    @classmethod
+    def for_updates(cls, max_weight: float | None, parameter_count: int | None = None) -> "RobustOptions":
+        """Options for averaging gradients or pseudo-gradients."""
+        return cls(max_weight=max_weight, far_from_own=10.0, detect_replays=True, parameter_count=parameter_count)
+
+    @classmethod
+    def for_parameters(cls, parameter_count: int) -> "RobustOptions":
+        """Options for averaging parameters (sync mode's state averager)."""
+        return cls(max_weight=None, far_from_own=0.1, detect_replays=False, parameter_count=parameter_count)
+
+
+def plausible_weight(samples_per_round: int) -> float:
+    """The most samples a peer can plausibly claim in one round, for ``RobustOptions.max_weight``:
+    ``PLAUSIBLE_ROUNDS`` rounds' worth (a round of ``samples_per_round`` samples)."""
+    return float(PLAUSIBLE_ROUNDS * samples_per_round)
+
+
+@dataclasses.dataclass
+class Suspect:
+    """Why one sender was named: ``reason`` (one of the constants above) and ``ratio``
+    (how far past the bound: distance over the clip radius, claimed weight over
+    ``max_weight``, distance over our piece's norm; infinity for NaN)."""
+
+    reason: str
+    ratio: float
+
+
+@dataclasses.dataclass
+class Aggregate:
+    """A reducer's result for one part: ``result``, the per-sender ratio of distance
+    from the result to the clip radius (``ratios``, for measurement), and the senders
+    it names (``suspects``, by sender index)."""
+
+    result: torch.Tensor
+    ratios: dict[int, float]
+    suspects: dict[int, Suspect]
+
+
+def bounded_weights(weights: Mapping[int, float], max_weight: float | None) -> tuple[dict[int, float], dict[int, Suspect]]:
+    """The weights as they count (see the module doc), and the senders named for theirs."""
+    counted, suspects = {}, {}
+    for sender, weight in weights.items():
+        weight = float(weight)
+        if not math.isfinite(weight) or weight < 0:
+            suspects[sender] = Suspect(BAD_WEIGHT, math.inf)
+            weight = 0.0
+        elif max_weight is not None and weight > max_weight:
+            suspects[sender] = Suspect(BAD_WEIGHT, weight / max_weight)
+            weight = max_weight
+        counted[sender] = weight
+    positive = sorted(weight for weight in counted.values() if weight > 0)
+    if positive:
+        cap = WEIGHT_MEDIAN_MULTIPLE * positive[len(positive) // 2]
+        counted = {sender: min(weight, cap) for sender, weight in counted.items()}
+    return counted, suspects
+
+
+def coordinate_median(stacked: torch.Tensor) -> torch.Tensor:
+    """The coordinate-wise median of the rows of ``stacked`` (the mean of the two middle values for an even count)."""
+    ordered = stacked.sort(dim=0).values
+    count = ordered.shape[0]
+    if count % 2:
+        return ordered[count // 2].clone()
+    return (ordered[count // 2 - 1] + ordered[count // 2]) / 2
+
+
+def centered_clip(stacked: torch.Tensor, weights: torch.Tensor, tau: float) -> torch.Tensor:
+    """CenteredClip of the rows of ``stacked`` (shape senders x values) with ``weights``
+    (positive) and clip radius ``tau`` > 0, from their coordinate-wise median."""
+    result = coordinate_median(stacked)
+    total = weights.sum()
+    for _ in range(MAX_ITERATIONS):
+        differences = stacked - result
+        distances = differences.norm(dim=1)
+        scale = torch.clamp(tau / distances.clamp_min(torch.finfo(distances.dtype).tiny), max=1.0)
+        step = (weights * scale) @ differences / total
+        result += step
+        if float(step.norm()) <= SETTLED * tau:
+            break
+    return result
+
+
+def robust_aggregate(
+    pieces: Mapping[int, torch.Tensor], weights: Mapping[int, float], *, own: int | None, options: RobustOptions
+) -> Aggregate:
+    """Combine the senders' pieces of one part (see the module doc).
+
+    Args:
+        pieces: each sender's piece, by sender index (same shape).
+        weights: each sender's claimed weight, by sender index.
+        own: the index of the reducer's own piece among the senders, or None.
+        options: the averager's ``RobustOptions``.
+    """
+    finite, suspects = {}, {}
+    for sender, piece in pieces.items():
+        if bool(torch.isfinite(piece).all()):
+            finite[sender] = piece.detach().float().reshape(-1)
+        else:
+            suspects[sender] = Suspect(NON_FINITE, math.inf)
+    counted, weight_suspects = bounded_weights({sender: weights[sender] for sender in finite}, options.max_weight)
+    suspects.update(weight_suspects)
+    shape = next(iter(pieces.values())).shape
+    active = sorted(sender for sender in finite if counted[sender] > 0)
+    if not active:
+        # no sender counts (all tagged along with weight 0): the plain mean of what is finite
+        result = torch.stack([finite[sender] for sender in sorted(finite)]).mean(dim=0) if finite else torch.zeros(shape).reshape(-1)
+        return Aggregate(result.reshape(shape), {}, suspects)
+    if len(active) == 2 and own in active:
+        return _two_senders(finite, counted, active, own, options, suspects, shape)
+
+    stacked = torch.stack([finite[sender] for sender in active])
+    weight_tensor = torch.tensor([counted[sender] for sender in active], dtype=stacked.dtype)
+    distances = (stacked - coordinate_median(stacked)).norm(dim=1)
+    tau = CLIP_RADIUS_MULTIPLE * float(distances.median())
+    if tau <= 0:
+        # at least half of the pieces are identical: that is the result
+        result = coordinate_median(stacked)
+        tau = torch.finfo(stacked.dtype).tiny
+    else:
+        result = centered_clip(stacked, weight_tensor, tau)
+    ratios = {}
+    for sender, distance in zip(active, (stacked - result).norm(dim=1).tolist()):
+        ratios[sender] = distance / tau
+        if ratios[sender] >= SUSPECT_RATIO:
+            suspects.setdefault(sender, Suspect(OUTLIER, ratios[sender]))
+    return Aggregate(result.reshape(shape), ratios, suspects)
+
+
+def _two_senders(finite, counted, active, own, options, suspects, shape) -> Aggregate:
+    """Two senders, one of them the reducer: keep the other's piece only if it is near ours."""
+    other = active[0] if active[1] == own else active[1]
+    own_norm = float(finite[own].norm())
+    distance = float((finite[other] - finite[own]).norm())
+    if own_norm > 0 and distance > options.far_from_own * own_norm:
+        suspects.setdefault(other, Suspect(FAR_FROM_OWN, distance / own_norm))
+        return Aggregate(finite[own].clone().reshape(shape), {}, suspects)
+    total = counted[own] + counted[other]
+    result = (finite[own] * counted[own] + finite[other] * counted[other]) / total
+    return Aggregate(result.reshape(shape), {}, suspects)

@@ -1,0 +1,158 @@
+"""A reducer's robust aggregation (``robust_reduce``) and replay memory, one attack at a time (no hivemind swarm).
+
+Honest pieces are a shared update plus each peer's own noise, as honest
+pseudo-gradients are; each attack test also checks that hivemind's plain
+weighted mean of the same pieces is wrecked, so the test can fail.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from p2ptrain.peers.robust_allreduce import MIN_REPLAY_EVIDENCE, ReplayMemory
+from p2ptrain.peers.robust_reduce import (
+    BAD_WEIGHT,
+    FAR_FROM_OWN,
+    NON_FINITE,
+    OUTLIER,
+    RobustOptions,
+    bounded_weights,
+    robust_aggregate,
+)
+
+SIZE = 4096
+UPDATES = RobustOptions.for_updates(max_weight=10_000.0)
+
+
+def honest_pieces(count: int, seed: int = 0, noise: float = 1.0) -> dict[int, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    shared = torch.randn(SIZE, generator=generator) * 1e-3
+    return {index: shared + noise * 1e-3 * torch.randn(SIZE, generator=generator) for index in range(count)}
+
+
+def weighted_mean(pieces: dict[int, torch.Tensor], weights: dict[int, float]) -> torch.Tensor:
+    total = sum(weights.values())
+    return sum(piece * weights[sender] for sender, piece in pieces.items()) / total
+
+
+def relative_error(result: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((result - reference).norm() / reference.norm())
+
+
+@pytest.mark.parametrize("count", [2, 3, 5, 8])
+def test_with_nobody_misbehaving_the_result_is_the_weighted_mean_and_nobody_is_named(count):
+    for seed in range(5):
+        pieces = honest_pieces(count, seed)
+        weights = {sender: float(10 + 7 * sender) for sender in pieces}
+        aggregate = robust_aggregate(pieces, weights, own=0, options=UPDATES)
+        assert relative_error(aggregate.result, weighted_mean(pieces, weights)) < 1e-5
+        assert aggregate.suspects == {}
+        # honest pieces sit well inside the clip radius
+        assert all(ratio < 0.5 for ratio in aggregate.ratios.values())
+
+
+def test_honest_updates_of_very_different_sizes_are_not_named():
+    """A peer ten times faster sends a larger update: counted, never named."""
+    pieces = honest_pieces(3, seed=3)
+    pieces[2] = pieces[2] * 10
+    aggregate = robust_aggregate(pieces, {0: 10.0, 1: 10.0, 2: 100.0}, own=0, options=UPDATES)
+    assert aggregate.suspects == {}
+
+
+def attack(name: str, honest: dict[int, torch.Tensor]) -> torch.Tensor:
+    honest_mean = torch.stack(list(honest.values())).mean(dim=0)
+    return {
+        "scaled-noise": torch.randn(SIZE, generator=torch.Generator().manual_seed(9)) * float(honest_mean.abs().mean()) * 1000,
+        "sign-flipped-scaled": -50 * honest_mean,
+        "constant": torch.full((SIZE,), 1.0),
+    }[name]
+
+
+@pytest.mark.parametrize("name", ["scaled-noise", "sign-flipped-scaled", "constant"])
+def test_a_rogue_piece_moves_the_result_by_at_most_the_clip_radius_and_is_named(name):
+    honest = honest_pieces(3, seed=1)
+    pieces = {**honest, 3: attack(name, honest)}
+    weights = {sender: 10.0 for sender in pieces}
+    honest_mean = weighted_mean(honest, {sender: 10.0 for sender in honest})
+    aggregate = robust_aggregate(pieces, weights, own=0, options=UPDATES)
+    assert aggregate.suspects[3].reason == OUTLIER and aggregate.suspects[3].ratio >= 4
+    assert set(aggregate.suspects) == {3}
+    # the plain mean is wrecked; the robust result stays within the module's bound of the honest mean:
+    # (the rogue's weight / the honest weight) x the clip radius
+    clip_radius = float((pieces[3] - aggregate.result).norm()) / aggregate.suspects[3].ratio
+    assert float((aggregate.result - honest_mean).norm()) <= 10 / 30 * clip_radius * 1.001
+    assert relative_error(weighted_mean(pieces, weights), honest_mean) > 10 * relative_error(aggregate.result, honest_mean)
+
+
+def test_a_rogue_among_two_peers_is_left_out_by_the_reducer_it_sends_to():
+    honest = honest_pieces(1, seed=2)
+    pieces = {0: honest[0], 1: -50 * honest[0]}
+    aggregate = robust_aggregate(pieces, {0: 10.0, 1: 10.0}, own=0, options=UPDATES)
+    assert aggregate.suspects[1].reason == FAR_FROM_OWN
+    assert torch.equal(aggregate.result, honest[0])
+    near = robust_aggregate({0: honest[0], 1: honest[0] * 1.5}, {0: 10.0, 1: 10.0}, own=0, options=UPDATES)
+    assert near.suspects == {} and torch.allclose(near.result, honest[0] * 1.25)
+
+
+def test_a_huge_claimed_weight_is_capped_and_named():
+    honest = honest_pieces(3, seed=4)
+    rogue = honest[0] * -3  # a modest sign flip: only the weight makes it dangerous
+    pieces = {**honest, 3: rogue}
+    weights = {0: 10.0, 1: 10.0, 2: 10.0, 3: 1e9}
+    aggregate = robust_aggregate(pieces, weights, own=0, options=UPDATES)
+    assert aggregate.suspects[3].reason == BAD_WEIGHT and aggregate.suspects[3].ratio == pytest.approx(1e5)
+    # the plain mean is the rogue's piece; the robust one counts it as twice the median weight (20 of 50)
+    assert relative_error(weighted_mean(pieces, weights), rogue) < 1e-6
+    assert relative_error(aggregate.result, weighted_mean(pieces, {0: 10.0, 1: 10.0, 2: 10.0, 3: 20.0})) < 1e-5
+
+
+def test_weights_count_at_most_twice_the_median():
+    counted, suspects = bounded_weights({0: 10.0, 1: 12.0, 2: 500.0}, max_weight=None)
+    assert counted == {0: 10.0, 1: 12.0, 2: 24.0} and suspects == {}
+    counted, suspects = bounded_weights({0: 10.0, 1: math.nan, 2: -1.0}, max_weight=None)
+    assert counted[1] == counted[2] == 0 and {suspect.reason for suspect in suspects.values()} == {BAD_WEIGHT}
+
+
+def test_a_non_finite_piece_is_left_out_and_named():
+    honest = honest_pieces(2, seed=5)
+    poisoned = honest[0].clone()
+    poisoned[7] = math.nan
+    aggregate = robust_aggregate({**honest, 2: poisoned}, {0: 1.0, 1: 1.0, 2: 1.0}, own=0, options=UPDATES)
+    assert aggregate.suspects[2].reason == NON_FINITE
+    assert bool(torch.isfinite(aggregate.result).all())
+    assert torch.allclose(aggregate.result, (honest[0] + honest[1]) / 2)
+
+
+def test_a_sender_with_weight_zero_tags_along_without_counting():
+    honest = honest_pieces(2, seed=6)
+    aggregate = robust_aggregate({**honest, 2: torch.full((SIZE,), 1e6)}, {0: 1.0, 1: 3.0, 2: 0.0}, own=0, options=UPDATES)
+    assert torch.allclose(aggregate.result, (honest[0] + 3 * honest[1]) / 4)
+
+
+def test_parameters_that_agree_keep_a_rogue_parameter_piece_near_them():
+    """State averaging: honest parameters almost equal, the rogue's clip radius is tiny."""
+    parameters = torch.randn(SIZE)
+    pieces = {0: parameters, 1: parameters + 1e-6 * torch.randn(SIZE), 2: -parameters}
+    aggregate = robust_aggregate(pieces, {0: 1.0, 1: 1.0, 2: 1.0}, own=0, options=RobustOptions.for_parameters(1))
+    assert aggregate.suspects[2].reason == OUTLIER
+    assert relative_error(aggregate.result, parameters) < 1e-4
+
+
+def test_a_replayed_piece_is_recognised_and_a_fresh_one_is_not():
+    memory = ReplayMemory(total_size=100_000)
+    stale = torch.randn(30_000)
+    memory.remember("rogue", memory.sample(stale, offset=1_000))
+    memory.remember("honest", memory.sample(torch.randn(30_000), offset=1_000))
+    # next round: another range of the same flat vector overlaps the one seen before
+    replayed = torch.cat([stale, torch.randn(10_000)])[5_000:35_000]
+    assert memory.is_replay("rogue", memory.sample(replayed, offset=6_000))
+    assert not memory.is_replay("honest", memory.sample(torch.randn(30_000), offset=6_000))
+    # too little overlap to judge: not a replay
+    assert len(memory.sample(stale[:100], offset=1_000)) < MIN_REPLAY_EVIDENCE
+    assert not memory.is_replay("rogue", memory.sample(stale[:100], offset=1_000))
+    # zeros repeat in honest updates (parameters nobody used): never evidence
+    memory.remember("quiet", memory.sample(torch.zeros(30_000), offset=0))
+    assert not memory.is_replay("quiet", memory.sample(torch.zeros(30_000), offset=0))
