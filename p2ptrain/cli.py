@@ -240,16 +240,35 @@ def cmd_peers(args) -> int:
         return EXIT_OK
     if not result.get("peers"):
         print(f"no peers seen{' in run ' + result['run_id'] if result.get('run_id') else ' (not in a run)'}")
+        _print_bans(result)
         return EXIT_OK
     header = f"{'NICKNAME':<16} {'PEER':<14} {'DEVICE':<14} {'SAMPLES/S':>9} {'EPOCH':>5} {'LOSS':>7}  REACH     NOTE"
     print(header)
     for peer in result["peers"]:
         note = ("you " if peer.get("is_local") else "") + ("" if peer.get("compatible", True) else "INCOMPATIBLE")
+        note += " BANNED" if peer.get("banned") else ""
         print(
             f"{(peer.get('nickname') or '?')[:16]:<16} {(peer.get('peer_id') or '?')[-12:]:<14} {(peer.get('device') or '?')[:14]:<14}"
             f" {_fmt(peer.get('samples_per_second'), '.1f'):>9} {_fmt(peer.get('epoch')):>5} {_fmt(peer.get('loss'), '.3f'):>7}"
             f"  {(peer.get('reachability') or '?'):<9} {note}"
         )
+    _print_bans(result)
+    return EXIT_OK
+
+
+def _print_bans(result: dict) -> None:
+    """The peers this machine banned in the run (``peers`` result's ``bans``), if any."""
+    for ban in result.get("bans") or []:
+        banned_at = time.strftime("%Y-%m-%d %H:%M", time.localtime(ban["banned_at"]))
+        print(f"banned {ban['peer_id']} since {banned_at} ({ban.get('reason') or '?'}); lift with: p2ptrain unban {ban['peer_id']}")
+
+
+def cmd_unban(args) -> int:
+    if (args.peer is None) == (not args.all):
+        raise UsageError("give one peer id (p2ptrain peers lists the banned ones) or --all, e.g. p2ptrain unban 12D3KooW...")
+    result = _call(args, "unban", **({"all": True} if args.all else {"peer": args.peer}))
+    lifted = result["unbanned"]
+    print(f"lifted the ban of {', '.join(lifted) if lifted else 'nobody'}; {len(result['bans'])} still banned")
     return EXIT_OK
 
 
@@ -402,6 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = add("peers", "list the peers of the run", cmd_peers)
     sub.add_argument("--json", action="store_true")
+    sub = add("unban", "let a peer this machine banned average with it again (PEER, or --all)", cmd_unban)
+    sub.add_argument("peer", nargs="?", metavar="PEER", help="the banned peer's id (p2ptrain peers lists them)")
+    sub.add_argument("--all", action="store_true", help="lift every ban of the run")
     sub = add("events", "show the daemon's recent events", cmd_events)
     sub.add_argument("--json", action="store_true")
     sub.add_argument("--limit", type=int, default=30)

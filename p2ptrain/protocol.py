@@ -40,6 +40,7 @@ METHODS = (
     "resume",
     "finish",
     "leave",
+    "unban",
     "config.get",
     "config.set",
     "subscribe",

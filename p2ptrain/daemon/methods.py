@@ -17,6 +17,7 @@ from p2ptrain.daemon.supervisor import Daemon
 from p2ptrain.peers.dht import validate_multiaddr
 from p2ptrain.peers.manifest import ManifestError, check_run_id, new_manifest
 from p2ptrain.storage import queries
+from p2ptrain.storage.bans import banned_peers
 
 
 def _bad(message: str, fix: str) -> RequestError:
@@ -70,7 +71,9 @@ class ControlMethods:
         rows = self.daemon.run.peers
         if not rows and run_id:
             rows = queries.peers_table(self.daemon.db, run_id)
-        return {"run_id": run_id, "peers": rows}
+        bans = banned_peers(self.daemon.db, run_id)
+        banned = {ban["peer_id"] for ban in bans}
+        return {"run_id": run_id, "peers": [{**row, "banned": row.get("peer_id") in banned} for row in rows], "bans": bans}
 
     async def metrics(self, params: dict) -> dict:
         since = _number(params, "since")
@@ -134,6 +137,18 @@ class ControlMethods:
     async def leave(self, params: dict) -> dict:
         self.daemon.leave()
         return self.daemon.status()
+
+    async def unban(self, params: dict) -> dict:
+        peer_id = _string(params, "peer")
+        everyone = params.get("all", False)
+        if not isinstance(everyone, bool):
+            raise _bad(f"all must be true or false, not {everyone!r}", 'send "all": true to lift every ban')
+        if (peer_id is None) == (not everyone):
+            raise _bad("unban needs either a peer id or all, not both and not neither",
+                       'send {"peer": "12D3Koo..."} or {"all": true} (p2ptrain peers lists the banned peers)')
+        lifted = self.daemon.unban(None if everyone else [peer_id])
+        run_id = self.daemon.run.run_id
+        return {"run_id": run_id, "unbanned": lifted, "bans": banned_peers(self.daemon.db, run_id)}
 
     async def config_get(self, params: dict) -> dict:
         data: Any = config_as_dict(self.daemon.config)

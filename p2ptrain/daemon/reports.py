@@ -18,6 +18,7 @@ from p2ptrain.daemon.server import Broadcaster
 from p2ptrain.daemon.state import DesiredState, Lifecycle
 from p2ptrain.daemon.worker_handle import WorkerHandle
 from p2ptrain.daemon.workers import WorkerRestarts, WorkerSlot
+from p2ptrain.storage.bans import record_ban
 from p2ptrain.storage.database import Database
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,16 @@ class WorkerReports:
         if len(self.slots) > 1:
             data = {**(data if isinstance(data, dict) else {}), "worker": name}
         self.record_event(report["kind"], report.get("message", "") + self._worker_words(name), data)
+        if report["kind"] == "peer-banned":
+            self._record_ban(report["data"])
+
+    def _record_ban(self, data: dict) -> None:
+        """A worker banned a peer: store it for the run (``storage/bans.py``) and mark it in the peer rows."""
+        peer_id = data["peer_id"]
+        if not isinstance(peer_id, str) or not peer_id:
+            raise ValueError(f"a peer-banned event without a peer id: {data!r}")
+        record_ban(self.db, self.run.run_id, peer_id, data.get("reason"), data.get("rounds_named"))
+        self.run.banned.add(peer_id)
 
     def _report_error(self, name: str, report: dict) -> None:
         message, fix = report.get("message", "training worker error") + self._worker_words(name), report.get("fix", "")

@@ -129,6 +129,7 @@ class RunView:
     last_epoch_at: float | None = None
     peers: list[dict] = field(default_factory=list)
     warnings: list[dict] = field(default_factory=list)
+    banned: set[str] = field(default_factory=set)  # peer ids this machine banned in this run (storage/bans.py)
 
     @property
     def joined(self) -> bool:
@@ -171,6 +172,7 @@ class RunView:
             row = {name: raw.get(name) for name in PEER_FIELDS}
             row["last_seen"] = row["last_seen"] or raw.get("time") or now
             row["is_local"] = row["peer_id"] in own_ids
+            row["banned"] = row["peer_id"] in self.banned
             self.peers.append(row)
         return self.peers
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 from dataclasses import replace
 from typing import Any
@@ -46,6 +47,7 @@ from p2ptrain.daemon.workers import (
 )
 from p2ptrain.paths import Paths
 from p2ptrain.peers.worker import OUT_OF_MEMORY_EXIT_CODE  # no torch: the worker imports it lazily
+from p2ptrain.storage.bans import banned_peers, lift_bans
 from p2ptrain.storage.database import Database
 
 log = logging.getLogger(__name__)
@@ -221,6 +223,25 @@ class Daemon(WorkerReports):
         self.record_event("finishing", "finishing the current epoch, then pausing")
         self._enter(states.FINISHING)
 
+    def unban(self, peer_ids: list[str] | None) -> list[str]:
+        """Lift this machine's bans of ``peer_ids`` (all when None) in the current run, in the
+        database and in the running workers; returns the peer ids lifted."""
+        run_id = self.desired.run["run_id"] if self.desired.run else self.run.run_id
+        if not run_id:
+            raise RequestError(protocol.INVALID_STATE, "cannot unban: not in a run", "join one first: p2ptrain join RUN --peers MULTIADDR")
+        try:
+            lifted = lift_bans(self.db, run_id, peer_ids)
+        except sqlite3.Error as error:
+            raise RequestError(protocol.INTERNAL, f"cannot write the database {self.db.path}: {error}", "free disk space or fix its permissions")
+        if peer_ids is not None and not lifted:
+            raise RequestError(protocol.BAD_REQUEST, f"{', '.join(peer_ids)} is not banned in run {run_id!r}",
+                               "p2ptrain peers lists the banned peers")
+        self.run.banned -= set(lifted)
+        self._send_all("unban", peers=peer_ids)
+        self.record_event("peers-unbanned", f"lifted the ban of {len(lifted)} peer{'s' if len(lifted) != 1 else ''} in run {run_id!r}",
+                          {"peers": lifted})
+        return lifted
+
     def leave(self) -> None:
         if self.lifecycle.state == states.ERROR and self.desired.run is None:
             # Leaving after a fatal error only acknowledges it.
@@ -245,9 +266,9 @@ class Daemon(WorkerReports):
 
     # ----- the workers ------------------------------------------------------------
 
-    def _send_all(self, command: str) -> bool:
+    def _send_all(self, command: str, **fields) -> bool:
         """Send a command to every running worker; True if at least one got it."""
-        return sum(worker.send(command) for worker in self.workers.values()) > 0
+        return sum(worker.send(command, **fields) for worker in self.workers.values()) > 0
 
     def _start_workers(self) -> None:
         """Start the run's workers, one per selected device (a join, or the daemon's start)."""
@@ -263,6 +284,7 @@ class Daemon(WorkerReports):
         self.slots = worker_slots(devices, self.paths)
         self.restarts = {slot.name: WorkerRestarts() for slot in self.slots}
         self.run = RunView(run_id=run_request["run_id"], manifest=run_request.get("manifest") or {})
+        self.run.banned = {ban["peer_id"] for ban in banned_peers(self.db, self.run.run_id)}
         if len(self.slots) > 1:
             self.record_event("workers", f"one worker per GPU: {', '.join(slot.name for slot in self.slots)}", {"workers": [slot.name for slot in self.slots]})
         for slot in self.slots:
@@ -282,7 +304,8 @@ class Daemon(WorkerReports):
             log.info("plan %s: micro-batch %d x %d after %d out-of-memory error(s)", slot.name, plan["micro_batch"], plan["grad_accum"], restarts.micro_batch_halvings)
         # a worker restarted while a policy holds the others paused starts paused too
         policy_paused = self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason in states.POLICY_REASONS
-        spec = worker_spec(slot, run_request, self.config, self.paths, plan, self.desired.paused or policy_paused, len(self.slots))
+        spec = worker_spec(slot, run_request, self.config, self.paths, plan, self.desired.paused or policy_paused, len(self.slots),
+                           banned_peers=sorted(self.run.banned))
         restarts.ran_out_of_memory = False
         self.run.worker(slot.name, slot.device_label).state = "joining"
         name = slot.name

@@ -110,12 +110,12 @@ class WorkerHandle:
         self._loop.call_later(EXIT_POLL_S, self._poll_exit)
         log.info("training worker %s started (pid %d)", self.name, self._process.pid)
 
-    def send(self, command: str) -> bool:
-        """Send a command (pause, resume, finish, leave); False if the worker is gone."""
+    def send(self, command: str, **fields) -> bool:
+        """Send a command (pause, resume, finish, leave, unban with its ``peers``); False if the worker is gone."""
         if self._exited or self._conn is None:
             return False
         try:
-            self._conn.send({"cmd": command})
+            self._conn.send({"cmd": command, **fields})
             return True
         except (BrokenPipeError, OSError):
             return False

@@ -201,7 +201,8 @@ def restart_delay_s(crashes_in_a_row: int) -> int:
 
 
 def worker_spec(
-    slot: WorkerSlot, run_request: dict, config: Config, paths: Paths, plan: dict | None, start_paused: bool, workers: int
+    slot: WorkerSlot, run_request: dict, config: Config, paths: Paths, plan: dict | None, start_paused: bool, workers: int,
+    banned_peers: list[str] | None = None,
 ) -> dict:
     """The spec one worker is started with (DEVELOPERS.md, "Worker pipe").
 
@@ -214,6 +215,8 @@ def worker_spec(
         start_paused: the worker waits for ``resume`` once it has joined.
         workers: how many workers this daemon runs; with several, each
             nickname says its GPU, so the swarm's peer table tells them apart.
+        banned_peers: peer ids this machine banned in the run (``storage/bans.py``):
+            the worker leaves them out of its rounds and state downloads from the start.
 
     Each worker after the first listens on the configured ports plus its
     position (``shifted_ports``): forward those too to be reachable directly.
@@ -240,5 +243,6 @@ def worker_spec(
         "checkpoint_interval_s": config.training.checkpoint_interval_s,
         "log_level": config.log_level,
         "environment": slot.environment(),
+        "banned_peers": list(banned_peers or ()),
         "device_label": slot.device_label,  # what peers are shown: the worker itself sees only cuda:0
     }

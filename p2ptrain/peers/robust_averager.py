@@ -4,7 +4,11 @@
 
 - runs its rounds with ``robust_allreduce.RobustAllReduceRunner`` (robust
   reducers, checked results, banned peers left out);
-- refuses join requests from banned peers when it leads a group;
+- forms no group with a banned peer: hivemind builds its ``Matchmaking`` in
+  the averager's process, and this averager swaps it, before its first round,
+  for a ``BanAwareMatchmaking`` that refuses banned followers and skips banned
+  leaders (a banned peer that still ends up in a group, as another leader's
+  follower, has its pieces and results left out);
 - downloads state from the peers that share it, highest priority first as
   hivemind does, but skips banned peers and checks each download with
   ``state_check``: a refused state names its peer, and the next peer is tried;
@@ -23,12 +27,13 @@ import multiprocessing
 import queue
 import random
 import time
-from typing import AsyncIterator, Iterable
+from typing import Iterable
 
 import hivemind.optim.grad_averager
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.allreduce import AveragingMode
 from hivemind.averaging.group_info import GroupInfo
+from hivemind.averaging.matchmaking import Matchmaking
 from hivemind.compression import deserialize_torch_tensor
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2
@@ -66,6 +71,8 @@ class RobustAverager(DecentralizedAverager):
         self._judge: RoundJudge | None = None
         super().__init__(*args, **kwargs)
         self.trust.attach(self)
+        # the averager's process handles its pipe in order: this comes before any round
+        self._outer_pipe.send(("_use_ban_aware_matchmaking", [], {}))
 
     @property
     def averaging_name(self) -> str:
@@ -91,6 +98,10 @@ class RobustAverager(DecentralizedAverager):
         self._banned.clear()
         self._banned.update(PeerID(peer_id) for peer_id in peer_ids)
 
+    async def _use_ban_aware_matchmaking(self) -> None:
+        self._matchmaking = BanAwareMatchmaking(self._p2p, self.schema_hash, self.dht, client_mode=self.client_mode,
+                                                banned=self._banned, **self.matchmaking_kwargs)
+
     def _round_judge(self) -> RoundJudge:
         if self._judge is None:
             self._judge = RoundJudge(self.robust_options, self._banned, ReplayMemory(self.total_size), self._round_reports.put)
@@ -114,16 +125,6 @@ class RobustAverager(DecentralizedAverager):
             async for _ in runner:
                 raise ValueError("aux peers should not receive averaged tensors")
 
-    async def rpc_join_group(
-        self, request: averaging_pb2.JoinRequest, context: P2PContext
-    ) -> AsyncIterator[averaging_pb2.MessageFromLeader]:
-        """Refuse a banned peer that asks to join a group this peer leads."""
-        if context.remote_id in self._banned:
-            yield averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
-            return
-        async for response in super().rpc_join_group(request, context):
-            yield response
-
     async def _load_state_from_peers(self, future: MPFuture, timeout: float | None = None):
         """hivemind's download, over the peers that are not banned, each download checked (``state_check``)."""
         if timeout is not None:
@@ -139,29 +140,30 @@ class RobustAverager(DecentralizedAverager):
             candidates = [peer for peer in sorted(priorities, key=priorities.get, reverse=True)
                           if peer != self.peer_id and peer not in self._banned]
             own = None
-            far_refused = None  # the first state refused only for its distance: a second peer may confirm it
+            far_refused = []  # (peer, why, ratio, tensors) refused by checks 3-4 only: a second peer may confirm one
             for peer in candidates:
                 downloaded = await self._download_state(peer, timeout)
                 if downloaded is None:
                     continue
                 parameter_count = self.robust_options.parameter_count or 0
                 if own is None:
-                    own_metadata, own_tensors, _ = await self._get_current_state_from_host_process()
-                    own_metadata = self.serializer.loads(own_metadata)
-                    own_epoch = own_metadata.get("epoch", 0) if isinstance(own_metadata, dict) else 0
-                    own = (own_tensors, own_epoch if isinstance(own_epoch, int) else 0)
+                    own_metadata, own, _ = await self._get_current_state_from_host_process()
+                    own_epoch = _epoch(self.serializer.loads(own_metadata)) or 0
                 metadata, tensors = downloaded
-                problem = state_check.broken_state(own[0], tensors, parameter_count)
+                problem = state_check.broken_state(own, tensors, parameter_count)
                 if problem is not None:
                     self._refused_state(peer, problem, float("inf"))
                     continue
-                distance = state_check.far_state(own[0], tensors, parameter_count, own[1])
-                if distance is None or (far_refused is not None and state_check.same_state(far_refused, tensors, parameter_count)):
+                far = state_check.far_state(own, tensors, parameter_count, (_epoch(metadata) or 0) - own_epoch)
+                if far is None or any(state_check.same_state(other, tensors, parameter_count) for *_, other in far_refused):
+                    # a far state is somebody's fault only once this peer knows the swarm's one
+                    for other_peer, why, ratio, other in far_refused:
+                        if not state_check.same_state(other, tensors, parameter_count):
+                            self._refused_state(other_peer, f"{why}, and it differs from the state another peer served", ratio)
                     future.set_result(downloaded)
                     return
-                self._refused_state(peer, f"its parameters are {distance:.3g} times our parameters' norm away from ours "
-                                          f"(allowed: {state_check.MAX_RELATIVE_DISTANCE:g})", distance)
-                far_refused = far_refused or tensors
+                logger.info(f"Not taking the state of {peer} unless another peer serves the same: {far[0]}")
+                far_refused.append((peer, *far, tensors))
         finally:
             if not future.done():
                 future.set_result(None)
@@ -195,9 +197,34 @@ class RobustAverager(DecentralizedAverager):
         return metadata, tensors
 
     def _refused_state(self, peer: PeerID, problem: str, ratio: float) -> None:
-        logger.warning(f"Refusing the state downloaded from {peer}: {problem}; trying the next peer")
+        logger.warning(f"Refused the state downloaded from {peer}: {problem}")
         self._round_reports.put({"time": time.time(), "group": None, "senders": 0,
                                  "suspects": [{"peer_id": peer.to_base58(), "reason": BAD_STATE, "ratio": ratio, "role": "state"}]})
+
+
+def _epoch(metadata) -> int | None:
+    """The epoch a shared state's metadata claims (both modes put it there), or None."""
+    epoch = metadata.get("epoch") if isinstance(metadata, dict) else None
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
+class BanAwareMatchmaking(Matchmaking):
+    """hivemind's ``Matchmaking`` that never groups with a peer in ``banned`` (a set it shares
+    with the averager, updated in place). The rest as ``Matchmaking``."""
+
+    def __init__(self, *args, banned: set[PeerID], **kwargs):
+        self.banned = banned
+        super().__init__(*args, **kwargs)
+
+    async def _request_join_group(self, leader: PeerID) -> GroupInfo | None:
+        if leader in self.banned:
+            return None
+        return await super()._request_join_group(leader)
+
+    def _check_reasons_to_reject(self, request: averaging_pb2.JoinRequest, context: P2PContext) -> averaging_pb2.MessageFromLeader | None:
+        if context.remote_id in self.banned:
+            return averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
+        return super()._check_reasons_to_reject(request, context)
 
 
 class GradientAverager(RobustAverager, hivemind.optim.grad_averager.GradientAverager):

@@ -11,14 +11,29 @@ here and, when one is refused, tries the next peer. The bound:
 2. the parameters' overall L2 norm within ``MAX_NORM_RATIO`` (8) times ours
    either way: training moves a model, it does not rescale it eight-fold
    (this refuses noise, constants and zeros);
-3. unless this peer has not trained yet (its epoch is 0: it has nothing of its
-   own to compare with), the parameters at most ``MAX_RELATIVE_DISTANCE`` (1.0)
-   times our parameters' norm away from ours, in L2 (``|theta_theirs -
-   theta_ours| <= |theta_ours|``): peers that train together differ by a few
-   epochs of updates, a small fraction of that (this refuses sign flips and
-   unrelated parameters). A state refused only by this distance is still taken
-   when a second peer serves the same one (within ``AGREEMENT`` of it): a peer
-   back from a long absence can then catch up with a swarm that moved far.
+3. the parameters point the same way as ours: cosine similarity at least
+   ``MIN_COSINE`` (0.1). Training keeps a model's direction: the tiny model
+   trained from scratch for 800 AdamW steps at lr 3e-3 is still at 0.52 with its
+   initial weights, while a sign flip is at -1 and unrelated parameters at 0
+   (within 0.001 for a model of a million parameters);
+4. a state that claims to be at most ``NEAR_EPOCHS`` (2) epochs ahead of ours
+   lies within ``MAX_RELATIVE_DISTANCE`` (1.0) times our parameters' norm of
+   ours, in L2: that is the common download (a failed round, a short pause),
+   and peers move far less than that in two epochs (the same run: 0.26 after
+   one epoch of 8 steps, 0.65 after 20). A state further ahead may be further
+   away (a newcomer, a peer back from a long absence): checks 1-3 still hold.
+
+A state refused by check 3 or 4 only is still taken when a second peer serves
+the same one (within ``AGREEMENT``, 1 %, of it), and its peer is named only once
+the peer's state is known to differ from one this peer took. Checks 1 and 2
+name the peer at once.
+
+Limits: a peer that claims to be many epochs ahead escapes check 4, and a newcomer
+has only its initial weights to compare with: a crafted state near the run's
+direction and size (not noise, a sign flip, a constant or zeros) can fool a
+peer that downloads it, never the peers it averages with afterwards (their
+reducers clip its pieces). Two colluding peers serving the same state pass the
+second-peer rule.
 
 Only the first ``parameter_count`` tensors of a state are parameters
 (``RobustOptions.parameter_count``); the rest (momentum, optimizer statistics)
@@ -35,6 +50,8 @@ import torch
 from p2ptrain.peers.checkpoint import state_problem
 
 MAX_NORM_RATIO = 8.0
+MIN_COSINE = 0.1
+NEAR_EPOCHS = 2
 MAX_RELATIVE_DISTANCE = 1.0
 AGREEMENT = 0.01
 
@@ -53,6 +70,13 @@ def relative_distance(theirs: Sequence[torch.Tensor], ours: Sequence[torch.Tenso
     return difference / ours_norm
 
 
+def cosine(theirs: Sequence[torch.Tensor], ours: Sequence[torch.Tensor]) -> float:
+    """The cosine similarity of all the tensors together (1.0 when either is zero: nothing to compare)."""
+    dot = sum(float((their.detach().float() * our.detach().float()).sum()) for their, our in zip(theirs, ours))
+    norms = norm(theirs) * norm(ours)
+    return dot / norms if norms > 0 else 1.0
+
+
 def broken_state(ours: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor], parameter_count: int) -> str | None:
     """Why ``theirs`` can never replace ``ours`` (checks 1 and 2), or None."""
     problem = state_problem(list(ours), list(theirs))
@@ -64,12 +88,19 @@ def broken_state(ours: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor], p
     return None
 
 
-def far_state(ours: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor], parameter_count: int, our_epoch: int) -> float | None:
-    """The relative distance of the parameters when it breaks check 3, else None."""
-    if our_epoch <= 0:
-        return None
-    distance = relative_distance(theirs[:parameter_count], ours[:parameter_count])
-    return distance if distance > MAX_RELATIVE_DISTANCE else None
+def far_state(ours: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor], parameter_count: int,
+              epochs_ahead: int) -> tuple[str, float] | None:
+    """Why ``theirs`` (``epochs_ahead`` epochs ahead of ours) breaks check 3 or 4, with the
+    ratio past the bound, or None when it passes."""
+    direction = cosine(theirs[:parameter_count], ours[:parameter_count])
+    if direction < MIN_COSINE:
+        return f"its parameters' cosine similarity with ours is {direction:.3g} (allowed: at least {MIN_COSINE:g})", 1 - direction
+    if epochs_ahead <= NEAR_EPOCHS:
+        distance = relative_distance(theirs[:parameter_count], ours[:parameter_count])
+        if distance > MAX_RELATIVE_DISTANCE:
+            return (f"its parameters are {distance:.3g} times our parameters' norm away from ours at {epochs_ahead} "
+                    f"epoch(s) ahead (allowed: {MAX_RELATIVE_DISTANCE:g})"), distance
+    return None
 
 
 def same_state(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor], parameter_count: int) -> bool:

@@ -128,10 +128,20 @@ def _v3_step_worker(db: sqlite_utils.Database) -> None:
     db["steps"].add_column("worker", str)
 
 
+def _v5_bans(db: sqlite_utils.Database) -> None:
+    """Peers this machine banned from its averaging rounds (``storage/bans.py``),
+    per run, until ``p2ptrain unban``."""
+    db["bans"].create(
+        {"run_id": str, "peer_id": str, "banned_at": float, "reason": str, "rounds_named": int},
+        pk=("run_id", "peer_id"),
+    )
+
+
 MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (
     _v1_tables,
     _v2_validation_plan_and_indexes,
     _v3_step_worker,
+    _v5_bans,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -13,12 +13,14 @@ COLUMNS = ("Peer", "Samples/s", "Epoch", "Loss", "Link", "Last seen", "Device", 
 
 
 def peer_name(peer: dict) -> str:
-    """Nickname (or short id), starred for this machine, flagged when incompatible."""
+    """Nickname (or short id), starred for this machine, flagged when incompatible or banned."""
     name = peer.get("nickname") or short_peer_id(peer.get("peer_id"))
     if peer.get("is_local"):
         name = f"★ {name}"
     if peer.get("compatible") is False:
         name = f"{name} ⚠ incompatible"
+    if peer.get("banned"):
+        name = f"{name} ⛔ banned"
     return name
 
 
