@@ -182,8 +182,10 @@ class DiLoCoTrainer:
             client_mode=client_mode,
             start=True,
             trust=self.trust,
-            robust=RobustOptions.for_updates(plausible_weight(max(target_batch_size, local_steps * batch_size_per_step)),
-                                             parameter_count=len(self.global_parameters)),
+            robust=RobustOptions.for_pseudo_gradients(
+                plausible_weight(max(target_batch_size, local_steps * batch_size_per_step)), inner_lr,
+                # progress kept after a failed round goes into the next: allow a few rounds of steps
+                steps=local_steps * 4, parameter_count=len(self.global_parameters)),
         )
 
     def _shared_state(self):

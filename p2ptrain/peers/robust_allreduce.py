@@ -7,13 +7,13 @@
   adding them into a weighted sum; it leaves out banned senders and senders that
   replay an earlier piece (``ReplayMemory``);
 - its tensor container (``CheckedPartContainer``) checks each part that another
-  reducer returns: one holding NaN/infinity, farther from our own piece than
-  ``RobustOptions.far_from_own`` times its norm, or from a banned peer, is
-  refused and our own piece kept for it, as hivemind does for a reducer that
-  failed. A reducer can return anything for its part (BTARD verifies reducers
-  with commitments and random checks; hivemind has nothing of the kind), so this
-  bound is what limits a misbehaving reducer: its part moves by at most
-  ``far_from_own`` times our piece's norm.
+  reducer returns: one from a banned peer, one holding NaN/infinity or a value
+  above ``RobustOptions.max_element``, or one farther from our own piece than
+  ``far_from_own`` times its norm, is refused and our own piece kept for it, as
+  hivemind does for a reducer that failed. A reducer can return anything for
+  its part (BTARD verifies reducers with commitments and random checks;
+  hivemind has nothing of the kind), so these bounds are what limits a
+  misbehaving reducer.
 
 When the round ends, the runner hands the senders and reducers it named to
 ``RoundJudge.report`` (one record per round; ``trust.Trust`` counts them).
@@ -33,7 +33,7 @@ from hivemind.averaging.allreduce import AllReduceRunner
 from hivemind.averaging.partition import AllreduceException, BannedException, TensorPartContainer, TensorPartReducer
 from hivemind.p2p import PeerID
 
-from p2ptrain.peers.robust_reduce import BAD_RESULT, REPLAYED, RobustOptions, Suspect, robust_aggregate
+from p2ptrain.peers.robust_reduce import BAD_RESULT, REPLAYED, RobustOptions, Suspect, implausible, robust_aggregate
 
 logger = logging.getLogger(__name__)
 
@@ -244,12 +244,13 @@ class RobustAllReduceRunner(AllReduceRunner):
         peer = self.ordered_peer_ids[peer_index]
         if peer in self.judge.banned:
             return torch.zeros_like(delta)
+        options = self.judge.options
+        problem = implausible(local_part + delta, options)
+        ratio = None if problem is None else problem.ratio
         local_norm, delta_norm = float(local_part.norm()), float(delta.norm())
-        if not math.isfinite(delta_norm):
-            ratio = math.inf
-        elif local_norm > 0 and delta_norm > self.judge.options.far_from_own * local_norm:
+        if ratio is None and options.far_from_own is not None and 0 < local_norm and options.far_from_own * local_norm < delta_norm:
             ratio = delta_norm / local_norm
-        else:
+        if ratio is None:
             return delta
         self.reducer_suspects[peer] = _worst(self.reducer_suspects.get(peer), Suspect(BAD_RESULT, ratio))
         return torch.zeros_like(delta)

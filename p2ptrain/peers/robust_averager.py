@@ -24,7 +24,6 @@ and this module's ``GradientAverager``.
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import random
 import time
 from typing import Iterable
@@ -65,8 +64,9 @@ class RobustAverager(DecentralizedAverager):
     def __init__(self, *args, trust: Trust | None = None, robust: RobustOptions | None = None, **kwargs):
         self.trust = trust if trust is not None else Trust()
         self.robust_options = robust or RobustOptions()
-        # set before hivemind forks the averager's process, which keeps its own copies
-        self._round_reports = multiprocessing.Queue()
+        # set before hivemind forks the averager's process, which keeps its own copies; a SimpleQueue
+        # writes at once, so a report is there before the result it goes with (the host drains it each step)
+        self._round_reports = multiprocessing.SimpleQueue()
         self._banned = {PeerID.from_base58(peer_id) for peer_id in self.trust.banned}
         self._judge: RoundJudge | None = None
         super().__init__(*args, **kwargs)
@@ -83,11 +83,9 @@ class RobustAverager(DecentralizedAverager):
     def pop_round_reports(self) -> list[dict]:
         """The reports of the rounds (and downloads) finished since the last call."""
         reports = []
-        while True:
-            try:
-                reports.append(self._round_reports.get_nowait())
-            except queue.Empty:
-                return reports
+        while not self._round_reports.empty():
+            reports.append(self._round_reports.get())
+        return reports
 
     def set_banned(self, peer_ids: Iterable[str]) -> None:
         """Make the averager's process refuse and leave out exactly ``peer_ids`` (base58) from now on."""

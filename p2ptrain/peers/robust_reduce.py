@@ -43,16 +43,26 @@ is not a finite number >= 0, or above ``max_weight``, names its sender. A
 sender with weight 0 (hivemind's "tag along" of a peer that only wants the
 result) does not count at all.
 
-**Two senders.** With two pieces there is no majority: each is as far from the
-median as the other. When the reducer is one of the two, its own piece is the
-one it trusts: the other piece is left out (the result is the reducer's own
-piece) when it is farther from the reducer's piece than ``far_from_own`` times
-that piece's norm (``RobustOptions``).
+**What no honest peer can send.** Some pieces are left out whatever the group
+thinks: NaN or infinity; a weight that is not a finite number >= 0 or above
+``max_weight``; a pseudo-gradient with a value above ``max_element``
+(``RobustOptions``: an inner optimizer moves a parameter by about its learning
+rate per step, so H steps cannot move it by many times H x lr); the same piece
+as the sender sent in an earlier round (``robust_allreduce.ReplayMemory``).
 
-**Naming.** A sender whose piece ends farther than ``SUSPECT_RATIO`` (4) clip
-radii from the result (16 median distances), or that sent NaN/infinity, an
-implausible weight, or a piece too far from ours in a group of two, is
-returned in ``Aggregate.suspects`` with the reason and the ratio.
+**Two senders.** With two pieces there is no majority: each is as far from the
+median as the other. When the reducer is one of the two and ``far_from_own``
+is set, its own piece is the one it trusts: the other is left out (the result
+is the reducer's own piece) when it is farther from the reducer's piece than
+``far_from_own`` times that piece's norm.
+
+**Naming.** Every piece left out names its sender (``Aggregate.suspects``,
+with the reason and the ratio past the bound). So does a piece that ends
+farther than ``SUSPECT_RATIO`` (4) clip radii from the result (16 median
+distances) when ``name_outliers`` is set: for gradients and parameters, whose
+honest sizes agree; not for pseudo-gradients, whose honest sizes differ a
+hundredfold (Adam's first steps after a start move every parameter by the full
+learning rate, a trained Adam far less), so a large one is only clipped.
 """
 
 from __future__ import annotations
@@ -66,6 +76,9 @@ import torch
 CLIP_RADIUS_MULTIPLE = 4.0
 # a sender claiming more samples than this many rounds' worth is named (``plausible_weight``)
 PLAUSIBLE_ROUNDS = 100
+# Adam moves a parameter by at most about (1 - beta1) / sqrt(1 - beta2) ~ 3.2 learning rates in
+# a step (1 in the usual case): a pseudo-gradient value above this many lr per step is no one's
+PLAUSIBLE_STEP = 4.0
 SUSPECT_RATIO = 4.0
 WEIGHT_MEDIAN_MULTIPLE = 2.0
 MAX_ITERATIONS = 20
@@ -76,24 +89,28 @@ SETTLED = 1e-4
 OUTLIER = "outlier"  # its piece was clipped hard
 NON_FINITE = "non-finite"  # its piece held NaN or infinity
 BAD_WEIGHT = "implausible-weight"  # its claimed weight was not finite, negative or above max_weight
+IMPLAUSIBLE = "implausible-update"  # its piece held a value above max_element
 FAR_FROM_OWN = "far-from-own"  # in a group of two, its piece was far from the reducer's own
 REPLAYED = "replayed"  # it sent the same piece as in an earlier round (robust_allreduce)
-BAD_RESULT = "bad-result"  # as a reducer it returned a result far from our piece (robust_allreduce)
-BAD_STATE = "bad-state"  # it served a state far from ours (state_check)
+BAD_RESULT = "bad-result"  # as a reducer it returned a result we refused (robust_allreduce)
+BAD_STATE = "bad-state"  # it served a state we refused (state_check)
 
 
 @dataclasses.dataclass(frozen=True)
 class RobustOptions:
-    """How an averager's reducers judge the pieces they get (one per averager).
+    """How an averager's reducers judge the pieces they get, and its senders the
+    results they get back (one per averager; see the module doc).
 
     Args:
         max_weight: the most samples a sender can plausibly claim in one round;
             a larger claim is capped there and names the sender (None: no cap).
+        max_element: the largest value an honest piece can hold (None: no bound);
+            a piece or a returned result above it is left out.
         far_from_own: in a group of two, the other sender's piece is left out when
-            it is farther from ours than this many times our piece's norm; a part
-            reduced by another peer is refused (ours kept) on the same bound.
-            Updates (gradients, pseudo-gradients) differ between honest peers by
-            about their own size, hence 10; parameters by a tiny fraction, hence 0.1.
+            it is farther from ours than this many times our piece's norm, and a
+            part reduced by another peer is refused (ours kept) on the same bound
+            (None: no such check).
+        name_outliers: name senders whose pieces are clipped hard.
         detect_replays: name a sender that sends exactly what it sent in an earlier
             round (meaningful for updates, not for parameters that barely move).
         parameter_count: how many leading tensors of this averager's shared state
@@ -103,19 +120,28 @@ class RobustOptions:
     """
 
     max_weight: float | None = None
-    far_from_own: float = 10.0
+    max_element: float | None = None
+    far_from_own: float | None = None
+    name_outliers: bool = True
     detect_replays: bool = True
     parameter_count: int | None = None
 
     @classmethod
-    def for_updates(cls, max_weight: float | None, parameter_count: int | None = None) -> "RobustOptions":
-        """Options for averaging gradients or pseudo-gradients."""
-        return cls(max_weight=max_weight, far_from_own=10.0, detect_replays=True, parameter_count=parameter_count)
+    def for_pseudo_gradients(cls, max_weight: float, inner_lr: float, steps: int, parameter_count: int) -> "RobustOptions":
+        """DiLoCo's pseudo-gradients: at most ``steps`` inner steps at (peak) ``inner_lr``
+        each, so no value above ``PLAUSIBLE_STEP`` x ``inner_lr`` x ``steps``."""
+        return cls(max_weight=max_weight, max_element=PLAUSIBLE_STEP * inner_lr * steps, name_outliers=False,
+                   detect_replays=True, parameter_count=parameter_count)
+
+    @classmethod
+    def for_gradients(cls, max_weight: float) -> "RobustOptions":
+        """Sync mode's averaged gradients: honest ones differ by about their own size (batch noise)."""
+        return cls(max_weight=max_weight, far_from_own=10.0, detect_replays=True)
 
     @classmethod
     def for_parameters(cls, parameter_count: int) -> "RobustOptions":
-        """Options for averaging parameters (sync mode's state averager)."""
-        return cls(max_weight=None, far_from_own=0.1, detect_replays=False, parameter_count=parameter_count)
+        """Sync mode's state averaging: honest parameters differ by a tiny fraction."""
+        return cls(far_from_own=0.1, detect_replays=False, parameter_count=parameter_count)
 
 
 def plausible_weight(samples_per_round: int) -> float:
@@ -200,49 +226,60 @@ def robust_aggregate(
         own: the index of the reducer's own piece among the senders, or None.
         options: the averager's ``RobustOptions``.
     """
-    finite, suspects = {}, {}
+    plausible, suspects = {}, {}
     for sender, piece in pieces.items():
-        if bool(torch.isfinite(piece).all()):
-            finite[sender] = piece.detach().float().reshape(-1)
+        problem = implausible(piece, options)
+        if problem is None:
+            plausible[sender] = piece.detach().float().reshape(-1)
         else:
-            suspects[sender] = Suspect(NON_FINITE, math.inf)
-    counted, weight_suspects = bounded_weights({sender: weights[sender] for sender in finite}, options.max_weight)
+            suspects[sender] = problem
+    counted, weight_suspects = bounded_weights({sender: weights[sender] for sender in plausible}, options.max_weight)
     suspects.update(weight_suspects)
     shape = next(iter(pieces.values())).shape
-    active = sorted(sender for sender in finite if counted[sender] > 0)
+    active = sorted(sender for sender in plausible if counted[sender] > 0)
     if not active:
-        # no sender counts (all tagged along with weight 0): the plain mean of what is finite
-        result = torch.stack([finite[sender] for sender in sorted(finite)]).mean(dim=0) if finite else torch.zeros(shape).reshape(-1)
+        # no sender counts (all tagged along with weight 0): the plain mean of what is plausible
+        result = torch.stack([plausible[sender] for sender in sorted(plausible)]).mean(dim=0) if plausible else torch.zeros(shape).reshape(-1)
         return Aggregate(result.reshape(shape), {}, suspects)
-    if len(active) == 2 and own in active:
-        return _two_senders(finite, counted, active, own, options, suspects, shape)
+    if len(active) == 2 and own in active and options.far_from_own is not None:
+        return _two_senders(plausible, counted, active, own, options.far_from_own, suspects, shape)
 
-    stacked = torch.stack([finite[sender] for sender in active])
+    stacked = torch.stack([plausible[sender] for sender in active])
     weight_tensor = torch.tensor([counted[sender] for sender in active], dtype=stacked.dtype)
     distances = (stacked - coordinate_median(stacked)).norm(dim=1)
     tau = CLIP_RADIUS_MULTIPLE * float(distances.median())
     if tau <= 0:
-        # at least half of the pieces are identical: that is the result
-        result = coordinate_median(stacked)
-        tau = torch.finfo(stacked.dtype).tiny
-    else:
-        result = centered_clip(stacked, weight_tensor, tau)
+        # at least half of the pieces are identical: that is the result (honest pieces can
+        # differ where most are zero, parameters that few batches touch: nobody is named)
+        return Aggregate(coordinate_median(stacked).reshape(shape), {}, suspects)
+    result = centered_clip(stacked, weight_tensor, tau)
     ratios = {}
     for sender, distance in zip(active, (stacked - result).norm(dim=1).tolist()):
         ratios[sender] = distance / tau
-        if ratios[sender] >= SUSPECT_RATIO:
+        if options.name_outliers and ratios[sender] >= SUSPECT_RATIO:
             suspects.setdefault(sender, Suspect(OUTLIER, ratios[sender]))
     return Aggregate(result.reshape(shape), ratios, suspects)
 
 
-def _two_senders(finite, counted, active, own, options, suspects, shape) -> Aggregate:
+def implausible(piece: torch.Tensor, options: RobustOptions) -> Suspect | None:
+    """Why no honest peer can have sent ``piece`` (non-finite, or above ``max_element``), or None."""
+    if not bool(torch.isfinite(piece).all()):
+        return Suspect(NON_FINITE, math.inf)
+    if options.max_element is not None and piece.numel():
+        largest = float(piece.detach().abs().max())
+        if largest > options.max_element:
+            return Suspect(IMPLAUSIBLE, largest / options.max_element)
+    return None
+
+
+def _two_senders(plausible, counted, active, own, far_from_own, suspects, shape) -> Aggregate:
     """Two senders, one of them the reducer: keep the other's piece only if it is near ours."""
     other = active[0] if active[1] == own else active[1]
-    own_norm = float(finite[own].norm())
-    distance = float((finite[other] - finite[own]).norm())
-    if own_norm > 0 and distance > options.far_from_own * own_norm:
+    own_norm = float(plausible[own].norm())
+    distance = float((plausible[other] - plausible[own]).norm())
+    if own_norm > 0 and distance > far_from_own * own_norm:
         suspects.setdefault(other, Suspect(FAR_FROM_OWN, distance / own_norm))
-        return Aggregate(finite[own].clone().reshape(shape), {}, suspects)
+        return Aggregate(plausible[own].clone().reshape(shape), {}, suspects)
     total = counted[own] + counted[other]
-    result = (finite[own] * counted[own] + finite[other] * counted[other]) / total
+    result = (plausible[own] * counted[own] + plausible[other] * counted[other]) / total
     return Aggregate(result.reshape(shape), {}, suspects)

@@ -195,7 +195,7 @@ class SyncOptimizer(hivemind.Optimizer):
         self._trust = trust
         self._parameter_count = len(list(kwargs["params"]))
         kwargs["grad_averager_factory"] = functools.partial(
-            GradientAverager, trust=trust, robust=RobustOptions.for_updates(plausible_weight(kwargs["target_batch_size"])))
+            GradientAverager, trust=trust, robust=RobustOptions.for_gradients(plausible_weight(kwargs["target_batch_size"])))
         self._finished_groups: list[int] = []
         self._rejected_groups: list[int] = []
         self._failed_rounds = 0

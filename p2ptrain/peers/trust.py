@@ -30,6 +30,7 @@ REASON_WORDS = {
     "outlier": "a piece far from everyone else's (clipped)",
     "non-finite": "NaN or infinity",
     "implausible-weight": "an implausible sample count",
+    "implausible-update": "values no honest update can hold",
     "far-from-own": "a piece far from ours",
     "replayed": "the same piece as in an earlier round",
     "bad-result": "back an average far from our own piece",
@@ -80,7 +81,12 @@ class Trust:
         newly_banned = []
         for averager in self._averagers:
             for report in averager.pop_round_reports():
+                # a peer named for several things in one round (as a sender and as a reducer) counts once
+                worst = {}
                 for suspect in report.get("suspects", []):
+                    if suspect["peer_id"] not in worst or suspect["ratio"] > worst[suspect["peer_id"]]["ratio"]:
+                        worst[suspect["peer_id"]] = suspect
+                for suspect in worst.values():
                     events += self._named(suspect, report, averager.averaging_name, epoch, newly_banned)
         if newly_banned:
             self._push_bans()

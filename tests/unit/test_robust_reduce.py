@@ -16,6 +16,7 @@ from p2ptrain.peers.robust_allreduce import MIN_REPLAY_EVIDENCE, ReplayMemory
 from p2ptrain.peers.robust_reduce import (
     BAD_WEIGHT,
     FAR_FROM_OWN,
+    IMPLAUSIBLE,
     NON_FINITE,
     OUTLIER,
     RobustOptions,
@@ -24,7 +25,9 @@ from p2ptrain.peers.robust_reduce import (
 )
 
 SIZE = 4096
-UPDATES = RobustOptions.for_updates(max_weight=10_000.0)
+UPDATES = RobustOptions.for_gradients(max_weight=10_000.0)
+# honest pieces below hold values up to ~4.5e-3: as if 8 steps at lr 1e-3
+PSEUDO_GRADIENTS = RobustOptions.for_pseudo_gradients(max_weight=10_000.0, inner_lr=1e-3, steps=8, parameter_count=1)
 
 
 def honest_pieces(count: int, seed: int = 0, noise: float = 1.0) -> dict[int, torch.Tensor]:
@@ -54,12 +57,24 @@ def test_with_nobody_misbehaving_the_result_is_the_weighted_mean_and_nobody_is_n
         assert all(ratio < 0.5 for ratio in aggregate.ratios.values())
 
 
-def test_honest_updates_of_very_different_sizes_are_not_named():
-    """A peer ten times faster sends a larger update: counted, never named."""
-    pieces = honest_pieces(3, seed=3)
-    pieces[2] = pieces[2] * 10
-    aggregate = robust_aggregate(pieces, {0: 10.0, 1: 10.0, 2: 100.0}, own=0, options=UPDATES)
-    assert aggregate.suspects == {}
+def test_honest_pseudo_gradients_a_hundred_times_larger_are_clipped_but_not_named():
+    """A peer whose Adam just started moves every parameter by the full learning rate: a
+    pseudo-gradient a hundred times another's, honest all the same."""
+    pieces = {sender: piece / 100 for sender, piece in honest_pieces(3, seed=3).items()}
+    pieces[2] = pieces[2] * 100
+    aggregate = robust_aggregate(pieces, {0: 10.0, 1: 10.0, 2: 10.0}, own=0, options=PSEUDO_GRADIENTS)
+    assert aggregate.suspects == {} and aggregate.ratios[2] > 4
+    pair = robust_aggregate({0: pieces[0], 1: pieces[2]}, {0: 10.0, 1: 10.0}, own=0, options=PSEUDO_GRADIENTS)
+    assert pair.suspects == {} and torch.allclose(pair.result, (pieces[0] + pieces[2]) / 2)
+
+
+@pytest.mark.parametrize("scale", [1000.0, -50.0])
+def test_a_pseudo_gradient_no_optimizer_step_can_make_is_left_out_and_named_even_between_two(scale):
+    honest = honest_pieces(2, seed=8)
+    rogue = honest[1] * scale
+    aggregate = robust_aggregate({0: honest[0], 1: rogue}, {0: 10.0, 1: 10.0}, own=0, options=PSEUDO_GRADIENTS)
+    assert aggregate.suspects[1].reason == IMPLAUSIBLE and aggregate.suspects[1].ratio > 1
+    assert torch.equal(aggregate.result, honest[0])
 
 
 def attack(name: str, honest: dict[int, torch.Tensor]) -> torch.Tensor:
