@@ -258,6 +258,9 @@ def attack_catalogue(tmp_path: Path, manifest: dict, prefixes: list[tuple[str, s
                 worker.wait_for(lambda w: validation_loss_around(w, first_round)[1] is not None, 180,
                                 f"two epochs after the {phase['attack']} rogue's first round")
                 before, after = validation_loss_around(worker, first_round)
+                reasons = sorted({event["data"]["reason"] for event in naming(workers, "suspect-peer", phase["peer_id"])})
+                print(f"{phase['attack']:>12} {worker.spec['nickname']}: validation loss {before['val_loss']:.3f} (epoch "
+                      f"{before['epoch']}) -> {after['val_loss']:.3f} (epoch {after['epoch']}); named for {', '.join(reasons)}")
                 assert after["val_loss"] <= 1.10 * before["val_loss"], (
                     f"{phase['attack']}: {worker.spec['nickname']}'s validation loss went from {before['val_loss']:.3f} "
                     f"(epoch {before['epoch']}) to {after['val_loss']:.3f} (epoch {after['epoch']})")

@@ -1,0 +1,179 @@
+"""What robust aggregation costs when nobody misbehaves, and what it saves when a rogue joins.
+
+    nice -n 10 .venv/bin/python benchmarks/robust_aggregation.py [--rounds 30] [--local-steps 20] \
+        [--rogue-from 10] [--rogue-rounds 3] [--out benchmarks/robust_aggregation_results.md]
+
+The same exact DiLoCo simulation as ``diloco_study.py`` (4 replicas of the
+``tiny`` model in one process, one AdamW state and data stream each, outer
+Nesterov SGD lr 0.7 momentum 0.9: the manifest's defaults, no compression), run
+four times from the same start on the same data:
+
+- ``plain``: each part of the pseudo-gradients reduced by hivemind's weighted mean;
+- ``robust``: each part reduced by ``robust_reduce.robust_aggregate`` with the
+  options DiLoCo's averager uses, the reducer being the replica hivemind would
+  give that part to;
+- ``plain + rogue`` and ``robust + rogue``: for ``--rogue-rounds`` rounds from
+  round ``--rogue-from`` on, replica 0 sends large random pseudo-gradients
+  instead of its own (standard normal values, as the issue's measurement) --
+  as a sender only: the swarm tests (``tests/integration/test_faults_rogue.py``)
+  cover a rogue that also reduces.
+
+It reports the eval loss (256 fixed validation windows) at the end and around
+the rogue's rounds, how far the robust average is from the plain mean when
+nobody misbehaves, and the seconds the reducers spend per round (one thread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from p2ptrain.peers.data import train_batches, validation_batches
+from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
+from p2ptrain.peers.robust_reduce import RobustOptions, plausible_weight, robust_aggregate
+from p2ptrain.peers.run_setup import stream_seed
+
+HERE = Path(__file__).resolve().parent
+DATASET = {"kind": "stdlib"}
+SEED = 1
+REPLICAS = 4
+EVAL_BATCH, EVAL_BATCHES = 8, 32
+PART_VALUES = 2**19 // 4  # hivemind's part size (512 KiB) in float32 values
+
+
+def parts_by_reducer(tensors: list[torch.Tensor], reducers: int) -> list[tuple[int, int, int, int]]:
+    """(reducer, tensor index, start, end) of each part: hivemind's split (each tensor in parts of
+    ``PART_VALUES``; contiguous equal shares of the flat vector, one per reducer)."""
+    total = sum(tensor.numel() for tensor in tensors)
+    parts, position = [], 0
+    for index, tensor in enumerate(tensors):
+        for start in range(0, tensor.numel(), PART_VALUES):
+            end = min(start + PART_VALUES, tensor.numel())
+            parts.append((min(reducers - 1, position * reducers // total), index, start, end))
+            position += end - start
+    return parts
+
+
+def average(pseudo: list[list[torch.Tensor]], weights: list[float], robust: RobustOptions | None) -> tuple[list[torch.Tensor], float, int]:
+    """The averaged pseudo-gradients, the seconds the reducers took, and how many senders they named."""
+    averaged = [torch.empty_like(tensor) for tensor in pseudo[0]]
+    named = 0
+    started = time.process_time()
+    for reducer, index, start, end in parts_by_reducer(pseudo[0], len(pseudo)):
+        pieces = {sender: tensors[index].reshape(-1)[start:end] for sender, tensors in enumerate(pseudo)}
+        if robust is None:
+            total = sum(weights)
+            result = sum(piece * weight for piece, weight in zip(pieces.values(), weights)) / total
+        else:
+            aggregate = robust_aggregate(pieces, dict(enumerate(weights)), own=reducer, options=robust)
+            result, named = aggregate.result, named + len(aggregate.suspects)
+        averaged[index].reshape(-1)[start:end] = result
+    return averaged, time.process_time() - started, named
+
+
+def simulate(args, windows: list, robust: bool, rogue: bool) -> dict:
+    loaded = build_model("tiny", seed=SEED)
+    model, parameters = loaded.model, loaded.trainable()
+    global_parameters = [parameter.detach().clone() for parameter in parameters]
+    outer = torch.optim.SGD(global_parameters, lr=0.7, momentum=0.9, nesterov=True)
+    states = [torch.optim.AdamW(parameters, lr=args.inner_lr).state_dict() for _ in range(REPLICAS)]
+    streams = [train_batches(DATASET, loaded.tokenizer, args.seq_len, args.micro_batch, stream_seed(SEED, f"replica{index}"), args.cache_dir)
+               for index in range(REPLICAS)]
+    samples = args.local_steps * args.micro_batch
+    options = RobustOptions.for_pseudo_gradients(plausible_weight(samples), args.inner_lr, 4 * args.local_steps, len(parameters))
+    noise = torch.Generator().manual_seed(SEED)
+    losses, reduce_seconds, deviations, named = [mean_loss(model, windows)], [], [], 0
+    for round_index in range(args.rounds):
+        pseudo = []
+        for replica in range(REPLICAS):
+            with torch.no_grad():
+                for parameter, global_parameter in zip(parameters, global_parameters):
+                    parameter.copy_(global_parameter)
+            optimizer = torch.optim.AdamW(parameters, lr=args.inner_lr)
+            optimizer.load_state_dict(states[replica])
+            for _ in range(args.local_steps):
+                causal_lm_loss(model, next(streams[replica])).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            states[replica] = optimizer.state_dict()
+            pseudo.append([global_parameter - parameter.detach() for global_parameter, parameter in zip(global_parameters, parameters)])
+        if rogue and args.rogue_from <= round_index < args.rogue_from + args.rogue_rounds:
+            pseudo[0] = [torch.randn(tensor.shape, generator=noise) for tensor in pseudo[0]]
+        averaged, seconds, round_named = average(pseudo, [float(samples)] * REPLICAS, options if robust else None)
+        reduce_seconds.append(seconds)
+        named += round_named
+        if robust and not rogue:
+            mean, _, _ = average(pseudo, [float(samples)] * REPLICAS, None)
+            deviations.append(float(torch.cat([(a - m).reshape(-1) for a, m in zip(averaged, mean)]).norm()
+                                    / torch.cat([m.reshape(-1) for m in mean]).norm()))
+        for global_parameter, update in zip(global_parameters, averaged):
+            global_parameter.grad = update
+        outer.step()
+        outer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for parameter, global_parameter in zip(parameters, global_parameters):
+                parameter.copy_(global_parameter)
+        losses.append(mean_loss(model, windows))
+        print(f"{'robust' if robust else 'plain'}{' + rogue' if rogue else ''} round {round_index + 1}: eval loss {losses[-1]:.4f}",
+              file=sys.stderr, flush=True)
+    return {"losses": losses, "reduce_seconds": sum(reduce_seconds) / len(reduce_seconds), "deviations": deviations, "named": named}
+
+
+def report(args, runs: dict[str, dict], load: str, seconds: float) -> str:
+    before, after = args.rogue_from, args.rogue_from + args.rogue_rounds
+    lines = [
+        "## Robust aggregation: its cost with nobody misbehaving, and a rogue before/after", "",
+        f"`nice -n 10 .venv/bin/python benchmarks/robust_aggregation.py --rounds {args.rounds} --local-steps {args.local_steps} "
+        f"--rogue-from {args.rogue_from} --rogue-rounds {args.rogue_rounds}` ({seconds / 60:.0f} min; load average at the start: {load}). "
+        f"Exact DiLoCo simulation, {REPLICAS} replicas of `tiny` from random weights, H = {args.local_steps}, B = {args.micro_batch}, "
+        f"seq_len {args.seq_len}, inner AdamW lr {args.inner_lr:g}, outer Nesterov lr 0.7 momentum 0.9, no compression "
+        "(see the script's docstring). Eval loss: nats/byte on 256 fixed validation windows.", "",
+        f"| run | eval loss after round {before} (before the rogue) | after round {after} (its last) | after round {min(after + 2, args.rounds)} | "
+        f"after round {args.rounds} (end) | reducer CPU s per round | senders named |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, run in runs.items():
+        losses = run["losses"]
+        lines.append(f"| {name} | {losses[before]:.4f} | {losses[after]:.4f} | {losses[min(after + 2, args.rounds)]:.4f} | "
+                     f"{losses[-1]:.4f} | {run['reduce_seconds']:.3f} | {run['named']} |")
+    honest = runs["robust"]["deviations"]
+    plain, robust = runs["plain"]["losses"][-1], runs["robust"]["losses"][-1]
+    lines += ["", f"Nobody misbehaving: the robust average is {max(honest):.2g} (largest) / {sum(honest) / len(honest):.2g} (mean) "
+              f"of the plain mean's norm away from it over the {len(honest)} rounds, the final eval loss "
+              f"{100 * (robust - plain) / plain:+.2f} % against the plain mean's, the reducers "
+              f"{runs['robust']['reduce_seconds'] / max(runs['plain']['reduce_seconds'], 1e-9):.1f}x the plain mean's CPU time "
+              f"({runs['robust']['reduce_seconds'] - runs['plain']['reduce_seconds']:.3f} s more per round, for "
+              f"{sum(p.numel() for p in build_model('tiny', seed=SEED).trainable()):,} parameters).", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--local-steps", type=int, default=20, help="H")
+    parser.add_argument("--micro-batch", type=int, default=4, help="B")
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--inner-lr", type=float, default=3e-3)
+    parser.add_argument("--rogue-from", type=int, default=10, help="the rogue's first round (0-based)")
+    parser.add_argument("--rogue-rounds", type=int, default=3)
+    parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/p2ptrain-study-cache"))
+    parser.add_argument("--out", type=Path, default=HERE / "robust_aggregation_results.md")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    load = " ".join(f"{value:.1f}" for value in os.getloadavg())
+    started = time.monotonic()
+    windows = validation_batches(DATASET, build_model("tiny", seed=SEED).tokenizer, args.seq_len, EVAL_BATCH, args.cache_dir, EVAL_BATCHES)
+    runs = {name: simulate(args, windows, robust=robust, rogue=rogue) for name, robust, rogue in
+            (("plain", False, False), ("robust", True, False), ("plain + rogue", False, True), ("robust + rogue", True, True))}
+    text = report(args, runs, load, time.monotonic() - started)
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
