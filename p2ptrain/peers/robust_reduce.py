@@ -59,8 +59,11 @@ is the reducer's own piece) when it is farther from the reducer's piece than
 **Naming.** Every piece left out names its sender (``Aggregate.suspects``,
 with the reason and the ratio past the bound). So does a piece that ends
 farther than ``SUSPECT_RATIO`` (4) clip radii from the result (16 median
-distances) when ``name_outliers`` is set: for gradients and parameters, whose
-honest sizes agree; not for pseudo-gradients, whose honest sizes differ a
+distances), and farther than ``far_from_own`` times the result's norm, when
+``name_outliers`` is set: for gradients and parameters, whose honest sizes
+agree (parameters that differ by a thousandth, as after one peer stepped on
+its own gradients, are many clip radii apart where the others agree exactly:
+clipped, not named); not for pseudo-gradients, whose honest sizes differ a
 hundredfold (Adam's first steps after a start move every parameter by the full
 learning rate, a trained Adam far less), so a large one is only clipped.
 """
@@ -254,9 +257,11 @@ def robust_aggregate(
         return Aggregate(coordinate_median(stacked).reshape(shape), {}, suspects)
     result = centered_clip(stacked, weight_tensor, tau)
     ratios = {}
+    # where honest pieces nearly agree (parameters) a tiny difference is many clip radii: name only a large one
+    significant = 0.0 if options.far_from_own is None else options.far_from_own * float(result.norm())
     for sender, distance in zip(active, (stacked - result).norm(dim=1).tolist()):
         ratios[sender] = distance / tau
-        if options.name_outliers and ratios[sender] >= SUSPECT_RATIO:
+        if options.name_outliers and ratios[sender] >= SUSPECT_RATIO and distance > significant:
             suspects.setdefault(sender, Suspect(OUTLIER, ratios[sender]))
     return Aggregate(result.reshape(shape), ratios, suspects)
 

@@ -47,7 +47,7 @@ def test_bans_are_shown_by_peers_and_lifted_by_unban(daemons):
     assert f"banned {ROGUE}" in text and f"p2ptrain unban {ROGUE}" in text
 
     wrong = cli(daemon.home, "unban", "QmSomebodyElse")
-    assert wrong.returncode == 1 and "is not banned in run 'bans-run'" in wrong.stderr and wrong.stderr.count("\n") == 1
+    assert wrong.returncode == 2 and "is not banned in run 'bans-run'" in wrong.stderr and wrong.stderr.count("\n") == 1
     lifted = cli(daemon.home, "unban", ROGUE)
     assert lifted.returncode == 0 and ROGUE in lifted.stdout and "0 still banned" in lifted.stdout
     assert peers(daemon.home)["bans"] == []

@@ -156,6 +156,14 @@ def test_parameters_that_agree_keep_a_rogue_parameter_piece_near_them():
     assert relative_error(aggregate.result, parameters) < 1e-4
 
 
+def test_parameters_that_differ_by_a_thousandth_are_clipped_not_named():
+    """One peer stepped on its own gradients once: its parameters differ a little from two that agree exactly."""
+    parameters = torch.randn(SIZE)
+    pieces = {0: parameters, 1: parameters + 1e-9 * torch.randn(SIZE), 2: parameters + 1e-3 * torch.randn(SIZE)}
+    aggregate = robust_aggregate(pieces, {0: 1.0, 1: 1.0, 2: 1.0}, own=0, options=RobustOptions.for_parameters(1))
+    assert aggregate.ratios[2] > 4 and aggregate.suspects == {}
+
+
 def test_a_replayed_piece_is_recognised_and_a_fresh_one_is_not():
     memory = ReplayMemory(total_size=100_000)
     stale = torch.randn(30_000)
