@@ -184,8 +184,8 @@ class DiLoCoTrainer:
             trust=self.trust,
             robust=RobustOptions.for_pseudo_gradients(
                 plausible_weight(max(target_batch_size, local_steps * batch_size_per_step)), inner_lr,
-                # progress kept after a failed round goes into the next: allow a few rounds of steps
-                steps=local_steps * 4, parameter_count=len(self.global_parameters)),
+                # the most inner steps behind one pseudo-gradient (a failed round drops its progress)
+                steps=local_steps, parameter_count=len(self.global_parameters)),
         )
 
     def _shared_state(self):

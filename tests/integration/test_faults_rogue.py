@@ -220,10 +220,11 @@ def assert_all_finite(worker: WorkerHandle) -> None:
 
 def validation_loss_around(worker: WorkerHandle, attacked_at: float) -> tuple[dict, dict | None]:
     """The honest peer's last epoch report before ``attacked_at`` (a rogue's joined round), and the
-    report two epochs after the attacked one (None while it has not come yet)."""
+    report two epochs after the attacked one (None while it has not come yet; a peer that caught up
+    by downloading reports no epochs in between: the first one from then on)."""
     epochs = worker.of_type("epoch")
     before = [report for report in epochs if report["ended_at"] < attacked_at][-1]
-    after = [report for report in epochs if report["epoch"] == before["epoch"] + 3]
+    after = [report for report in epochs if report["epoch"] >= before["epoch"] + 3]
     return before, after[0] if after else None
 
 
