@@ -348,25 +348,16 @@ def _import_charts() -> tuple[type, type]:
     return LossChart, EpochChart
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="p2ptrain-tui", description="Watch and control the p2ptrain daemon on this machine."
-    )
-    parser.add_argument("--home", help="the daemon's directory (as given to `p2ptrain daemon --home`)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``p2ptrain tui`` (the CLI adds ``--home``) and of ``p2ptrain-tui``."""
     parser.add_argument(
         "--theme", default="textual-dark", help="a Textual theme, e.g. textual-dark (default) or textual-light"
     )
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between updates (default 1)")
-    args = parser.parse_args(argv)
-    if args.interval <= 0:
-        parser.error("--interval must be more than 0 seconds, e.g. --interval 2")
-    return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the TUI until the user quits; the daemon keeps running."""
-    args = parse_args(argv)
-    app = P2PTrainApp(find_daemon(args.home), poll_interval_s=args.interval)
+def run(args: argparse.Namespace) -> int:
+    """Run the TUI on the daemon of ``args.home`` until the user quits; the daemon keeps running."""
+    app = P2PTrainApp(find_daemon(args.home))
     if args.theme not in app.available_themes:
         print(
             f"p2ptrain-tui: unknown theme {args.theme!r}; choose one of: {', '.join(sorted(app.available_themes))}",
@@ -376,6 +367,16 @@ def main(argv: list[str] | None = None) -> int:
     app.theme = args.theme
     app.run()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``p2ptrain-tui [--home DIR] [--theme NAME]``, the same as ``p2ptrain tui``."""
+    parser = argparse.ArgumentParser(
+        prog="p2ptrain-tui", description="Watch and control the p2ptrain daemon on this machine."
+    )
+    parser.add_argument("--home", help="the daemon's directory (as given to `p2ptrain daemon --home`)")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -110,9 +110,3 @@ def test_bad_theme_is_a_one_line_error(capsys, tmp_path):
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "unknown theme 'no-such-theme'" in error and "textual-light" in error
 
-
-def test_interval_must_be_positive(capsys, tmp_path):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--home", str(tmp_path), "--interval", "0"])
-    assert exit_info.value.code == 2
-    assert "--interval must be more than 0 seconds" in capsys.readouterr().err
