@@ -42,7 +42,7 @@ async def test_connecting_until_a_slow_daemon_answers_then_disconnected_when_it_
     home = tmp_path / "home"
     paths = resolve_paths(home)
     paths.create()
-    # A daemon that accepts connections but never answers: the first poll waits for its reply.
+    # A daemon that accepts connections but never answers: the subscription waits for its snapshot.
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(paths.socket))
     listener.listen(8)

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+from math import floor, log10
+
 from textual.reactive import reactive
 from textual_plotext import PlotextPlot
 
 # The newest epochs only: older bars would be too thin to read.
 MAX_BARS = 40
+MAX_TICKS = 5
+
+
+def round_ticks(top: float, most: int = MAX_TICKS) -> list[float]:
+    """0 and round steps (1, 2 or 5 times a power of ten) up to ``top``: at most ``most`` + 1 ticks."""
+    if top <= 0:
+        return [0.0]
+    step = 10 ** floor(log10(top / most))
+    step *= next(factor for factor in (1, 2, 5, 10) if top / (step * factor) <= most)
+    return [index * step for index in range(int(top // step) + 1)]
 
 
 class EpochChart(PlotextPlot):
-    """Epoch durations in minutes, newest on the right."""
+    """How many seconds each epoch took, by epoch number, newest on the right."""
 
     epochs: reactive[tuple] = reactive(())
 
@@ -22,8 +34,12 @@ class EpochChart(PlotextPlot):
         if not finished:
             plt.title("no finished epoch yet")
         else:
-            plt.bar([str(row.get("epoch")) for row in finished], [row["duration_s"] / 60 for row in finished], width=0.5)
-            plt.ylabel("minutes")
+            seconds = [row["duration_s"] for row in finished]
+            plt.bar([str(row.get("epoch")) for row in finished], seconds, width=0.5)
+            ticks = round_ticks(max(seconds))
+            plt.yticks(ticks, [f"{tick:g}" for tick in ticks])
+            plt.xlabel("epoch")
+            plt.ylabel("seconds")
         self.refresh()
 
     def on_mount(self) -> None:

@@ -7,6 +7,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from p2ptrain.tui.formatting import format_count, format_number
+from p2ptrain.tui.widgets import show_text
 
 # (moderate, heavy) thresholds. Utilization and memory follow nvitop's defaults;
 # temperature follows the throttling points of common consumer GPUs.
@@ -104,7 +105,7 @@ class HardwarePanel(Static):
         if not gpus:
             cpu = hardware.get("cpu")
             lines.append(f"no NVIDIA GPU · {escape(describe_cpu(cpu))}" if cpu else "no NVIDIA GPU")
-        self.update("\n".join(lines))
+        show_text(self, "\n".join(lines))
 
     def on_mount(self) -> None:
         self._refresh_view()

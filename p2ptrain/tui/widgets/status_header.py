@@ -9,6 +9,7 @@ from textual.widget import Widget
 from textual.widgets import Label
 
 from p2ptrain.tui.formatting import format_duration
+from p2ptrain.tui.widgets import show_text
 
 # Shown until the first poll of the daemon answered or failed.
 CONNECTING = "connecting…"
@@ -79,14 +80,14 @@ class StatusHeader(Widget):
         if status is None:
             connecting = self.connection == CONNECTING
             self.add_class("-connecting" if connecting else "-disconnected")
-            state_label.update(" CONNECTING " if connecting else " DISCONNECTED ")
-            details.update("")
-            reason.update(self.connection)
+            show_text(state_label, " CONNECTING " if connecting else " DISCONNECTED ")
+            show_text(details, "")
+            show_text(reason, self.connection)
             reason.display = True
             return
         state = status.get("state", "?")
         self.add_class(f"-{state}")
-        state_label.update(f" {state.upper()} ")
+        show_text(state_label, f" {state.upper()} ")
         run = status.get("run") or {}
         local = status.get("local") or {}
         parts = []
@@ -99,9 +100,9 @@ class StatusHeader(Widget):
             parts.append(f"{state} for {format_duration(self.now - status['since'])}")
         if status.get("started_at"):
             parts.append(f"up {format_duration(self.now - status['started_at'])}")
-        details.update(" · ".join(parts))
+        show_text(details, " · ".join(parts))
         reason_text = describe_reason(status, self.now)
-        reason.update(reason_text)
+        show_text(reason, reason_text)
         reason.display = bool(reason_text)
 
     def on_mount(self) -> None:
