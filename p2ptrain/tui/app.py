@@ -254,10 +254,13 @@ class P2PTrainApp(App):
         loss_chart_class, epoch_chart_class = await asyncio.to_thread(_import_charts)
         if self._exiting:
             return
-        await self._dashboard("#loss-chart").mount(loss_chart_class())
-        await self._dashboard("#epoch-chart").mount(epoch_chart_class())
+        loss_chart, epoch_chart = loss_chart_class(), epoch_chart_class()
         if self.view is not None:
-            self._show((STEPS, EPOCHS))
+            # Their data before they are mounted: each draws once, with it.
+            loss_chart.steps = tuple(self.view.steps)
+            loss_chart.epochs = epoch_chart.epochs = tuple(self.view.epochs)
+        await self._dashboard("#loss-chart").mount(loss_chart)
+        await self._dashboard("#epoch-chart").mount(epoch_chart)
 
     # ----- what the user does -------------------------------------------------------
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from math import floor, log10
 
 from textual.reactive import reactive
-from textual_plotext import PlotextPlot
+
+from p2ptrain.tui.widgets.chart import Chart
 
 # The newest epochs only: older bars would be too thin to read.
 MAX_BARS = 40
@@ -21,7 +22,7 @@ def round_ticks(top: float, most: int = MAX_TICKS) -> list[float]:
     return [index * step for index in range(int(top // step) + 1)]
 
 
-class EpochChart(PlotextPlot):
+class EpochChart(Chart):
     """How many seconds each epoch took, by epoch number, newest on the right."""
 
     epochs: reactive[tuple] = reactive(())
@@ -40,7 +41,7 @@ class EpochChart(PlotextPlot):
             plt.yticks(ticks, [f"{tick:g}" for tick in ticks])
             plt.xlabel("epoch")
             plt.ylabel("seconds")
-        self.refresh()
+        self.redraw()
 
     def on_mount(self) -> None:
         self._replot()

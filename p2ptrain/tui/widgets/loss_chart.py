@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from math import ceil
+from time import monotonic
 
 from textual.reactive import reactive
-from textual_plotext import PlotextPlot
+from textual.timer import Timer
+
+from p2ptrain.tui.widgets.chart import Chart
 
 # Enough points for the widest terminal; more only slows plotext down.
 MAX_POINTS = 400
+# A training worker reports a step every second; a curve over minutes or hours needs no redraw that often.
+REDRAW_EVERY_S = 5.0
 # Spacings of the time axis' ticks, in seconds: the first that puts at most MAX_TICKS ticks on the axis.
 TICK_SPACINGS_S = (10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800)
 MAX_TICKS = 6
@@ -47,13 +52,20 @@ def elapsed_ticks(span_s: float) -> tuple[list[float], list[str]]:
     return [tick / 60 for tick in seconds], [elapsed_label(tick) for tick in seconds]
 
 
-class LossChart(PlotextPlot):
+class LossChart(Chart):
     """Training and validation loss of the current run against the time since its first step."""
 
     steps: reactive[tuple] = reactive(())
     epochs: reactive[tuple] = reactive(())
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._last_replot = float("-inf")
+        self._redraw_timer: Timer | None = None
+
     def _replot(self) -> None:
+        self._last_replot = monotonic()
+        self._redraw_timer = None
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
@@ -65,7 +77,7 @@ class LossChart(PlotextPlot):
         ]
         if not train and not validation:
             plt.title("no loss recorded yet")
-            self.refresh()
+            self.redraw()
             return
         start = min(ts for ts, _ in train + validation)
         train = thin_out(train)
@@ -75,15 +87,23 @@ class LossChart(PlotextPlot):
             plt.scatter([(ts - start) / 60 for ts, _ in validation], [loss for _, loss in validation], label="validation")
         plt.xticks(*elapsed_ticks(max(ts for ts, _ in train + validation) - start))
         plt.xlabel("time since the first step")
-        self.refresh()
+        self.redraw()
 
     def on_mount(self) -> None:
         self._replot()
 
-    def watch_steps(self) -> None:
-        if self.is_mounted:
+    def _data_changed(self) -> None:
+        """Redraw now if the last redraw is older than ``REDRAW_EVERY_S``, else once that much has passed."""
+        if not self.is_mounted or self._redraw_timer is not None:
+            return
+        wait = self._last_replot + REDRAW_EVERY_S - monotonic()
+        if wait <= 0:
             self._replot()
+        else:
+            self._redraw_timer = self.set_timer(wait, self._replot)
+
+    def watch_steps(self) -> None:
+        self._data_changed()
 
     def watch_epochs(self) -> None:
-        if self.is_mounted:
-            self._replot()
+        self._data_changed()

@@ -75,18 +75,17 @@ class StatusHeader(Widget):
         state_label = self.query_one("#state", Label)
         details = self.query_one("#details", Label)
         reason = self.query_one("#reason", Label)
-        self.remove_class(*(f"-{state}" for state in (*STATES, "connecting", "disconnected")))
         status = self.status
         if status is None:
             connecting = self.connection == CONNECTING
-            self.add_class("-connecting" if connecting else "-disconnected")
+            self._show_state_class("connecting" if connecting else "disconnected")
             show_text(state_label, " CONNECTING " if connecting else " DISCONNECTED ")
             show_text(details, "")
             show_text(reason, self.connection)
             reason.display = True
             return
         state = status.get("state", "?")
-        self.add_class(f"-{state}")
+        self._show_state_class(state)
         show_text(state_label, f" {state.upper()} ")
         run = status.get("run") or {}
         local = status.get("local") or {}
@@ -104,6 +103,12 @@ class StatusHeader(Widget):
         reason_text = describe_reason(status, self.now)
         show_text(reason, reason_text)
         reason.display = bool(reason_text)
+
+    def _show_state_class(self, state: str) -> None:
+        """The CSS class of ``state`` (``-paused``...) and no other state's: a class change restyles the
+        header, so nothing is changed when the state is the same (the clock calls this every second)."""
+        for name in (*STATES, "connecting", "disconnected"):
+            self.set_class(name == state, f"-{name}")
 
     def on_mount(self) -> None:
         self._refresh_labels()
