@@ -3,9 +3,10 @@
 A thin client of the daemon's control socket, fed by what the daemon pushes:
 a thread worker follows its ``subscribe`` stream (``feed.DaemonFeed``: the
 history once, then each update) and posts what it got as messages; the app
-keeps it in a ``DaemonView`` and redraws only the parts an update changed.
-A clock ticks once a second for the ages on screen. Quitting leaves the
-daemon running.
+keeps it in a ``DaemonView`` and redraws only the parts updates changed, once
+a second with the ages on screen (a training daemon pushes a step and a status
+every second), or at once when the state changes. Quitting leaves the daemon
+running.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from p2ptrain.tui.widgets.swarm_panel import SwarmPanel
 from p2ptrain.tui.widgets.unreachable_panel import UnreachablePanel
 
 ACTIVE_STATES = ("joining", "training", "paused", "finishing", "leaving")
-# Seconds between updates of the ages on screen ("up 2h 05m", "last seen 4s ago").
-CLOCK_TICK_S = 1.0
+# Seconds between redraws of what was pushed meanwhile, and of the ages on screen ("up 2h 05m").
+REDRAW_EVERY_S = 1.0
 
 
 class P2PTrainApp(App):
@@ -98,6 +99,7 @@ class P2PTrainApp(App):
         self.started_daemon = None
         self.feed = DaemonFeed(target.socket, self.post_message, request_timeout_s, retry_delays_s)
         self._charts_requested = False
+        self._changed: set[str] = set()  # parts of the view changed since the last redraw
         # What each part of the view shows in (see DaemonView.apply).
         self._show_part = {
             STATUS: self._show_status,
@@ -125,7 +127,7 @@ class P2PTrainApp(App):
 
     def on_mount(self) -> None:
         self.follow_daemon()
-        self.set_interval(CLOCK_TICK_S, self._tick_clock)
+        self.set_interval(REDRAW_EVERY_S, self._redraw)
 
     def on_unmount(self) -> None:
         self.feed.stop()
@@ -162,16 +164,21 @@ class P2PTrainApp(App):
             if message.event not in ("snapshot", "status") or not isinstance(message.data, dict):
                 return
             self.view = DaemonView(message.data)
-            self._show(self._show_part.keys())
+            self._changed.update(self._show_part)
+            self._redraw()
             self._dashboard(ContentSwitcher).current = "dashboard"
             self._load_charts_after_this_frame()
             return
-        self._show(self.view.apply(message.event, message.data))
+        shown_state = (self._dashboard(StatusHeader).status or {}).get("state")
+        self._changed.update(self.view.apply(message.event, message.data))
+        if self.state != shown_state:
+            self._redraw()  # a pause, a resume, an error: at once
 
     def on_history_loaded(self, message: HistoryLoaded) -> None:
         if self._exiting or self.view is None:
             return
-        self._show(self.view.load(message.history))
+        self._changed.update(self.view.load(message.history))
+        self._redraw()
 
     def on_daemon_unreachable(self, message: DaemonUnreachable) -> None:
         if self._exiting:
@@ -188,9 +195,16 @@ class P2PTrainApp(App):
 
     # ----- showing the view ---------------------------------------------------------
 
-    def _show(self, parts: Iterable[str]) -> None:
-        for part in parts:
+    def _redraw(self) -> None:
+        """Show the parts changed since the last redraw, and the ages as of now."""
+        if self._exiting or self.view is None:
+            return
+        changed, self._changed = self._changed, set()
+        for part in changed:
             self._show_part[part]()
+        now = self.clock()
+        for widget in (StatusHeader, SwarmPanel, PeersTable):
+            self._dashboard(widget).now = now
 
     def _show_status(self) -> None:
         status = self.view.status
@@ -202,7 +216,6 @@ class P2PTrainApp(App):
         hardware = self._dashboard(HardwarePanel)
         hardware.local = status.get("local")
         hardware.hardware = status.get("hardware")
-        self._tick_clock()
 
     def _show_peers(self) -> None:
         self._dashboard(PeersTable).peers = self.view.peers
@@ -224,13 +237,6 @@ class P2PTrainApp(App):
 
     def _show_events(self) -> None:
         self._dashboard(EventLog).events = tuple(self.view.events)
-
-    def _tick_clock(self) -> None:
-        if self._exiting or self.view is None:
-            return
-        now = self.clock()
-        for widget in (StatusHeader, SwarmPanel, PeersTable):
-            self._dashboard(widget).now = now
 
     @property
     def charts_ready(self) -> bool:

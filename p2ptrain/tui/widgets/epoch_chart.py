@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from math import floor, log10
 
-from textual.reactive import reactive
+from textual.reactive import var
 
 from p2ptrain.tui.widgets.chart import Chart
 
@@ -25,7 +25,7 @@ def round_ticks(top: float, most: int = MAX_TICKS) -> list[float]:
 class EpochChart(Chart):
     """How many seconds each epoch took, by epoch number, newest on the right."""
 
-    epochs: reactive[tuple] = reactive(())
+    epochs: var[tuple] = var(())
 
     def _replot(self) -> None:
         plt = self.plt

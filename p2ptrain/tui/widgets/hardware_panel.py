@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from textual.markup import escape
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.widgets import Static
 
 from p2ptrain.tui.formatting import format_count, format_number
@@ -93,8 +93,8 @@ class HardwarePanel(Static):
 
     BORDER_TITLE = "This machine"
 
-    local: reactive[dict | None] = reactive(None)
-    hardware: reactive[dict | None] = reactive(None)
+    local: var[dict | None] = var(None)
+    hardware: var[dict | None] = var(None)
 
     def _refresh_view(self) -> None:
         lines = local_lines(self.local) if self.local else ["not training"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from math import ceil
 from time import monotonic
 
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.timer import Timer
 
 from p2ptrain.tui.widgets.chart import Chart
@@ -55,8 +55,8 @@ def elapsed_ticks(span_s: float) -> tuple[list[float], list[str]]:
 class LossChart(Chart):
     """Training and validation loss of the current run against the time since its first step."""
 
-    steps: reactive[tuple] = reactive(())
-    epochs: reactive[tuple] = reactive(())
+    steps: var[tuple] = var(())
+    epochs: var[tuple] = var(())
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.widgets import DataTable
 
 from p2ptrain.tui.formatting import format_age, format_number
@@ -34,8 +34,8 @@ class PeersTable(DataTable):
 
     BORDER_TITLE = "Peers"
 
-    peers: reactive[tuple] = reactive(())
-    now: reactive[float] = reactive(0.0)
+    peers: var[tuple] = var(())
+    now: var[float] = var(0.0)
 
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)

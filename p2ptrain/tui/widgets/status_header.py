@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.widget import Widget
 from textual.widgets import Label
 
@@ -60,9 +60,9 @@ def describe_reason(status: dict, now: float) -> str:
 class StatusHeader(Widget):
     """The daemon's state, pause reason, run name, peer id and uptime."""
 
-    status: reactive[dict | None] = reactive(None)
-    now: reactive[float] = reactive(0.0)
-    connection: reactive[str] = reactive(CONNECTING)
+    status: var[dict | None] = var(None)
+    now: var[float] = var(0.0)
+    connection: var[str] = var(CONNECTING)
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="header-line"):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.reactive import reactive
+from textual.reactive import reactive, var
 from textual.widget import Widget
 from textual.content import Content
 from textual.widgets import Label
@@ -36,9 +36,9 @@ class SwarmPanel(Widget):
 
     BORDER_TITLE = "Swarm"
 
-    run: reactive[dict | None] = reactive(None)
-    last_averaging: reactive[float | None] = reactive(None)
-    now: reactive[float] = reactive(0.0)
+    run: var[dict | None] = var(None)
+    last_averaging: var[float | None] = var(None)
+    now: var[float] = var(0.0)
 
     def compose(self) -> ComposeResult:
         yield Label("", id="swarm-epoch")
