@@ -6,6 +6,7 @@ import pytest
 from conftest import make_app, wait_until
 from fake_daemon import FakeDaemon
 from fake_data import idle_status, paused_status, training_status
+from textual.command import CommandList
 from textual.widgets import Label
 
 from p2ptrain.protocol import ControlClient
@@ -26,6 +27,12 @@ def plain_text(widget) -> str:
 
 def label_text(app, selector: str) -> str:
     return plain_text(app.screen_stack[0].query_one(selector, Label))
+
+
+def first_command(app) -> str:
+    """The command the palette's Enter would run now (its first hit), or "" while it has none."""
+    hits = app.screen.query_one(CommandList)
+    return str(hits.get_option_at_index(0).prompt) if hits.option_count else ""
 
 
 def notifications(app) -> list[str]:
@@ -108,7 +115,7 @@ async def test_the_command_palette_offers_the_timed_pause(daemon):
         await pilot.press("ctrl+p")
         await wait_until(pilot, lambda: type(app.screen).__name__ == "CommandPalette", what="the command palette")
         await pilot.press(*"pause for a while")
-        await pilot.pause(0.5)
+        await wait_until(pilot, lambda: first_command(app).startswith("Pause for a while"), what="the command found")
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.screen.query("#pause-duration"), what="the pause dialog")
         await pilot.press(*"45m", "enter")
