@@ -119,6 +119,7 @@ class RobustPartReducer(TensorPartReducer):
         self.suspects: dict[int, Suspect] = {}
         self.ratios: dict[int, float] = {}  # the largest distance / clip radius of each sender, over the parts
         self.replay_samples: dict[int, dict[int, float]] = {}  # to remember once the round succeeded
+        self.combine_seconds = 0.0  # what the robust combination costs this round (the log says)
         super().__init__(part_shapes, len(sender_ids))
 
     def reset_accumulators(self):
@@ -162,6 +163,7 @@ class RobustPartReducer(TensorPartReducer):
     def _combine(self) -> torch.Tensor:
         if not self.pieces:
             return torch.zeros(self.part_shapes[self.current_part_index])
+        started = time.perf_counter()
         weights = {sender: weight for sender, (_, weight) in self.pieces.items()}
         offset = self.part_offsets[self.current_part_index]
         for sender, (piece, _) in self.pieces.items():
@@ -181,6 +183,7 @@ class RobustPartReducer(TensorPartReducer):
                 self.suspects[sender] = _worst(self.suspects.get(sender), suspect)
         for sender, ratio in aggregate.ratios.items():
             self.ratios[sender] = max(ratio, self.ratios.get(sender, 0.0))
+        self.combine_seconds += time.perf_counter() - started
         return aggregate.result
 
     def remember_replays(self) -> None:
@@ -268,7 +271,8 @@ class RobustAllReduceRunner(AllReduceRunner):
         suspects += [{"peer_id": peer.to_base58(), "reason": suspect.reason, "ratio": suspect.ratio, "role": "reducer"}
                      for peer, suspect in self.reducer_suspects.items()]
         ratios = {self.sender_peer_ids[sender].to_base58()[-6:]: round(ratio, 2) for sender, ratio in self.tensor_part_reducer.ratios.items()}
-        logger.info("Robust round of %d (%s): largest distance / clip radius by sender %s, named %s",
-                    self.group_size, "done" if succeeded else "failed", ratios, suspects or "nobody")
+        logger.info("Robust round of %d (%s, %.3f s combining): largest distance / clip radius by sender %s, named %s",
+                    self.group_size, "done" if succeeded else "failed", self.tensor_part_reducer.combine_seconds, ratios,
+                    suspects or "nobody")
         self.judge.report({"time": time.time(), "group": self.group_id.hex()[:12], "senders": len(self.sender_peer_ids),
                            "suspects": suspects, "ratios": ratios})
