@@ -6,12 +6,14 @@
 The same exact DiLoCo simulation as ``diloco_study.py`` (4 replicas of the
 ``tiny`` model in one process, one AdamW state and data stream each, outer
 Nesterov SGD lr 0.7 momentum 0.9: the manifest's defaults, no compression), run
-four times from the same start on the same data:
+five times from the same start on the same data:
 
 - ``plain``: each part of the pseudo-gradients reduced by hivemind's weighted mean;
 - ``robust``: each part reduced by ``robust_reduce.robust_aggregate`` with the
   options DiLoCo's averager uses, the reducer being the replica hivemind would
   give that part to;
+- ``plain, each average x (1 + 1e-7 noise)``: how far float rounding alone moves
+  the curves (a robust average differs from the mean by that much);
 - ``plain + rogue`` and ``robust + rogue``: for ``--rogue-rounds`` rounds from
   round ``--rogue-from`` on, replica 0 sends large random pseudo-gradients
   instead of its own (standard normal values, hundreds of times an honest
@@ -45,6 +47,7 @@ SEED = 1
 REPLICAS = 4
 EVAL_BATCH, EVAL_BATCHES = 8, 32
 PART_VALUES = 2**19 // 4  # hivemind's part size (512 KiB) in float32 values
+ROUNDING_RUN = "plain, each average x (1 + 1e-7 noise)"
 
 
 def parts_by_reducer(tensors: list[torch.Tensor], reducers: int) -> list[tuple[int, int, int, int]]:
@@ -77,7 +80,9 @@ def average(pseudo: list[list[torch.Tensor]], weights: list[float], robust: Robu
     return averaged, time.process_time() - started, named
 
 
-def simulate(args, windows: list, robust: bool, rogue: bool) -> dict:
+def simulate(args, windows: list, robust: bool, rogue: bool, rounding: float = 0.0) -> dict:
+    """One run (see the module doc); ``rounding``: each averaged value is multiplied by
+    ``1 + rounding * N(0, 1)``, to show how far float rounding alone moves the curves."""
     loaded = build_model("tiny", seed=SEED)
     model, parameters = loaded.model, loaded.trainable()
     global_parameters = [parameter.detach().clone() for parameter in parameters]
@@ -106,6 +111,8 @@ def simulate(args, windows: list, robust: bool, rogue: bool) -> dict:
         if rogue and args.rogue_from <= round_index < args.rogue_from + args.rogue_rounds:
             pseudo[0] = [torch.randn(tensor.shape, generator=noise) for tensor in pseudo[0]]
         averaged, seconds, round_named = average(pseudo, [float(samples)] * REPLICAS, options if robust else None)
+        if rounding:
+            averaged = [tensor * (1 + rounding * torch.randn(tensor.shape, generator=noise)) for tensor in averaged]
         reduce_seconds.append(seconds)
         named += round_named
         if robust and not rogue:
@@ -143,10 +150,11 @@ def report(args, runs: dict[str, dict], load: str, seconds: float) -> str:
         lines.append(f"| {name} | {losses[before]:.4f} | {losses[after]:.4f} | {losses[min(after + 2, args.rounds)]:.4f} | "
                      f"{losses[-1]:.4f} | {run['reduce_seconds']:.3f} | {run['named']} |")
     honest = runs["robust"]["deviations"]
-    plain, robust = runs["plain"]["losses"][-1], runs["robust"]["losses"][-1]
+    plain, robust, rounded = (runs[name]["losses"][-1] for name in ("plain", "robust", ROUNDING_RUN))
     lines += ["", f"Nobody misbehaving: the robust average is {max(honest):.2g} (largest) / {sum(honest) / len(honest):.2g} (mean) "
               f"of the plain mean's norm away from it over the {len(honest)} rounds, the final eval loss "
-              f"{100 * (robust - plain) / plain:+.2f} % against the plain mean's, the reducers "
+              f"{100 * (robust - plain) / plain:+.2f} % against the plain mean's (rounding-level noise alone: "
+              f"{100 * (rounded - plain) / plain:+.2f} %), the reducers "
               f"{runs['robust']['reduce_seconds'] / max(runs['plain']['reduce_seconds'], 1e-9):.1f}x the plain mean's CPU time "
               f"({runs['robust']['reduce_seconds'] - runs['plain']['reduce_seconds']:.3f} s more per round, for "
               f"{sum(p.numel() for p in build_model('tiny', seed=SEED).trainable()):,} parameters).", ""]
@@ -169,8 +177,9 @@ def main() -> None:
     load = " ".join(f"{value:.1f}" for value in os.getloadavg())
     started = time.monotonic()
     windows = validation_batches(DATASET, build_model("tiny", seed=SEED).tokenizer, args.seq_len, EVAL_BATCH, args.cache_dir, EVAL_BATCHES)
-    runs = {name: simulate(args, windows, robust=robust, rogue=rogue) for name, robust, rogue in
-            (("plain", False, False), ("robust", True, False), ("plain + rogue", False, True), ("robust + rogue", True, True))}
+    runs = {name: simulate(args, windows, robust=robust, rogue=rogue, rounding=rounding) for name, robust, rogue, rounding in
+            (("plain", False, False, 0.0), ("robust", True, False, 0.0), (ROUNDING_RUN, False, False, 1e-7),
+             ("plain + rogue", False, True, 0.0), ("robust + rogue", True, True, 0.0))}
     text = report(args, runs, load, time.monotonic() - started)
     args.out.write_text(text)
     print(text)
