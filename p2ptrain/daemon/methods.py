@@ -59,15 +59,28 @@ class ControlMethods:
         self.daemon = daemon
 
     def handlers(self) -> dict[str, Handler]:
-        names = [method for method in protocol.METHODS if method != "subscribe"]
-        return {name: getattr(self, name.replace(".", "_")) for name in names}
+        """Each protocol method's handler (``subscribe`` is the server's own)."""
+        return {
+            "status": self.status,
+            "peers": self.peers,
+            "metrics": self.metrics,
+            "epochs": self.epochs,
+            "events": self.events,
+            "join": self.join,
+            "pause": self.pause,
+            "resume": self.resume,
+            "finish": self.finish,
+            "leave": self.leave,
+            "config.get": self.config_get,
+            "config.set": self.config_set,
+        }
 
     async def status(self, params: dict) -> dict:
         return self.daemon.status()
 
     async def peers(self, params: dict) -> dict:
         run_id = self.daemon.run.run_id
-        rows = self.daemon.run.peers
+        rows = [row.to_dict() for row in self.daemon.run.peers]
         if not rows and run_id:
             rows = queries.peers_table(self.daemon.db, run_id)
         return {"run_id": run_id, "peers": rows}

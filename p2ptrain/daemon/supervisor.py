@@ -37,6 +37,7 @@ from p2ptrain.daemon.worker_handle import WorkerHandle
 from p2ptrain.daemon.workers import (
     WorkerRestarts,
     WorkerSlot,
+    hardware_plan,
     restart_delay_s,
     select_devices,
     smaller_after_out_of_memory,
@@ -45,8 +46,8 @@ from p2ptrain.daemon.workers import (
     worker_spec,
 )
 from p2ptrain.paths import Paths
-from p2ptrain.peers.worker import OUT_OF_MEMORY_EXIT_CODE  # no torch: the worker imports it lazily
 from p2ptrain.storage.database import Database
+from p2ptrain.worker_pipe import OUT_OF_MEMORY_EXIT_CODE, Command, Finish, Leave, Pause, Resume, WorkerPlan
 
 log = logging.getLogger(__name__)
 
@@ -169,14 +170,14 @@ class Daemon(WorkerReports):
     def _worker_pids(self) -> set[int]:
         return {worker.pid for worker in self.workers.values() if worker.pid}
 
-    def _plan(self, slot: WorkerSlot, manifest: dict | None) -> dict | None:
-        """The hardware plan of one worker, sized from its device's free memory now."""
-        plan, failure = worker_plan(slot, manifest, self.config.policy.plan_policy())
+    def _plan(self, slot: WorkerSlot, manifest: dict | None) -> WorkerPlan:
+        """What one worker trains with, sized from its device's free memory now."""
+        plan, failure = hardware_plan(slot, manifest, self.config.policy.plan_policy())
         if failure:
             self.record_event("plan-failed", f"no hardware plan for {slot.name}: {failure}", {"worker": slot.name})
-        for line in (plan or {}).get("rationale") or ():
+        for line in plan.rationale if plan else ():
             log.info("plan %s: %s", slot.name, line)
-        return plan
+        return worker_plan(slot, plan)
 
     # ----- verbs ---------------------------------------------------------------
 
@@ -198,7 +199,7 @@ class Daemon(WorkerReports):
             self.desired.paused = True
             self.desired.pause_until = time.time() + for_s if for_s else None
             self._save_desired()
-        self._send_all("pause")
+        self._send_all(Pause())
         until = f" for {for_s:.0f} s" if for_s else ""
         self.record_event("paused", f"paused ({reason}){until}", {"reason": reason, "for_s": for_s})
         self._enter(states.PAUSED, reason)
@@ -209,7 +210,7 @@ class Daemon(WorkerReports):
         self.desired.pause_until = None
         self._save_desired()
         if self.lifecycle.state in (states.PAUSED, states.FINISHING):
-            self._send_all("resume")
+            self._send_all(Resume())
             self.record_event("resumed", "resumed training")
             self._enter(states.TRAINING if self.run.joined else states.JOINING)
 
@@ -217,7 +218,7 @@ class Daemon(WorkerReports):
         self._require_in_run("finish")
         if self.lifecycle.state == states.PAUSED:
             raise RequestError(protocol.INVALID_STATE, "already paused", "resume first: p2ptrain resume")
-        self._send_all("finish")
+        self._send_all(Finish())
         self.record_event("finishing", "finishing the current epoch, then pausing")
         self._enter(states.FINISHING)
 
@@ -234,7 +235,7 @@ class Daemon(WorkerReports):
         for restarts in self.restarts.values():
             restarts.restart_at = None
         self.record_event("leaving", f"leaving run {run_id!r}")
-        if self._send_all("leave"):
+        if self._send_all(Leave()):
             self._enter(states.LEAVING)
         else:
             self._left()
@@ -245,7 +246,7 @@ class Daemon(WorkerReports):
 
     # ----- the workers ------------------------------------------------------------
 
-    def _send_all(self, command: str) -> bool:
+    def _send_all(self, command: Command) -> bool:
         """Send a command to every running worker; True if at least one got it."""
         return sum(worker.send(command) for worker in self.workers.values()) > 0
 
@@ -279,7 +280,7 @@ class Daemon(WorkerReports):
         restarts = self.restarts[slot.name]
         plan = smaller_after_out_of_memory(self._plan(slot, run_request.get("manifest")), manifest, restarts.micro_batch_halvings)
         if restarts.micro_batch_halvings:
-            log.info("plan %s: micro-batch %d x %d after %d out-of-memory error(s)", slot.name, plan["micro_batch"], plan["grad_accum"], restarts.micro_batch_halvings)
+            log.info("plan %s: micro-batch %d x %d after %d out-of-memory error(s)", slot.name, plan.micro_batch, plan.grad_accum, restarts.micro_batch_halvings)
         # a worker restarted while a policy holds the others paused starts paused too
         policy_paused = self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason in states.POLICY_REASONS
         spec = worker_spec(slot, run_request, self.config, self.paths, plan, self.desired.paused or policy_paused, len(self.slots))
@@ -298,7 +299,7 @@ class Daemon(WorkerReports):
         self.workers[slot.name] = worker
         worker.start()
         if self.lifecycle.state == states.FINISHING:
-            worker.send("finish")  # the others are finishing their epoch: so does this one
+            worker.send(Finish())  # the others are finishing their epoch: so does this one
         elif self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason == "oom-backoff":
             self._enter(states.JOINING)
 
@@ -334,12 +335,12 @@ class Daemon(WorkerReports):
         self.run.workers[name].stopped("oom-backoff" if out_of_memory else "restarting")
         if out_of_memory:
             restarts.micro_batch_halvings += 1
-            plan = worker.spec.get("plan") or {}
+            plan = worker.spec.plan
             self.record_event(
                 "worker-oom",
                 f"training worker{self._worker_words(name)} ran out of memory; restarting in {delay} s with a smaller micro-batch",
                 {"exitcode": exitcode, "restart_in_s": delay, "micro_batch_halvings": restarts.micro_batch_halvings,
-                 "micro_batch": plan.get("micro_batch"), "grad_accum": plan.get("grad_accum"), "worker": name},
+                 "micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "worker": name},
             )
             if self.lifecycle.state != states.PAUSED and not others_training:
                 self._enter(states.PAUSED, "oom-backoff")

@@ -13,6 +13,23 @@ import psutil
 import pytest
 
 from p2ptrain.peers.worker import main as worker_main
+from p2ptrain.worker_pipe import (
+    AveragingTimings,
+    DhtOptions,
+    Epoch,
+    Error,
+    Event,
+    Joined,
+    Leave,
+    Left,
+    Report,
+    Step,
+    WorkerPaths,
+    WorkerPlan,
+    WorkerSpec,
+    decode_report,
+    encode,
+)
 
 pytestmark = pytest.mark.swarm
 
@@ -36,23 +53,22 @@ class WorkerHandle:
         home = tmp_path / name
         for sub in ("state", "checkpoints"):
             (home / sub).mkdir(parents=True, exist_ok=True)
-        self.spec = {
-            "run_id": manifest["run_id"], "manifest": manifest if new_run else {}, "new_run": new_run,
-            "initial_peers": initial_peers,
-            "paths": {"state_dir": str(home / "state"), "cache_dir": str(SHARED_CACHE),
-                      "checkpoints_dir": str(home / "checkpoints"), "identity_key": str(home / "state" / "identity.key")},
-            "dht": {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "announce_maddrs": [], "use_relay": False,
-                    "use_auto_relay": False, "client_mode": False},
-            "nickname": name, "plan": {"device": "cpu", "precision": "fp32", "quantization": "none", "micro_batch": 4, "grad_accum": 1},
-            "start_paused": False, "log_level": os.environ.get("WORKER_LOG", "WARNING"), "torch_threads": 1,
-            "averaging": {"matchmaking_time": 3.0, "averaging_timeout": 20.0},
-        }
+        self.spec = WorkerSpec(
+            run_id=manifest["run_id"], manifest=manifest if new_run else {}, new_run=new_run,
+            initial_peers=initial_peers,
+            paths=WorkerPaths(state_dir=str(home / "state"), cache_dir=str(SHARED_CACHE),
+                              checkpoints_dir=str(home / "checkpoints"), identity_key=str(home / "state" / "identity.key")),
+            dht=DhtOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False),
+            nickname=name, plan=WorkerPlan(device="cpu", micro_batch=4, cpu_threads=1),
+            log_level=os.environ.get("WORKER_LOG", "WARNING"),
+            averaging=AveragingTimings(matchmaking_time=3.0, averaging_timeout=20.0),
+        )
         context = multiprocessing.get_context("spawn")
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=worker_main, args=(child_conn, self.spec), name=f"worker-{name}")
+        self.process = context.Process(target=worker_main, args=(child_conn, self.spec.to_dict()), name=f"worker-{name}")
         self.process.start()
         child_conn.close()
-        self.reports: list[dict] = []
+        self.reports: list[Report] = []
         self.pgid: int | None = None
 
     def drain(self, timeout: float = 0.0) -> None:
@@ -62,22 +78,22 @@ class WorkerHandle:
             try:
                 if not self.conn.poll(remaining):
                     return
-                report = self.conn.recv()
+                report = decode_report(self.conn.recv())
             except (EOFError, OSError):
                 return
             self.reports.append(report)
-            if report["type"] == "error":
+            if isinstance(report, Error):
                 print("worker error:", report)
 
-    def of_type(self, kind: str) -> list[dict]:
-        return [report for report in self.reports if report["type"] == kind]
+    def of_type(self, kind: type[Report]) -> list:
+        return [report for report in self.reports if isinstance(report, kind)]
 
-    def events(self, kind: str) -> list[dict]:
-        return [report for report in self.of_type("event") if report["kind"] == kind]
+    def events(self, kind: str) -> list[Event]:
+        return [report for report in self.of_type(Event) if report.kind == kind]
 
     def epoch(self) -> int:
-        epochs = [report["epoch"] + 1 for report in self.of_type("epoch")]
-        steps = [report["epoch"] for report in self.of_type("step")]
+        epochs = [report.epoch + 1 for report in self.of_type(Epoch)]
+        steps = [report.epoch for report in self.of_type(Step)]
         return max(epochs + steps, default=0)
 
     def wait_for(self, condition, timeout: float, what: str) -> None:
@@ -86,18 +102,15 @@ class WorkerHandle:
             self.drain(0.2)
             if condition(self):
                 return
-            fatal = [r for r in self.of_type("error") if r.get("fatal")]
-            assert not fatal, f"{self.spec['nickname']} failed: {fatal}"
-            assert self.process.is_alive() or condition(self), f"{self.spec['nickname']} exited with {self.process.exitcode}"
-        raise AssertionError(f"{self.spec['nickname']}: timed out waiting for {what}; last reports {self.reports[-5:]}")
+            fatal = [r for r in self.of_type(Error) if r.fatal]
+            assert not fatal, f"{self.spec.nickname} failed: {fatal}"
+            assert self.process.is_alive() or condition(self), f"{self.spec.nickname} exited with {self.process.exitcode}"
+        raise AssertionError(f"{self.spec.nickname}: timed out waiting for {what}; last reports {self.reports[-5:]}")
 
-    def joined(self) -> dict:
-        self.wait_for(lambda w: w.of_type("joined"), 120, "joined")
+    def joined(self) -> Joined:
+        self.wait_for(lambda w: w.of_type(Joined), 120, "joined")
         self.pgid = os.getpgid(self.process.pid)
-        return self.of_type("joined")[0]
-
-    def send(self, command: str) -> None:
-        self.conn.send({"cmd": command})
+        return self.of_type(Joined)[0]
 
     def kill_group(self) -> None:
         """What the daemon does to a worker it gives up on: SIGKILL the whole process group."""
@@ -135,7 +148,7 @@ def start_swarm(tmp_path, manifest: dict, count: int) -> list[WorkerHandle]:
     workers: list[WorkerHandle] = []
     try:
         workers.append(WorkerHandle(tmp_path, "peer0", manifest, True, []))
-        address = workers[0].joined()["addresses"][0]
+        address = workers[0].joined().addresses[0]
         for index in range(1, count):
             workers.append(WorkerHandle(tmp_path, f"peer{index}", manifest, False, [address]))
         for worker in workers[1:]:
@@ -152,7 +165,7 @@ def stop_all(workers: list[WorkerHandle]) -> None:
 
 
 def rounds_with_others(worker: WorkerHandle) -> int:
-    return sum(1 for event in worker.events("averaged") if event["data"]["peers"] >= 2)
+    return sum(1 for event in worker.events("averaged") if event.data["peers"] >= 2)
 
 
 def assert_learns_together(workers: list[WorkerHandle], rounds: int, timeout: float) -> None:
@@ -162,11 +175,11 @@ def assert_learns_together(workers: list[WorkerHandle], rounds: int, timeout: fl
     deadline = time.monotonic() + timeout
     for worker in workers:
         worker.wait_for(lambda w: rounds_with_others(w) >= rounds, max(1.0, deadline - time.monotonic()), f"{rounds} averaging rounds")
-    first_validation = workers[0].of_type("epoch")[0]["val_loss"]
+    first_validation = workers[0].of_type(Epoch)[0].val_loss
     for worker in workers:
         worker.drain()
         assert worker.epoch() >= rounds
-        validation = [report["val_loss"] for report in worker.of_type("epoch")]
+        validation = [report.val_loss for report in worker.of_type(Epoch)]
         assert validation[-1] < first_validation - 0.3, f"validation loss did not improve from {first_validation}: {validation}"
 
 
@@ -177,12 +190,12 @@ def test_three_sync_workers_train_together_and_clean_up(tmp_path):
         assert_learns_together(workers, rounds=3, timeout=150)
         # a graceful leave: checkpoint, goodbye, exit 0, nothing of its group left behind
         leaver = workers[2]
-        leaver.send("leave")
-        leaver.wait_for(lambda w: w.of_type("left"), 60, "left")
+        leaver.conn.send(encode(Leave()))
+        leaver.wait_for(lambda w: w.of_type(Left), 60, "left")
         leaver.process.join(30)
         assert leaver.process.exitcode == 0
         assert leaver.events("checkpoint-saved")
-        assert (Path(leaver.spec["paths"]["checkpoints_dir"]) / "sync-swarm.pt").exists()
+        assert (Path(leaver.spec.paths.checkpoints_dir) / "sync-swarm.pt").exists()
         time.sleep(1)
         assert group_processes(leaver.pgid) == []
 
@@ -204,11 +217,11 @@ def test_diloco_workers_meet_at_outer_steps_and_a_late_joiner_catches_up(tmp_pat
     try:
         assert_learns_together(workers, rounds=3, timeout=150)
         swarm_epoch = max(worker.epoch() for worker in workers)
-        late = WorkerHandle(tmp_path, "late", manifest, False, [workers[0].of_type("joined")[0]["addresses"][0]])
+        late = WorkerHandle(tmp_path, "late", manifest, False, [workers[0].of_type(Joined)[0].addresses[0]])
         workers.append(late)
         late.joined()
         late.wait_for(lambda w: w.events("state-downloaded"), 60, "a state download")
-        downloaded = late.events("state-downloaded")[0]["data"]["epoch"]
+        downloaded = late.events("state-downloaded")[0].data["epoch"]
         assert downloaded >= swarm_epoch, f"late joiner started at epoch {downloaded}, the swarm was at {swarm_epoch}"
     finally:
         stop_all(workers)
