@@ -51,7 +51,7 @@ from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
 from p2ptrain.peers.optimizers import learning_rate_factor
 from p2ptrain.peers.tokenizers import ByteTokenizer
 from p2ptrain.peers.run_setup import VALIDATION_BATCHES, stream_seed
-from p2ptrain.peers.worker import main as worker_main
+from p2ptrain.peers.training_worker import main as worker_main
 
 HERE = Path(__file__).resolve().parent
 PEERS = 4

@@ -15,7 +15,7 @@ from p2ptrain.daemon.methods import ControlMethods
 from p2ptrain.daemon.notify import SystemdNotifier
 from p2ptrain.daemon.server import ControlServer
 from p2ptrain.daemon.supervisor import Daemon
-from p2ptrain.daemon.worker_handle import reap_leftover_groups
+from p2ptrain.daemon.worker_process import reap_leftover_groups
 from p2ptrain.paths import Paths, resolve_paths
 from p2ptrain.storage import Database, SchemaTooNewError, StorageError
 

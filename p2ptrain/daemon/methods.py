@@ -14,7 +14,7 @@ from p2ptrain import protocol
 from p2ptrain.config import ConfigError, config_as_dict, save_config, with_value
 from p2ptrain.daemon.server import Handler, RequestError
 from p2ptrain.daemon.supervisor import Daemon
-from p2ptrain.peers.dht import validate_multiaddr
+from p2ptrain.multiaddr import validate_multiaddr
 from p2ptrain.peers.manifest import ManifestError, check_run_id, new_manifest
 from p2ptrain.storage import queries
 

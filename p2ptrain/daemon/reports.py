@@ -17,8 +17,8 @@ from p2ptrain.daemon import state as states
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster
 from p2ptrain.daemon.state import DesiredState, Lifecycle
-from p2ptrain.daemon.worker_handle import WorkerHandle
-from p2ptrain.daemon.workers import WorkerRestarts, WorkerSlot
+from p2ptrain.daemon.worker_process import WorkerProcess
+from p2ptrain.daemon.worker_slots import WorkerRestarts, WorkerSlot
 from p2ptrain.storage.database import Database
 from p2ptrain.worker_pipe import Epoch, Error, Event, Joined, Leave, Left, Report, StateChanged, Step, Swarm, encode
 
@@ -34,7 +34,7 @@ class WorkerReports:
     desired: DesiredState
     lifecycle: Lifecycle
     slots: list[WorkerSlot]
-    workers: dict[str, WorkerHandle]
+    workers: dict[str, WorkerProcess]
     restarts: dict[str, WorkerRestarts]
 
     def report_handlers(self) -> dict[type[Report], Callable]:

@@ -1,7 +1,7 @@
 """The supervisor: owns the state machine, the training workers and the database.
 
 One training worker (one peer) per selected GPU, or one on the CPU
-(``workers.py`` says which and with what). Everything runs in one asyncio
+(``worker_slots.py`` says which and with what). Everything runs in one asyncio
 event loop: control requests, worker reports (read from the pipes as they
 arrive; ``reports.py`` handles them) and a tick every second that ends timed
 pauses, applies the volunteer policies, flushes the database and pings the
@@ -28,13 +28,14 @@ from p2ptrain.config import Config
 from p2ptrain.daemon import state as states
 from p2ptrain.daemon.hardware_view import HardwareView
 from p2ptrain.daemon.notify import SystemdNotifier
+from p2ptrain.daemon.plan import PlanPolicy
 from p2ptrain.daemon.policies import PolicyEngine, SystemSensors
 from p2ptrain.daemon.reports import WorkerReports
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster, RequestError
 from p2ptrain.daemon.state import DESIRED_STATE_KEY, DesiredState, Lifecycle
-from p2ptrain.daemon.worker_handle import WorkerHandle
-from p2ptrain.daemon.workers import (
+from p2ptrain.daemon.worker_process import WorkerProcess
+from p2ptrain.daemon.worker_slots import (
     WorkerRestarts,
     WorkerSlot,
     hardware_plan,
@@ -76,7 +77,7 @@ class Daemon(WorkerReports):
         self.run = RunView()
         self.hardware = HardwareView()
         self.slots: list[WorkerSlot] = []  # the workers of the current run, first one first
-        self.workers: dict[str, WorkerHandle] = {}  # by slot name: the running ones
+        self.workers: dict[str, WorkerProcess] = {}  # by slot name: the running ones
         self.restarts: dict[str, WorkerRestarts] = {}
         self.policy = PolicyEngine(config.policy, SystemSensors(gpu_index=self._gpu_index(), own_pids=self._worker_pids))
         self.broadcaster = Broadcaster(self.status)
@@ -163,7 +164,7 @@ class Daemon(WorkerReports):
 
     def _devices(self):
         """The devices to train on now (free memory as of this probe); ValueError for a bad training.gpus."""
-        from p2ptrain.daemon.hardware import probe
+        from p2ptrain.daemon.hardware_probe import probe
 
         return select_devices(self.config, probe(retries=0))
 
@@ -172,7 +173,7 @@ class Daemon(WorkerReports):
 
     def _plan(self, slot: WorkerSlot, manifest: dict | None) -> WorkerPlan:
         """What one worker trains with, sized from its device's free memory now."""
-        plan, failure = hardware_plan(slot, manifest, self.config.policy.plan_policy())
+        plan, failure = hardware_plan(slot, manifest, PlanPolicy.from_settings(self.config.policy))
         if failure:
             self.record_event("plan-failed", f"no hardware plan for {slot.name}: {failure}", {"worker": slot.name})
         for line in plan.rationale if plan else ():
@@ -289,7 +290,7 @@ class Daemon(WorkerReports):
         name = slot.name
         # the callbacks name their worker: after a fatal error and a quick new
         # join, the old run's workers may still be ending while new ones start
-        worker = WorkerHandle(
+        worker = WorkerProcess(
             spec,
             slot.pgid_file,
             lambda report: self.on_report(name, report) if self.workers.get(name) is worker else None,
@@ -312,7 +313,7 @@ class Daemon(WorkerReports):
         same = [device for device in devices if (device.kind, device.index) == (slot.device.kind, slot.device.index)]
         return replace(slot, device=same[0]) if same else slot
 
-    def _on_worker_exit(self, name: str, worker: WorkerHandle, exitcode: int | None) -> None:
+    def _on_worker_exit(self, name: str, worker: WorkerProcess, exitcode: int | None) -> None:
         if self.workers.get(name) is not worker:
             return  # a worker of an earlier run, which had already been given up on
         del self.workers[name]

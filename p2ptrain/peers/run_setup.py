@@ -1,6 +1,6 @@
 """Setting up a worker's run from its spec: the DHT, the manifest, the model, the data and the trainer.
 
-``p2ptrain.peers.worker`` calls these in order while it joins a run and keeps
+``p2ptrain.peers.training_worker`` calls these in order while it joins a run and keeps
 each part as soon as it is built (so it can shut down what exists if a stop
 signal interrupts the rest). Importable without torch or hivemind: they are
 imported inside the functions.

@@ -158,7 +158,7 @@ class Database:
             samples_per_second: the local throughput over the report.
             ts: Unix time of the report; now if None.
             worker: the reporting worker's name (``gpu1``, ``cpu``; see
-                ``daemon/workers.py``), so several workers' rows can be told
+                ``daemon/worker_slots.py``), so several workers' rows can be told
                 apart; None if unknown (rows written before schema version 3).
         """
         self._buffer.steps.append(

@@ -1,5 +1,6 @@
 """Real training workers on 127.0.0.1, started exactly as the daemon starts them:
-``multiprocessing`` spawn + a pipe, ``p2ptrain.peers.worker.main(conn, spec)``."""
+``multiprocessing`` spawn + a pipe, ``p2ptrain.peers.training_worker.main(conn, spec)``.
+Every report is checked against the pipe's types (``p2ptrain.worker_pipe``) as it arrives."""
 
 from __future__ import annotations
 
@@ -12,24 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from p2ptrain.peers.worker import main as worker_main
-from p2ptrain.worker_pipe import (
-    AveragingTimings,
-    DhtOptions,
-    Epoch,
-    Error,
-    Event,
-    Joined,
-    Leave,
-    Left,
-    Report,
-    Step,
-    WorkerPaths,
-    WorkerPlan,
-    WorkerSpec,
-    decode_report,
-    encode,
-)
+from p2ptrain.peers.training_worker import main as worker_main
+from p2ptrain.worker_pipe import COMMANDS, AveragingTimings, DhtOptions, WorkerPaths, WorkerPlan, WorkerSpec, decode_report, encode
 
 pytestmark = pytest.mark.swarm
 
@@ -54,21 +39,20 @@ class WorkerHandle:
         for sub in ("state", "checkpoints"):
             (home / sub).mkdir(parents=True, exist_ok=True)
         self.spec = WorkerSpec(
-            run_id=manifest["run_id"], manifest=manifest if new_run else {}, new_run=new_run,
-            initial_peers=initial_peers,
+            run_id=manifest["run_id"], manifest=manifest if new_run else {}, new_run=new_run, initial_peers=initial_peers,
             paths=WorkerPaths(state_dir=str(home / "state"), cache_dir=str(SHARED_CACHE),
                               checkpoints_dir=str(home / "checkpoints"), identity_key=str(home / "state" / "identity.key")),
             dht=DhtOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False),
             nickname=name, plan=WorkerPlan(device="cpu", micro_batch=4, cpu_threads=1),
             log_level=os.environ.get("WORKER_LOG", "WARNING"),
             averaging=AveragingTimings(matchmaking_time=3.0, averaging_timeout=20.0),
-        )
+        ).to_dict()
         context = multiprocessing.get_context("spawn")
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=worker_main, args=(child_conn, self.spec.to_dict()), name=f"worker-{name}")
+        self.process = context.Process(target=worker_main, args=(child_conn, self.spec), name=f"worker-{name}")
         self.process.start()
         child_conn.close()
-        self.reports: list[Report] = []
+        self.reports: list[dict] = []
         self.pgid: int | None = None
 
     def drain(self, timeout: float = 0.0) -> None:
@@ -78,22 +62,23 @@ class WorkerHandle:
             try:
                 if not self.conn.poll(remaining):
                     return
-                report = decode_report(self.conn.recv())
+                report = self.conn.recv()
             except (EOFError, OSError):
                 return
+            decode_report(report)  # raises for a report the daemon would drop
             self.reports.append(report)
-            if isinstance(report, Error):
+            if report["type"] == "error":
                 print("worker error:", report)
 
-    def of_type(self, kind: type[Report]) -> list:
-        return [report for report in self.reports if isinstance(report, kind)]
+    def of_type(self, kind: str) -> list[dict]:
+        return [report for report in self.reports if report["type"] == kind]
 
-    def events(self, kind: str) -> list[Event]:
-        return [report for report in self.of_type(Event) if report.kind == kind]
+    def events(self, kind: str) -> list[dict]:
+        return [report for report in self.of_type("event") if report["kind"] == kind]
 
     def epoch(self) -> int:
-        epochs = [report.epoch + 1 for report in self.of_type(Epoch)]
-        steps = [report.epoch for report in self.of_type(Step)]
+        epochs = [report["epoch"] + 1 for report in self.of_type("epoch")]
+        steps = [report["epoch"] for report in self.of_type("step")]
         return max(epochs + steps, default=0)
 
     def wait_for(self, condition, timeout: float, what: str) -> None:
@@ -102,15 +87,18 @@ class WorkerHandle:
             self.drain(0.2)
             if condition(self):
                 return
-            fatal = [r for r in self.of_type(Error) if r.fatal]
-            assert not fatal, f"{self.spec.nickname} failed: {fatal}"
-            assert self.process.is_alive() or condition(self), f"{self.spec.nickname} exited with {self.process.exitcode}"
-        raise AssertionError(f"{self.spec.nickname}: timed out waiting for {what}; last reports {self.reports[-5:]}")
+            fatal = [r for r in self.of_type("error") if r.get("fatal")]
+            assert not fatal, f"{self.spec['nickname']} failed: {fatal}"
+            assert self.process.is_alive() or condition(self), f"{self.spec['nickname']} exited with {self.process.exitcode}"
+        raise AssertionError(f"{self.spec['nickname']}: timed out waiting for {what}; last reports {self.reports[-5:]}")
 
-    def joined(self) -> Joined:
-        self.wait_for(lambda w: w.of_type(Joined), 120, "joined")
+    def joined(self) -> dict:
+        self.wait_for(lambda w: w.of_type("joined"), 120, "joined")
         self.pgid = os.getpgid(self.process.pid)
-        return self.of_type(Joined)[0]
+        return self.of_type("joined")[0]
+
+    def send(self, command: str) -> None:
+        self.conn.send(encode(COMMANDS[command]()))
 
     def kill_group(self) -> None:
         """What the daemon does to a worker it gives up on: SIGKILL the whole process group."""
@@ -148,7 +136,7 @@ def start_swarm(tmp_path, manifest: dict, count: int) -> list[WorkerHandle]:
     workers: list[WorkerHandle] = []
     try:
         workers.append(WorkerHandle(tmp_path, "peer0", manifest, True, []))
-        address = workers[0].joined().addresses[0]
+        address = workers[0].joined()["addresses"][0]
         for index in range(1, count):
             workers.append(WorkerHandle(tmp_path, f"peer{index}", manifest, False, [address]))
         for worker in workers[1:]:
@@ -165,7 +153,7 @@ def stop_all(workers: list[WorkerHandle]) -> None:
 
 
 def rounds_with_others(worker: WorkerHandle) -> int:
-    return sum(1 for event in worker.events("averaged") if event.data["peers"] >= 2)
+    return sum(1 for event in worker.events("averaged") if event["data"]["peers"] >= 2)
 
 
 def assert_learns_together(workers: list[WorkerHandle], rounds: int, timeout: float) -> None:
@@ -175,11 +163,11 @@ def assert_learns_together(workers: list[WorkerHandle], rounds: int, timeout: fl
     deadline = time.monotonic() + timeout
     for worker in workers:
         worker.wait_for(lambda w: rounds_with_others(w) >= rounds, max(1.0, deadline - time.monotonic()), f"{rounds} averaging rounds")
-    first_validation = workers[0].of_type(Epoch)[0].val_loss
+    first_validation = workers[0].of_type("epoch")[0]["val_loss"]
     for worker in workers:
         worker.drain()
         assert worker.epoch() >= rounds
-        validation = [report.val_loss for report in worker.of_type(Epoch)]
+        validation = [report["val_loss"] for report in worker.of_type("epoch")]
         assert validation[-1] < first_validation - 0.3, f"validation loss did not improve from {first_validation}: {validation}"
 
 
@@ -190,12 +178,12 @@ def test_three_sync_workers_train_together_and_clean_up(tmp_path):
         assert_learns_together(workers, rounds=3, timeout=150)
         # a graceful leave: checkpoint, goodbye, exit 0, nothing of its group left behind
         leaver = workers[2]
-        leaver.conn.send(encode(Leave()))
-        leaver.wait_for(lambda w: w.of_type(Left), 60, "left")
+        leaver.send("leave")
+        leaver.wait_for(lambda w: w.of_type("left"), 60, "left")
         leaver.process.join(30)
         assert leaver.process.exitcode == 0
         assert leaver.events("checkpoint-saved")
-        assert (Path(leaver.spec.paths.checkpoints_dir) / "sync-swarm.pt").exists()
+        assert (Path(leaver.spec["paths"]["checkpoints_dir"]) / "sync-swarm.pt").exists()
         time.sleep(1)
         assert group_processes(leaver.pgid) == []
 
@@ -217,11 +205,11 @@ def test_diloco_workers_meet_at_outer_steps_and_a_late_joiner_catches_up(tmp_pat
     try:
         assert_learns_together(workers, rounds=3, timeout=150)
         swarm_epoch = max(worker.epoch() for worker in workers)
-        late = WorkerHandle(tmp_path, "late", manifest, False, [workers[0].of_type(Joined)[0].addresses[0]])
+        late = WorkerHandle(tmp_path, "late", manifest, False, [workers[0].of_type("joined")[0]["addresses"][0]])
         workers.append(late)
         late.joined()
         late.wait_for(lambda w: w.events("state-downloaded"), 60, "a state download")
-        downloaded = late.events("state-downloaded")[0].data["epoch"]
+        downloaded = late.events("state-downloaded")[0]["data"]["epoch"]
         assert downloaded >= swarm_epoch, f"late joiner started at epoch {downloaded}, the swarm was at {swarm_epoch}"
     finally:
         stop_all(workers)

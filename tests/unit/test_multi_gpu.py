@@ -13,10 +13,10 @@ import pytest
 from test_hardware import FakeNvml, card
 
 from p2ptrain.config import Config
-from p2ptrain.daemon.hardware import probe
+from p2ptrain.daemon.hardware_probe import probe
 from p2ptrain.daemon.plan import PlanPolicy
-from p2ptrain.daemon.worker_handle import reap_leftover_groups
-from p2ptrain.daemon.workers import (
+from p2ptrain.daemon.worker_process import reap_leftover_groups
+from p2ptrain.daemon.worker_slots import (
     hardware_plan,
     leftover_pgid_files,
     restart_delay_s,

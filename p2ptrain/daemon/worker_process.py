@@ -1,6 +1,6 @@
 """Starting, talking to and stopping one training worker process.
 
-The worker runs ``p2ptrain.peers.worker.main`` in a ``spawn`` process, so the
+The worker runs ``p2ptrain.peers.training_worker.main`` in a ``spawn`` process, so the
 supervisor never imports torch or hivemind. The worker makes itself a
 process-group leader (its DHT process, averagers and p2pd stay in that group)
 and asks the kernel for SIGTERM when the daemon dies. The group id is written
@@ -31,7 +31,7 @@ from typing import Callable
 
 import psutil
 
-from p2ptrain.daemon.workers import leftover_pgid_files
+from p2ptrain.daemon.worker_slots import leftover_pgid_files
 from p2ptrain.processes import group_alive, kill_group
 from p2ptrain.worker_pipe import Command, Joined, MalformedMessage, Report, WorkerSpec, decode_report, encode
 
@@ -47,7 +47,7 @@ def _run_worker(conn, spec: dict) -> None:
     set first, so CUDA sees only the worker's own GPU.
     """
     os.environ.update(spec["environment"])
-    from p2ptrain.peers.worker import main
+    from p2ptrain.peers.training_worker import main
 
     main(conn, spec)
 
@@ -72,7 +72,7 @@ def reap_leftover_groups(state_dir: Path) -> list[int]:
     return [pgid for pgid in ended if pgid is not None]
 
 
-class WorkerHandle:
+class WorkerProcess:
     """One running training worker.
 
     Args:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from p2ptrain.config import Config
-from p2ptrain.daemon.hardware import HardwareFacts, select_gpus
+from p2ptrain.daemon.hardware_probe import HardwareFacts, select_gpus
 from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
 from p2ptrain.daemon.plan import DeviceFacts, Plan, PlanError, PlanPolicy, make_plan
 from p2ptrain.paths import Paths

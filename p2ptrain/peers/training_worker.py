@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 from p2ptrain import processes
-from p2ptrain.daemon.calibrate import is_out_of_memory
-from p2ptrain.peers import process
+from p2ptrain.peers.out_of_memory import is_out_of_memory
 from p2ptrain.peers.known_peers import peers_file, remember_peers
 from p2ptrain.peers.run_setup import WorkerFailure, build_model_and_data, join_dht, make_trainer, run_manifest
 from p2ptrain.worker_pipe import (
@@ -66,8 +65,8 @@ def main(conn, spec_dict: dict) -> None:
         conn: this end of the pipe to the daemon.
         spec_dict: a ``WorkerSpec`` in its dict form (``WorkerSpec.to_dict``).
     """
-    pgid = process.become_group_leader()
-    process.die_with_parent()
+    pgid = processes.become_group_leader()
+    processes.die_with_parent()
     try:
         spec = WorkerSpec.from_dict(spec_dict)
     except MalformedMessage as error:
@@ -84,10 +83,10 @@ def main(conn, spec_dict: dict) -> None:
     # `kill -USR1 <worker pid>` writes every thread's stack to the log: for a stuck worker
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     worker = Worker(conn, spec, pgid)
-    process.install_stop_handlers(worker.on_signal)
+    processes.install_stop_handlers(worker.on_signal)
     # hivemind's DHT and averager processes are forked from here: they must die
     # on the group's SIGTERM, not run the worker's handler
-    os.register_at_fork(after_in_child=process.default_stop_handlers)
+    os.register_at_fork(after_in_child=processes.default_stop_handlers)
     exit_code = 0
     try:
         worker.start()
@@ -213,7 +212,7 @@ class Worker:
                 checkpoint = None
         self.trainer = make_trainer(spec, manifest, self.dht, self.loaded.trainable(), self.micro_batch * self.grad_accum)
         # hivemind's averagers set SIGINT to ignored when they start
-        process.install_stop_handlers(self.on_signal)
+        processes.install_stop_handlers(self.on_signal)
         if checkpoint:
             self.trainer.load_state_dict(checkpoint["trainer"])
             self.contributed_samples = int(checkpoint.get("contributed_samples", 0))
