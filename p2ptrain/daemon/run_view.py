@@ -103,6 +103,10 @@ class RunView:
     peers: list[PeerRow] = field(default_factory=list)
     warnings: list[dict] = field(default_factory=list)
 
+    def reset(self, run_id: str | None = None, manifest: dict[str, Any] | None = None) -> None:
+        """Forget all reports: run ``run_id`` starts (with ``manifest`` if known), or none when None."""
+        self.__dict__.update(RunView(run_id=run_id, manifest=manifest or {}).__dict__)
+
     @property
     def joined(self) -> bool:
         """At least one worker is in the swarm."""

@@ -126,20 +126,16 @@ def test_steps_without_a_worker_column_are_migrated_and_stay_readable(tmp_path):
 
 
 def test_step_reports_of_two_workers_are_stored_with_their_names(tmp_path):
-    class Reports(WorkerReports):
-        """The daemon's report handlers over a real database, without the rest of the daemon."""
-
-        def __init__(self, db):
-            self.db, self.run, self.broadcaster = db, RunView(run_id="run"), Broadcaster(dict)
-            self.run.worker("gpu0", "cuda:0")
-            self.run.worker("gpu1", "cuda:1")
-
     def step(ts, loss):
         return Step(ts=ts, epoch=3, loss=loss, samples=32, samples_per_second=8.0)
 
     path = tmp_path / "p2ptrain.db"
     with Database.open(path, flush_interval_s=3600, clock=ManualClock()) as db:
-        reports = Reports(db)
+        run = RunView(run_id="run")
+        run.worker("gpu0", "cuda:0")
+        run.worker("gpu1", "cuda:1")
+        # the daemon's report handlers over a real database; steps need no events, state machine or pool
+        reports = WorkerReports(run, db, Broadcaster(dict), events=None, control=None, pool=None)
         reports.on_report("gpu0", step(10.0, 3.0))
         reports.on_report("gpu1", step(10.5, 3.5))
         reports.on_report("gpu0", step(11.0, 2.9))

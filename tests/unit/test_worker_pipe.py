@@ -108,7 +108,8 @@ def test_an_unknown_command_is_refused():
 
 
 def test_the_daemon_has_a_handler_for_every_report_kind():
-    assert set(WorkerReports().report_handlers()) == set(REPORTS.values())
+    handlers = WorkerReports(run=None, db=None, broadcaster=None, events=None, control=None, pool=None).handlers
+    assert set(handlers) == set(REPORTS.values())
 
 
 def test_the_worker_has_a_handler_for_every_command():
@@ -119,7 +120,8 @@ def test_the_worker_has_a_handler_for_every_command():
 def test_the_daemon_serves_every_protocol_method_but_subscribe_from_its_table():
     from p2ptrain.daemon.methods import ControlMethods
 
-    assert set(ControlMethods(None).handlers()) == set(protocol.METHODS) - {"subscribe"}
+    methods = ControlMethods(status=dict, control=None, run=None, db=None, config=None, events=None)
+    assert set(methods.handlers()) == set(protocol.METHODS) - {"subscribe"}
 
 
 def test_a_peer_row_holds_every_field_of_a_metrics_record_and_of_the_peers_table():
