@@ -27,7 +27,7 @@ import resource
 import signal
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import psutil
 
@@ -50,6 +50,23 @@ def _run_worker(conn, spec: dict) -> None:
     from p2ptrain.peers.training_worker import main
 
     main(conn, spec)
+
+
+def received_reports(conn, name: str) -> Iterator[Report]:
+    """The reports waiting on the daemon's end of a worker's pipe; a malformed one is logged and skipped.
+
+    Args:
+        conn: the pipe.
+        name: the worker's name, for the log.
+
+    Raises:
+        EOFError, OSError: the worker's end is closed.
+    """
+    while conn.poll():
+        try:
+            yield decode_report(conn.recv())
+        except (MalformedMessage, pickle.UnpicklingError, AttributeError, ImportError) as error:
+            log.warning("ignoring a report of worker %s: %s", name, error)
 
 
 def reap_leftover_group(pgid_file: Path) -> int | None:
@@ -125,12 +142,7 @@ class WorkerProcess:
 
     def _read_reports(self) -> None:
         try:
-            while self._conn.poll():
-                try:
-                    report = decode_report(self._conn.recv())
-                except (MalformedMessage, pickle.UnpicklingError, AttributeError, ImportError) as error:
-                    log.warning("ignoring a report of worker %s: %s", self.name, error)
-                    continue
+            for report in received_reports(self._conn, self.name):
                 if isinstance(report, Joined):
                     self._cap_address_space()
                 self.on_report(report)

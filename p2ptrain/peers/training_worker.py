@@ -22,6 +22,7 @@ from p2ptrain import processes
 from p2ptrain.peers.out_of_memory import is_out_of_memory
 from p2ptrain.peers.known_peers import peers_file, remember_peers
 from p2ptrain.peers.run_setup import WorkerFailure, build_model_and_data, join_dht, make_trainer, run_manifest
+from p2ptrain.peers.trainer import Trainer
 from p2ptrain.worker_pipe import (
     DAEMON_GONE_DEADLINE_S,
     FAILED_EXIT_CODE,
@@ -134,7 +135,8 @@ class Worker:
         self.send_lock = threading.Lock()
         self.stop_requested = False
         self.interruptible = True  # a signal may interrupt setup, never a training step
-        self.dht = self.trainer = self.loaded = self.batches = None
+        self.dht = self.loaded = self.batches = None
+        self.trainer: Trainer | None = None
         self.state = "joining"
         self.finish_at_epoch: int | None = None
         self.contributed_samples = 0

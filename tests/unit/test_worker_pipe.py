@@ -4,12 +4,15 @@ in one line, and both ends handle every kind the pipe module defines."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import multiprocessing
 import pickle
 
 import pytest
 
 from p2ptrain import protocol
 from p2ptrain.daemon.reports import WorkerReports
+from p2ptrain.daemon.worker_process import received_reports
 from p2ptrain.peers.records import LocalMetrics
 from p2ptrain.peers.training_worker import Worker
 from p2ptrain.storage.schema import PEER_COLUMNS
@@ -128,3 +131,27 @@ def test_a_peer_row_holds_every_field_of_a_metrics_record_and_of_the_peers_table
     row_fields = {field.name for field in dataclasses.fields(PeerRow)}
     assert set(LocalMetrics.model_fields) - {"time"} <= row_fields, "add the metrics record's new field to PeerRow"
     assert set(PEER_COLUMNS) <= row_fields, "add the peers table's new column to PeerRow"
+
+
+def test_the_daemon_logs_and_drops_what_a_broken_worker_sends_and_reads_on(caplog):
+    daemon_end, worker_end = multiprocessing.Pipe()
+    worker_end.send({"type": "step", "ts": "soon"})
+    worker_end.send_bytes(b"not a pickle at all")
+    worker_end.send(["not", "a", "report"])
+    worker_end.send(encode(Left()))
+    with caplog.at_level(logging.WARNING):
+        assert list(received_reports(daemon_end, "gpu1")) == [Left()]
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 3 and all(line.startswith("ignoring a report of worker gpu1: ") for line in warnings), warnings
+    assert "step report: ts must be float, not 'soon'" in warnings[0]
+
+
+def test_the_worker_answers_an_unknown_command_with_an_error_and_reads_on():
+    daemon_end, worker_end = multiprocessing.Pipe()
+    worker = Worker(worker_end, WorkerSpec(run_id="r", paths=WorkerPaths("s", "c", "k", "i")), pgid=0)
+    daemon_end.send({"cmd": "dance"})
+    daemon_end.send(encode(Pause()))
+    assert worker.receive_command() is None
+    answer = decode_report(daemon_end.recv())
+    assert isinstance(answer, Error) and not answer.fatal and "unknown worker command {'cmd': 'dance'}" in answer.message
+    assert worker.receive_command() == Pause()
