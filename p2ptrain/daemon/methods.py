@@ -61,11 +61,11 @@ class ControlMethods:
         run: the run view (the live peer table).
         db: the database the history methods read.
         config: the daemon's config and its file.
-        events: where config changes are recorded.
+        event_log: where config changes are recorded.
     """
 
-    def __init__(self, status: Callable[[], dict], control: RunControl, run: RunView, db: Database, config: ConfigFile, events: EventLog):
-        self._status, self.control, self.run, self.db, self.config, self.events = status, control, run, db, config, events
+    def __init__(self, status: Callable[[], dict], control: RunControl, run: RunView, db: Database, config: ConfigFile, event_log: EventLog):
+        self._status, self.control, self.run, self.db, self.config, self.event_log = status, control, run, db, config, event_log
 
     def handlers(self) -> dict[str, Handler]:
         """Each protocol method's handler (``subscribe`` is the server's own)."""
@@ -178,6 +178,6 @@ class ControlMethods:
             raise _bad(str(error), "") from None  # the ConfigError message already names the fix
         except OSError as error:
             raise RequestError(protocol.INTERNAL, f"cannot write {self.config.path}: {error.strerror}", "check that directory's permissions")
-        self.events.record("config-changed", f"{key} set", {"key": key})
+        self.event_log.record("config-changed", f"{key} set", {"key": key})
         restart = key.split(".")[0] in ("dht", "training")
         return {"config": config_as_dict(config), "path": str(self.config.path), "applies": "at the next join or daemon restart" if restart else "now"}

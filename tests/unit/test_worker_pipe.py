@@ -4,6 +4,7 @@ in one line, and both ends handle every kind the pipe module defines."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import multiprocessing
 import pickle
@@ -123,8 +124,10 @@ def test_the_worker_has_a_handler_for_every_command():
 def test_the_daemon_serves_every_protocol_method_but_subscribe_from_its_table():
     from p2ptrain.daemon.methods import ControlMethods
 
-    methods = ControlMethods(status=dict, control=None, run=None, db=None, config=None, events=None)
-    assert set(methods.handlers()) == set(protocol.METHODS) - {"subscribe"}
+    methods = ControlMethods(status=dict, control=None, run=None, db=None, config=None, event_log=None)
+    handlers = methods.handlers()
+    assert set(handlers) == set(protocol.METHODS) - {"subscribe"}
+    assert all(inspect.iscoroutinefunction(handler) for handler in handlers.values()), handlers
 
 
 def test_a_peer_row_holds_every_field_of_a_metrics_record_and_of_the_peers_table():
