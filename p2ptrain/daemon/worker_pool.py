@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from p2ptrain.daemon.config_file import ConfigFile
+from p2ptrain.daemon.event_log import EventLog
 from p2ptrain.daemon.plan import DeviceFacts, PlanPolicy
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.worker_process import WorkerProcess
@@ -31,7 +32,6 @@ from p2ptrain.daemon.worker_slots import (
     worker_slots,
     worker_spec,
 )
-from p2ptrain.daemon.event_log import EventLog
 from p2ptrain.paths import Paths
 from p2ptrain.worker_pipe import OUT_OF_MEMORY_EXIT_CODE, Command, Report
 
