@@ -63,6 +63,7 @@ class Daemon:
         self.started_at = time.time()
         self.config = ConfigFile(paths.config_file, config)
         self.broadcaster = Broadcaster(self.status)
+        self._published_status: dict | None = None
         self.events = EventLog(database, self.broadcaster)
         self.run = RunView()
         self.hardware = HardwareView()
@@ -72,7 +73,7 @@ class Daemon:
             on_report=lambda name, report: self.reports.on_report(name, report),
             on_exit=lambda name, process, exitcode: self.control.worker_exited(name, process, exitcode),
         )
-        self.control = RunControl(database, self.pool, self.run, self.events, on_change=lambda: self.broadcaster.publish("status", self.status()))
+        self.control = RunControl(database, self.pool, self.run, self.events, on_change=self._publish_status)
         self.reports = WorkerReports(self.run, database, self.broadcaster, self.events, self.control, self.pool)
         self.policy = PolicyEngine(config.policy, SystemSensors(gpu_index=self.pool.gpu_index(), own_pids=self.pool.pids))
         self.config.on_change(self._config_changed)
@@ -116,6 +117,8 @@ class Daemon:
         self.hardware.refresh_if_due()
         self.control.apply_policy(self.policy.evaluate())
         self.db.maybe_flush()
+        if self.broadcaster.subscribers:
+            self._publish_status()
         line = self.one_line_status()
         if line != self._notified_status:
             self.notifier.status(line)
@@ -126,6 +129,14 @@ class Daemon:
         self.policy.settings = config.policy
 
     # ----- status ----------------------------------------------------------------
+
+    def _publish_status(self) -> None:
+        """Push the status to subscribers when it changed since the last push: the state at once,
+        progress, loss and hardware readings at the next tick (so at most about once a second)."""
+        status = self.status()
+        if status != self._published_status:
+            self._published_status = status
+            self.broadcaster.publish("status", status)
 
     def one_line_status(self) -> str:
         state = self.control.lifecycle.state

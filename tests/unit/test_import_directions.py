@@ -33,10 +33,9 @@ FORBIDDEN = {
     "storage": {"peers", "daemon", "tui"},
     "daemon": {"tui"},
 }
-# Commands that run the daemon's own code in the CLI's process, imported only when typed.
+# `p2ptrain daemon` runs the daemon in the CLI's process, imported only when typed.
 ALLOWED = {
     ("p2ptrain.cli", "cmd_daemon", "p2ptrain.daemon.main"),
-    ("p2ptrain.cli", "cmd_plan", "p2ptrain.daemon.plan"),
 }
 
 
