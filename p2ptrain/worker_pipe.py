@@ -9,8 +9,8 @@ module, and nothing else of each other.
 Messages cross the pipe as plain dicts of builtins: a report as
 ``{"type": KIND, field: value, ...}``, a command as ``{"cmd": KIND}``
 (``encode``). ``decode_report`` and ``decode_command`` check every field's
-type against the dataclass and raise ``MalformedMessage`` (one line) for
-anything else, a key the message does not have included, so a broken worker
+type against the dataclass (``pipe_codec.py``) and raise ``MalformedMessage``
+(one line) for anything else, a key the message does not have included, so a broken worker
 costs a log line, never the daemon, and the two sides cannot drift apart
 silently.
 
@@ -29,10 +29,9 @@ Stdlib only: the daemon imports it without torch or hivemind.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import types
-import typing
 from typing import Any, ClassVar, Literal
+
+from p2ptrain.pipe_codec import MalformedMessage, Message, shown
 
 # Exit codes of a worker process the daemon acts on (any other code is a crash).
 FAILED_EXIT_CODE = 1  # a fatal error, reported as ``Error(fatal=True)`` before the exit
@@ -46,28 +45,6 @@ STOP_DEADLINE_S = 30.0  # the daemon asked (SIGTERM while it lives)
 DAEMON_GONE_DEADLINE_S = 4.0  # the daemon died: leave no orphan for long
 
 WorkerState = Literal["training", "paused", "finished"]
-
-
-class MalformedMessage(ValueError):
-    """A dict that is not the message it claims to be; ``str()`` says what is wrong, in one line."""
-
-
-class Message:
-    """Base of the pipe's dataclasses: ``to_dict`` and a type-checked ``from_dict``."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The message as plain dicts, lists and scalars (nested messages included)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Any):
-        """Build the message from ``to_dict``'s form, checking each field's type.
-
-        Raises:
-            MalformedMessage: ``data`` is not a dict, lacks a field without a
-                default, has a key that is no field, or a field has the wrong type.
-        """
-        return _from_dict(cls, data, cls.__name__)
 
 
 # ----- the spec a worker is started with ---------------------------------------
@@ -419,82 +396,9 @@ def decode_command(data: Any) -> Command:
 
 def _decode(data: Any, key: str, kinds: dict[str, type], what: str):
     if not isinstance(data, dict):
-        raise MalformedMessage(f"a worker {what} must be a dict, not {_shown(data)}")
+        raise MalformedMessage(f"a worker {what} must be a dict, not {shown(data)}")
     kind = data.get(key)
     if kind not in kinds:
-        raise MalformedMessage(f"unknown worker {what} {key}={_shown(kind)}; known: {', '.join(kinds)}")
+        raise MalformedMessage(f"unknown worker {what} {key}={shown(kind)}; known: {', '.join(kinds)}")
     fields = {name: value for name, value in data.items() if name != key}
-    return _from_dict(kinds[kind], fields, f"{kind} {what}")
-
-
-# ----- checking types --------------------------------------------------------------
-
-
-@functools.cache
-def _field_types(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {field.name: hints[field.name] for field in dataclasses.fields(cls)}
-
-
-def _from_dict(cls: type, data: Any, where: str):
-    if not isinstance(data, dict):
-        raise MalformedMessage(f"{where} must be a dict, not {_shown(data)}")
-    unknown = set(data) - set(_field_types(cls))
-    if unknown:
-        raise MalformedMessage(f"{where} has no field {', '.join(sorted(map(str, unknown)))}")
-    values = {}
-    for field in dataclasses.fields(cls):
-        if field.name in data:
-            values[field.name] = _checked(data[field.name], _field_types(cls)[field.name], f"{where}: {field.name}")
-        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            raise MalformedMessage(f"{where} has no {field.name}")
-    return cls(**values)
-
-
-def _checked(value: Any, hint: Any, where: str) -> Any:
-    """``value`` if it has type ``hint`` (nested messages built from their dicts), else MalformedMessage."""
-    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):
-        for option in arguments:
-            try:
-                return _checked(value, option, where)
-            except MalformedMessage:
-                continue
-    elif origin is Literal:
-        if value in arguments:
-            return value
-    elif origin is list or hint is list:
-        if isinstance(value, list):
-            item = arguments[0] if arguments else Any
-            return [_checked(element, item, f"{where}[{index}]") for index, element in enumerate(value)]
-    elif origin is dict or hint is dict:
-        if isinstance(value, dict) and all(isinstance(key, str) for key in value):
-            item = arguments[1] if arguments else Any
-            return {key: _checked(element, item, f"{where}.{key}") for key, element in value.items()}
-    elif isinstance(hint, type) and issubclass(hint, Message):
-        return _from_dict(hint, value, where)
-    elif hint is Any:
-        return value
-    elif hint is type(None):
-        if value is None:
-            return None
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif isinstance(value, hint):  # str, bool
-        return value
-    raise MalformedMessage(f"{where} must be {_named(hint)}, not {_shown(value)}")
-
-
-def _named(hint: Any) -> str:
-    if typing.get_origin(hint) is Literal:
-        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return kinds[kind].from_dict(fields, where=f"{kind} {what}")

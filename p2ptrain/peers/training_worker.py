@@ -24,28 +24,9 @@ from p2ptrain.peers.known_peers import peers_file, remember_peers
 from p2ptrain.peers.run_setup import WorkerFailure, build_model_and_data, join_dht, make_trainer, run_manifest
 from p2ptrain.peers.trainer import Trainer
 from p2ptrain.worker_pipe import (
-    DAEMON_GONE_DEADLINE_S,
-    FAILED_EXIT_CODE,
-    OUT_OF_MEMORY_EXIT_CODE,
-    STOP_DEADLINE_EXIT_CODE,
-    STOP_DEADLINE_S,
-    Command,
-    Epoch,
-    Error,
-    Event,
-    Finish,
-    Joined,
-    Leave,
-    Left,
-    MalformedMessage,
-    Pause,
-    Report,
-    Resume,
-    StateChanged,
-    Step,
-    WorkerSpec,
-    decode_command,
-    encode,
+    DAEMON_GONE_DEADLINE_S, FAILED_EXIT_CODE, OUT_OF_MEMORY_EXIT_CODE, STOP_DEADLINE_EXIT_CODE, STOP_DEADLINE_S,
+    Command, Epoch, Error, Event, Finish, Joined, Leave, Left, MalformedMessage, Pause, Report, Resume, StateChanged,
+    Step, WorkerSpec, decode_command, encode,
 )
 
 logger = logging.getLogger(__name__)

@@ -19,16 +19,13 @@ PACKAGE_DIR = Path(p2ptrain.__file__).parent
 
 HEAVY = {"torch", "hivemind", "transformers", "peft", "bitsandbytes"}
 # Modules that import nothing of p2ptrain but each other: anything may use them.
-LEAVES = {"config", "paths", "protocol", "worker_pipe", "multiaddr", "processes", "durations"}
+LEAVES = {"config", "paths", "protocol", "worker_pipe", "pipe_codec", "multiaddr", "processes", "durations"}
 # Every part of p2ptrain (a subpackage or a top-level module), so a new one must be placed here.
 PARTS = LEAVES | {"p2ptrain", "cli", "tui", "daemon", "peers", "storage", "service", "demo"}
 # What each part must never import.
 FORBIDDEN = {
-    "cli": HEAVY | {"peers", "storage", "daemon"},
-    "tui": HEAVY | {"peers", "storage", "daemon"},
-    "protocol": HEAVY | {"peers", "storage", "daemon"},
-    "paths": HEAVY | {"peers", "storage", "daemon"},
-    "worker_pipe": HEAVY | {"peers", "storage", "daemon"},
+    # the CLI and TUI start fast; the pipe module is what the daemon and the worker share
+    **dict.fromkeys(("cli", "tui", "protocol", "paths", "durations", "worker_pipe", "pipe_codec"), HEAVY | {"peers", "storage", "daemon"}),
     "peers": {"daemon", "tui"},
     "storage": {"peers", "daemon", "tui"},
     "daemon": {"tui"},
