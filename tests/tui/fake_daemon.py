@@ -283,7 +283,7 @@ class FakeDaemon:
 
     def _peers(self, params: dict) -> dict:
         run = self.status.get("run") or {}
-        return {"run_id": run.get("id"), "peers": self.peers if run else []}
+        return {"run_id": run.get("id"), "peers": self.peers if run else [], "bans": []}
 
     def _metrics(self, params: dict) -> dict:
         since = params.get("since") or 0

@@ -165,6 +165,7 @@ def sample_peers() -> list[dict]:
             "version": "0.1.0",
             "last_seen": FROZEN_NOW - seen,
             "is_local": False,
+            "banned": False,
             **extra,
         }
 
