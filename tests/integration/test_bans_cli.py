@@ -53,6 +53,9 @@ def test_bans_are_shown_by_peers_and_lifted_by_unban(daemons):
     assert peers(daemon.home)["bans"] == []
     events = json.loads(cli(daemon.home, "events", "--json").stdout)["events"]
     assert [event["data"]["peers"] for event in events if event["kind"] == "peers-unbanned"] == [[ROGUE]]
-    # the worker got the command and goes on training
+    # the worker took the command (an undecodable one is answered with a worker-error, a failing handler
+    # crashes the worker) and goes on training
     time.sleep(2)
     assert daemon.status()["state"] == "training"
+    events = json.loads(cli(daemon.home, "events", "--json").stdout)["events"]
+    assert [event["message"] for event in events if event["kind"] in ("worker-error", "worker-crashed")] == []
