@@ -18,6 +18,7 @@ from p2ptrain.daemon.supervisor import Daemon
 from p2ptrain.daemon.worker_handle import reap_leftover_groups
 from p2ptrain.paths import Paths, resolve_paths
 from p2ptrain.storage import Database, SchemaTooNewError, StorageError
+from p2ptrain.storage.retention import RetentionLimits, RetentionThread
 
 log = logging.getLogger("p2ptrain.daemon")
 SOCKET_GROUP = "p2ptrain"
@@ -104,6 +105,9 @@ async def _serve(paths: Paths, config: Config, database: Database) -> int:
         database.close()
         return _fail(f"cannot listen on {paths.socket}: {error.strerror}; check that directory's permissions")
     paths.daemon_pid_file.write_text(f"{os.getpid()}\n")
+    # retention reads the storage settings before each pass: `config set storage.*` applies at the next one
+    retention = RetentionThread(paths.database, lambda: RetentionLimits(daemon.config.storage.keep_steps_days, daemon.config.storage.keep_events))
+    retention.start()
     try:
         await daemon.start()
         notifier.ready(daemon.one_line_status())
@@ -111,6 +115,7 @@ async def _serve(paths: Paths, config: Config, database: Database) -> int:
         await daemon.run_forever()
     finally:
         await server.stop()
+        retention.stop()
         await daemon.shutdown()
         paths.daemon_pid_file.unlink(missing_ok=True)
     return 0

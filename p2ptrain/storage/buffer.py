@@ -10,6 +10,8 @@ from collections import deque
 
 import sqlite_utils
 
+from .schema import write_transaction
+
 
 class WriteBuffer:
     """Buffered rows per table.
@@ -84,7 +86,7 @@ class WriteBuffer:
         Args:
             db: the open database to write to.
         """
-        with db.atomic():
+        with write_transaction(db.conn):
             for change in self.run_changes:
                 if "joined_at" in change:
                     db["runs"].upsert(change, pk="run_id")
