@@ -3,9 +3,10 @@
 A worker reports a step about once a second: ~86,000 ``steps`` rows a day.
 Retention keeps the last day as written, folds older steps into one row per
 minute (per run and worker: samples summed, loss and samples/s averaged over
-the reports), deletes steps older than ``keep_steps_days``, peer snapshots
-older than ``keep_peers_days`` and all but the newest ``keep_events`` events,
-then gives the freed pages back to the file system (incremental vacuum and a
+the reports), deletes steps older than ``keep_steps_days``, thins peer
+snapshots older than an hour to one per peer per 10 minutes and deletes them
+after ``keep_peers_days``, keeps only the newest ``keep_events`` events, then
+gives the freed pages back to the file system (incremental vacuum and a
 truncating WAL checkpoint), so the file really shrinks. Epochs, runs and
 settings are kept forever.
 
@@ -33,6 +34,9 @@ DAY_S = 86400.0
 FOLD_AFTER_S = DAY_S  # steps younger than this stay one row per report
 FOLD_S = 60  # older ones become one row per this many seconds
 FOLD_CHUNK_S = 3600  # steps folded per transaction
+THIN_PEERS_AFTER_S = 3600.0  # peer snapshots younger than this are all kept
+THIN_PEERS_S = 600  # older ones: the last snapshot of each peer per this many seconds
+THIN_CHUNK_S = DAY_S  # peer snapshots thinned per transaction (a pass goes over all of them: few transactions)
 DELETE_BATCH = 20_000  # rows deleted per transaction
 VACUUM_BATCH_PAGES = 2_000  # pages given back per transaction
 MAX_INTERVAL_S = 3600.0
@@ -87,6 +91,7 @@ def apply_retention(connection: sqlite3.Connection, limits: RetentionLimits, now
     deleted_steps = _delete_in_batches(connection, "steps", "ts < ?", [steps_cutoff])
     folded = _fold_steps(connection, max(now - FOLD_AFTER_S, steps_cutoff))
     peers = _delete_in_batches(connection, "peers", "ts < ?", [now - limits.keep_peers_days * DAY_S])
+    peers += _thin_peer_snapshots(connection, now - THIN_PEERS_AFTER_S)
     events = _delete_surplus_events(connection, limits.keep_events)
     pages = _give_back_free_pages(connection)
     return {"folded": folded, "steps": deleted_steps, "events": events, "peers": peers, "pages_freed": pages}
@@ -126,6 +131,29 @@ def _fold_steps(connection: sqlite3.Connection, before: float) -> int:
                 "DELETE FROM steps WHERE ts >= ? AND ts < ? AND rowid <= ?", [start, stop, last_rowid]
             ).rowcount
         start = stop
+
+
+def _thin_peer_snapshots(connection: sqlite3.Connection, before: float) -> int:
+    """Keep one snapshot of each peer per ``THIN_PEERS_S`` before ``before``
+    (the worker sends the whole swarm every few seconds: with ten peers that
+    is 170,000 rows a day); returns how many rows went."""
+    end = (before // THIN_PEERS_S) * THIN_PEERS_S
+    oldest = connection.execute("SELECT MIN(ts) FROM peers WHERE ts < ?", [end]).fetchone()[0]
+    if oldest is None:
+        return 0
+    deleted = 0
+    start = (oldest // THIN_PEERS_S) * THIN_PEERS_S
+    while start < end:
+        stop = min(end, start + THIN_CHUNK_S)
+        with write_transaction(connection):
+            deleted += connection.execute(
+                f"""DELETE FROM peers WHERE ts >= :start AND ts < :stop AND rowid NOT IN (
+                    SELECT MAX(rowid) FROM peers WHERE ts >= :start AND ts < :stop
+                    GROUP BY run_id, peer_id, CAST(ts / {THIN_PEERS_S} AS INTEGER))""",
+                {"start": start, "stop": stop},
+            ).rowcount
+        start = stop
+    return deleted
 
 
 def _delete_in_batches(connection: sqlite3.Connection, table: str, where: str, params: list) -> int:

@@ -139,3 +139,17 @@ def test_the_retention_thread_runs_at_once_while_the_writer_keeps_writing(tmp_pa
     assert not [record for record in caplog.records if "cannot write" in record.getMessage()]
     assert rows(path, "SELECT count(*) FROM steps WHERE reports = 60") == [(3 * 60,)]
     assert rows(path, "SELECT count(*) FROM steps WHERE epoch = 1")[0][0] > 0
+
+
+def test_peer_snapshots_older_than_an_hour_keep_the_last_of_each_peer_per_10_minutes(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    with Database.open(path, flush_interval_s=3600) as db:
+        for second in range(0, 1200, 5):  # two peers every 5 s for 20 minutes, two hours ago
+            db.record_peers("run", [{"peer_id": "QmA", "loss": second}, {"peer_id": "QmB"}], ts=NOW - 7200 + second)
+        for second in range(0, 60, 5):  # and in the last minute
+            db.record_peers("run", [{"peer_id": "QmA", "loss": -1.0}], ts=NOW - 60 + second)
+        counts = db.apply_retention(RetentionLimits(), now=NOW)
+    assert counts["peers"] == 2 * 240 - 4
+    old = rows(path, "SELECT ts, loss FROM peers WHERE peer_id = 'QmA' AND ts < ? ORDER BY ts", [NOW - 3600])
+    assert old == [(NOW - 7200 + 595, 595.0), (NOW - 7200 + 1195, 1195.0)]
+    assert rows(path, "SELECT count(*) FROM peers WHERE ts >= ?", [NOW - 60]) == [(12,)]
