@@ -28,7 +28,7 @@ from p2ptrain.config import Config
 from p2ptrain.daemon import state as states
 from p2ptrain.daemon.hardware_view import HardwareView
 from p2ptrain.daemon.notify import SystemdNotifier
-from p2ptrain.daemon.policies import PolicyEngine, SystemSensors
+from p2ptrain.daemon.policies import CachedSensors, PolicyEngine, SystemSensors
 from p2ptrain.daemon.reports import WorkerReports
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster, RequestError
@@ -77,7 +77,9 @@ class Daemon(WorkerReports):
         self.slots: list[WorkerSlot] = []  # the workers of the current run, first one first
         self.workers: dict[str, WorkerHandle] = {}  # by slot name: the running ones
         self.restarts: dict[str, WorkerRestarts] = {}
-        self.policy = PolicyEngine(config.policy, SystemSensors(gpu_index=self._gpu_index(), own_pids=self._worker_pids))
+        # read in a thread: a slow sensor (loginctl) must not hold up the event loop
+        self.sensors = CachedSensors(SystemSensors(gpu_index=self._gpu_index(), own_pids=self._worker_pids))
+        self.policy = PolicyEngine(config.policy, self.sensors)
         self.broadcaster = Broadcaster(self.status)
         self._notified_status = ""
         self._stopping = asyncio.Event()
@@ -111,6 +113,7 @@ class Daemon(WorkerReports):
         """Orderly stop: the workers checkpoint and exit, the database is flushed."""
         self.notifier.stopping("stopping: checkpointing and flushing")
         self._stopping.set()  # exiting workers are not restarted
+        self.sensors.close()
         # the workers stay registered while they stop: their last reports (the
         # stop checkpoint) are recorded only from registered workers
         await asyncio.gather(*(worker.stop(STOP_TIMEOUT_S) for worker in list(self.workers.values())))
@@ -167,7 +170,8 @@ class Daemon(WorkerReports):
         return select_devices(self.config, probe(retries=0))
 
     def _worker_pids(self) -> set[int]:
-        return {worker.pid for worker in self.workers.values() if worker.pid}
+        # called from the sensors' thread: copy the workers first, the loop may change them
+        return {worker.pid for worker in list(self.workers.values()) if worker.pid}
 
     def _plan(self, slot: WorkerSlot, manifest: dict | None) -> dict | None:
         """The hardware plan of one worker, sized from its device's free memory now."""
