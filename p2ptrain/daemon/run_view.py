@@ -81,11 +81,13 @@ class WorkerView:
     samples_per_second: float | None = None
     loss: float | None = None
     contributed_samples: int = 0
+    port_moves: list[dict] = field(default_factory=list)
 
     def apply_joined(self, report: dict) -> None:
         self.joined = True
         self.local = {name: report.get(name) for name in LOCAL_FIELDS}
         self.local["device"] = self.device
+        self.port_moves = list(report.get("port_moves") or [])
 
     def apply_step(self, report: dict) -> None:
         self.contributed_samples += int(report.get("samples") or 0)
@@ -204,6 +206,15 @@ class RunView:
             local["samples_per_second"] = sum(rates) if rates else None
             local["contributed_samples"] = sum(view.contributed_samples for view in views)
         return local
+
+    def port_health(self) -> list[dict]:
+        """A warning per configured port that was taken, so a worker listens elsewhere."""
+        return [
+            {"level": "warning", "message": move["message"], "fix": move["fix"]}
+            for view in self.workers.values()
+            if view.joined
+            for move in view.port_moves
+        ]
 
     def reachability_health(self) -> list[dict]:
         if not any(view.local.get("reachability") == "relayed" for view in self.workers.values()):

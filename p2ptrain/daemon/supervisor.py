@@ -396,6 +396,7 @@ class Daemon(WorkerReports):
             )
         if self.desired.run is not None:
             lines.extend(self._crash_health())
+        lines.extend(self.run.port_health())
         lines.extend(self.run.reachability_health())
         return lines
 

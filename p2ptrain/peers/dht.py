@@ -18,6 +18,8 @@ import os
 import re
 from pathlib import Path
 
+from p2ptrain.peers.ports import claim_free_ports, port_holder, port_in_use_error
+
 logger = logging.getLogger(__name__)
 
 MULTIADDR_EXAMPLE = "/ip4/203.0.113.5/tcp/31337/p2p/Qm..."
@@ -143,6 +145,16 @@ def load_or_create_identity(identity_path: Path):
 
 def _explain_start_failure(error: BaseException, initial_peers: list[str], identity_path: Path) -> DHTStartError:
     text = str(error) or type(error).__name__
+    in_use = port_in_use_error(text)
+    if in_use:
+        protocol, port = in_use
+        holder = port_holder(port, protocol)
+        return DHTStartError(
+            f"cannot listen on {protocol.upper()} port {port}: it is already in use"
+            + (f" by {holder.describe()}" if holder else ""),
+            "stop the program that holds it, or set another port: p2ptrain config set dht.host_maddrs "
+            f"'[\"/ip4/0.0.0.0/{protocol}/{port + 1}\"]'",
+        )
     if "already taken" in text:
         return DHTStartError(
             f"another peer is already running with the identity in {identity_path}",
@@ -173,7 +185,8 @@ def start_dht(
     :param identity_path: this peer's key file, created (0600) if missing; the same
         file gives the same peer id and record ownership across restarts.
     :param host_maddrs: where to listen; default every interface on a random TCP
-        port. Tests pass ``["/ip4/127.0.0.1/tcp/0"]``.
+        port. Tests pass ``["/ip4/127.0.0.1/tcp/0"]``. A fixed port that is taken
+        is replaced by the next free one (:func:`port_moves` says which).
     :param announce_maddrs: addresses to advertise instead of the listening ones,
         e.g. a public IP with a forwarded port (the port cannot be 0).
     :param use_relay: allow reaching peers behind NAT through libp2p relays.
@@ -184,7 +197,8 @@ def start_dht(
     :param follow_runs: run ids whose records this peer checks from its first
         moment (see :func:`follow_run`); pass the run being joined, so nothing
         unchecked about it is stored before the worker first reads it.
-    :raises DHTStartError: one line saying what went wrong and how to fix it.
+    :raises DHTStartError: one line saying what went wrong and how to fix it (a
+        listening port taken while ``announce_maddrs`` names it, too).
     :raises ValueError: if an address is not a multiaddr.
 
     Side effect: the key becomes hivemind's process-wide RSA key, so the
@@ -205,6 +219,15 @@ def start_dht(
     new_identity = not identity_path.exists()
     private_key = load_or_create_identity(identity_path)
     RSAPrivateKey._process_wide_key = private_key
+    # p2pd would share a taken port (SO_REUSEPORT) and then fail to reach its peers: see ports.py
+    hosts, port_moves = claim_free_ports(hosts)
+    for move in port_moves:
+        logger.warning("%s", move.message)
+    if port_moves and announced:
+        raise DHTStartError(
+            f"{port_moves[0].message}, but dht.announce_maddrs announces the configured port",
+            "stop the program that holds the port, or change dht.host_maddrs and dht.announce_maddrs together",
+        )
     try:
         dht = hivemind.DHT(
             initial_peers=peers,
@@ -235,8 +258,15 @@ def start_dht(
         raise _explain_start_failure(error, peers, identity_path) from error
     dht.p2ptrain_private_key = private_key
     dht.p2ptrain_followed_runs = set(follow_runs)
+    dht.p2ptrain_port_moves = [move.to_dict() for move in port_moves]
     logger.info("DHT started as %s, reachable at %s", dht.peer_id, ", ".join(visible_addresses(dht)))
     return dht
+
+
+def port_moves(dht) -> list[dict]:
+    """The configured ports that were taken when this DHT started (``PortMove.to_dict()``: protocol,
+    configured, port, holder, message, fix); empty when it listens where it was told to."""
+    return list(getattr(dht, "p2ptrain_port_moves", ()))
 
 
 def signing_key(dht):

@@ -158,12 +158,16 @@ class Worker:
         """Join the run: DHT, manifest, model, data, trainer (``run_setup``), the checkpoint, then report ``joined``."""
         import torch
 
-        from p2ptrain.peers.dht import reachability, visible_addresses
+        from p2ptrain.peers.dht import port_moves, reachability, visible_addresses
 
         spec, plan = self.spec, self.spec.get("plan") or {}
         if spec.get("torch_threads"):
             torch.set_num_threads(int(spec["torch_threads"]))
         self.dht = join_dht(spec, peers_file(self._checkpoint_file()))
+        self.port_moves = port_moves(self.dht)
+        for move in self.port_moves:
+            details = {name: value for name, value in move.items() if name != "message"}
+            self.event("port-taken", move["message"], **details)
         # ask now: once the averagers are up, hivemind can stall this query for minutes
         self.addresses, self.reachability = visible_addresses(self.dht), reachability(self.dht)
         self.manifest = manifest = run_manifest(spec, self.dht)
@@ -201,6 +205,7 @@ class Worker:
             precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             grad_accum=self.grad_accum, parameters=self.loaded.parameters,
             trainable_parameters=self.loaded.trainable_parameters, nickname=spec.get("nickname", ""),
+            port_moves=self.port_moves,
         )
 
     def _catch_up(self) -> None:
