@@ -15,6 +15,7 @@ from p2ptrain.daemon.methods import ControlMethods
 from p2ptrain.daemon.notify import SystemdNotifier
 from p2ptrain.daemon.server import ControlServer
 from p2ptrain.daemon.supervisor import Daemon
+from p2ptrain.daemon.temp_files import give_back_temp_dir, take_temp_dir
 from p2ptrain.daemon.worker_handle import reap_leftover_groups
 from p2ptrain.paths import Paths, resolve_paths
 from p2ptrain.storage import Database, SchemaTooNewError, StorageError
@@ -71,13 +72,16 @@ def run_daemon(home: str | None = None, log_level: str | None = None) -> int:
     if lock is None:
         return _fail(f"another p2ptrain daemon already runs with {paths.state_dir}; stop it first (or use another --home)")
     reap_leftover_groups(paths.state_dir)
+    take_temp_dir(paths)  # after the leftover groups: their files go with them
     try:
         database = Database.open(paths.database, flush_interval_s=config.storage.flush_interval_s)
     except (StorageError, SchemaTooNewError) as error:
+        give_back_temp_dir(paths)
         return _fail(str(error))
     try:
         return asyncio.run(_serve(paths, config, database))
     finally:
+        give_back_temp_dir(paths)
         lock.close()
 
 

@@ -24,12 +24,14 @@ import multiprocessing
 import os
 import resource
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 import psutil
 
+from p2ptrain.daemon.temp_files import remove_worker_temp_dir
 from p2ptrain.daemon.workers import leftover_pgid_files
 from p2ptrain.processes import group_alive, kill_group
 
@@ -42,9 +44,12 @@ def _run_worker(conn, spec: dict) -> None:
     """The spawn target: only here, in the child, do torch and hivemind get imported.
 
     The spec's ``environment`` (``CUDA_VISIBLE_DEVICES`` of a GPU worker) is
-    set first, so CUDA sees only the worker's own GPU.
+    set first, so CUDA sees only the worker's own GPU, and so is its own
+    ``TMPDIR`` (``temp_dir``), so its leftovers go with it.
     """
     os.environ.update(spec.get("environment") or {})
+    if spec.get("temp_dir"):
+        os.environ["TMPDIR"] = tempfile.tempdir = spec["temp_dir"]
     from p2ptrain.peers.worker import main
 
     main(conn, spec)
@@ -98,6 +103,8 @@ class WorkerHandle:
         return self._process.pid if self._process else None
 
     def start(self) -> None:
+        if self.spec.get("temp_dir"):
+            os.makedirs(self.spec["temp_dir"], mode=0o700, exist_ok=True)
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(target=_run_worker, args=(child_conn, self.spec), name=f"p2ptrain-worker-{self.name}" if self.name else "p2ptrain-worker")
@@ -168,6 +175,7 @@ class WorkerHandle:
         # its forked children hold the pipe's write end, so after a SIGKILL in
         # the middle of a report, reading would wait for the rest of it forever.
         kill_group(self._process.pid)
+        remove_worker_temp_dir(self.spec.get("temp_dir"))
         self._read_reports_if_open()
         self._process.join(0)
         exitcode = self._process.exitcode

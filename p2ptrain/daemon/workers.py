@@ -25,6 +25,7 @@ from p2ptrain.config import Config
 from p2ptrain.daemon.hardware import HardwareFacts, select_gpus
 from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
 from p2ptrain.daemon.plan import DeviceFacts, PlanError, PlanPolicy, make_plan
+from p2ptrain.daemon.temp_files import worker_temp_dir
 from p2ptrain.paths import Paths
 
 _PORT = re.compile(r"/(tcp|udp)/(\d+)")
@@ -240,5 +241,6 @@ def worker_spec(
         "checkpoint_interval_s": config.training.checkpoint_interval_s,
         "log_level": config.log_level,
         "environment": slot.environment(),
+        "temp_dir": str(worker_temp_dir(paths, slot.name)),  # its TMPDIR: see temp_files.py
         "device_label": slot.device_label,  # what peers are shown: the worker itself sees only cuda:0
     }

@@ -16,6 +16,7 @@ import ipaddress
 import logging
 import os
 import re
+import tempfile
 from pathlib import Path
 
 from p2ptrain.peers.ports import claim_free_ports, port_holder, port_in_use_error
@@ -208,6 +209,7 @@ def start_dht(
     """
     import hivemind
     from hivemind.dht.crypto import RSASignatureValidator
+    from hivemind.p2p import P2P
     from hivemind.utils.crypto import RSAPrivateKey
 
     from p2ptrain.peers.validators import RunRecordValidator
@@ -219,6 +221,9 @@ def start_dht(
     new_identity = not identity_path.exists()
     private_key = load_or_create_identity(identity_path)
     RSAPrivateKey._process_wide_key = private_key
+    # hivemind puts p2pd's and its clients' sockets in /tmp, and leaves them there when killed:
+    # follow TMPDIR instead (the daemon gives each worker its own, and removes it)
+    P2P._UNIX_SOCKET_PREFIX = f"/unix{tempfile.gettempdir()}/hivemind-"
     # p2pd would share a taken port (SO_REUSEPORT) and then fail to reach its peers: see ports.py
     hosts, port_moves = claim_free_ports(hosts)
     for move in port_moves:
