@@ -159,7 +159,7 @@ def check_dht_port(config, home: str | None) -> dict:
         return check("dht-port", True, f"TCP port {port} is free to listen on; whether the internet can reach it is "
                      f"found by hivemind when joining (forward it in your router to be directly reachable)")
     holder = port_holder(port) or PortHolder(None)
-    if holder.p2ptrain_daemon_pid is not None and _same_home(holder.p2ptrain_home, home):
+    if holder.p2ptrain_daemon_pid is not None and holder.p2ptrain_daemon_pid == _daemon_pid(home):
         return check("dht-port", True, f"TCP port {port}: this daemon's DHT listens on it")
     listening = _listening_port(home)
     instead = listening or next((candidate for candidate in range(port + 1, port + 1 + NEXT_PORTS_TRIED)
@@ -170,10 +170,14 @@ def check_dht_port(config, home: str | None) -> dict:
     return check("dht-port", False, message, move.fix, level="warning")
 
 
-def _same_home(other: str | None, home: str | None) -> bool:
-    from p2ptrain.paths import resolve_paths
+def _daemon_pid(home: str | None) -> int | None:
+    """The pid of the daemon the CLI talks to (from the pid file beside its socket), or None."""
+    from p2ptrain.paths import control_socket
 
-    return resolve_paths(other).state_dir.resolve() == resolve_paths(home).state_dir.resolve()
+    try:
+        return int(control_socket(home).with_name("daemon.pid").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _listening_port(home: str | None) -> int | None:
