@@ -110,14 +110,18 @@ class DaemonProcess:
                 self.kill()
         return self.process.returncode
 
+    @property
+    def state_dir(self) -> Path:
+        return resolve_paths(self.home).state_dir
+
     def kill(self) -> None:
-        """SIGKILL the daemon's whole session: the daemon, its worker and everything they started."""
+        """SIGKILL the daemon's whole session: the daemon, its workers and everything they started."""
         pgids = {self.process.pid} | self.pgids
-        worker_pgid = resolve_paths(self.home).worker_pgid_file
-        try:
-            pgids.add(int(worker_pgid.read_text()))
-        except (OSError, ValueError):
-            pass
+        for pgid_file in self.state_dir.glob("worker*.pgid"):
+            try:
+                pgids.add(int(pgid_file.read_text()))
+            except (OSError, ValueError):
+                pass
         for pgid in pgids:
             try:
                 os.killpg(pgid, signal.SIGKILL)

@@ -9,9 +9,7 @@ starts, with the default configuration (no config file).
 from __future__ import annotations
 
 import configparser
-import os
 import shlex
-import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,24 +69,6 @@ class Volunteer(DaemonProcess):
             self.process = subprocess.Popen(shlex.split(service["ExecStart"]), stdout=log_file, stderr=subprocess.STDOUT,
                                             env=environment, cwd=self.home, start_new_session=True)
         self.wait_until(lambda status: True, timeout=60, interval=0.2, what="the service's daemon to answer")
-
-    def kill(self) -> None:
-        """SIGKILL the daemon's session and its workers' groups."""
-        for pgid_file in self.state_dir.glob("worker*.pgid"):
-            try:
-                self.pgids.add(int(pgid_file.read_text()))
-            except (OSError, ValueError):
-                pass
-        if self.process is not None:
-            for pgid in {self.process.pid} | self.pgids:
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
 
     def stop(self) -> None:
         """End the daemon (SIGTERM, then SIGKILL of everything left), as the test's cleanup."""
