@@ -31,7 +31,8 @@ COMMANDS = {
     "p2ptrain status [--json]": [["p2ptrain", "status"], ["p2ptrain", "status", "--json"]],
     "p2ptrain join RUN --peers MULTIADDR": [["p2ptrain", "join", "RUN", "--peers", "MULTIADDR"]],
     "p2ptrain join --new-run NAME [--mode sync|diloco] [--model tiny] [--target-batch-size N] [--local-steps H] ...": [
-        ["p2ptrain", "join", "--new-run", RUN, "--mode", "sync", "--model", "tiny", "--target-batch-size", "96"]],
+        ["p2ptrain", "join", "--new-run", RUN, "--mode", "sync", "--model", "tiny", "--target-batch-size", "96"],
+        ["p2ptrain", "join", "--new-run", "broken", "--model", "./no-such-model"]],
     "p2ptrain pause [--for 2h]": [["p2ptrain", "pause", "--for", "2h"], ["p2ptrain", "pause"]],
     "resume": [["p2ptrain", "resume"]],
     "finish": [["p2ptrain", "finish"]],
@@ -106,6 +107,18 @@ def test_status_without_a_daemon_exits_3(tmp_path):
     nobody = Volunteer.create(tmp_path / "nobody")
     assert "p2ptrain daemon is not running" in succeeded(nobody.run(commands_of("p2ptrain status [--json]")[0]), 3)
     assert status_json(nobody, 3)["state"] == "stopped"
+
+
+@pytest.mark.timeout(180)
+def test_status_exits_1_in_the_error_state_and_leave_clears_it(volunteers):
+    _, volunteer, _ = volunteers
+    broken = commands_of("p2ptrain join --new-run NAME [--mode sync|diloco] [--model tiny] [--target-batch-size N] [--local-steps H] ...")[1]
+    succeeded(volunteer.run(broken))  # accepted; the worker finds no such model
+    volunteer.wait_until(lambda s: s["state"] == "error", 150, what="the error state")
+    assert "no-such-model" in succeeded(volunteer.run(commands_of("p2ptrain status [--json]")[0]), 1)
+    assert status_json(volunteer, 1)["health"][0]["level"] == "error"
+    succeeded(volunteer.run(commands_of("leave")[0]))
+    volunteer.wait_until(lambda s: s["state"] == "idle", 60, what="leave to clear the error")
 
 
 @pytest.mark.timeout(420)
