@@ -32,6 +32,9 @@ def child_environment(extra: dict | None = None) -> dict:
     environment = dict(os.environ)
     environment.pop("NOTIFY_SOCKET", None)
     environment.pop("P2PTRAIN_HOME", None)
+    # importing torch's inductor (transformers, peft) in this test process sets it to /tmp/torchinductor_<user>;
+    # a user's daemon would not inherit it
+    environment.pop("TORCHINDUCTOR_CACHE_DIR", None)
     environment.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
     environment.update(extra or {})
     return environment
