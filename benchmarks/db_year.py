@@ -112,9 +112,17 @@ def _median_ms(call) -> dict:
     return {"median_ms": round(statistics.median(times), 2), "max_ms": round(max(times), 2)}
 
 
+def _hour_before_the_last_step(path: Path) -> float:
+    connection = connect(path)
+    try:
+        return connection.execute("SELECT MAX(ts) FROM steps").fetchone()[0] - 3600
+    finally:
+        connection.close()
+
+
 def time_queries(path: Path) -> dict:
     """The daemon's query functions, on its open ``Database`` as the control methods call them."""
-    hour_ago = time.time() - 3600
+    hour_ago = _hour_before_the_last_step(path)  # the simulation ended when it started: its data is that old now
     with Database.open(path) as db:
         db.record_step(RUN_ID, 0, 1.0, 8, 16.0, worker="gpu0")  # a buffered row, merged into every read
         return {
@@ -133,6 +141,7 @@ def time_control_socket(path: Path) -> dict:
     paths = resolve_paths(home)
     paths.state_dir.mkdir(parents=True)
     shutil.copy(path, paths.database)
+    hour_ago = _hour_before_the_last_step(path)
     script = shutil.which("p2ptrain", path=os.path.dirname(sys.executable)) or "p2ptrain"
     daemon = subprocess.Popen([script, "daemon", "--home", str(home), "--log-level", "warning"], stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -145,7 +154,7 @@ def time_control_socket(path: Path) -> dict:
                 time.sleep(0.1)
         return {
             "metrics (default: last 1000)": _median_ms(lambda: client.call("metrics")),
-            "metrics (since an hour ago)": _median_ms(lambda: client.call("metrics", since=time.time() - 3600)),
+            "metrics (since an hour ago)": _median_ms(lambda: client.call("metrics", since=hour_ago)),
             "epochs (default)": _median_ms(lambda: client.call("epochs")),
             "events (default)": _median_ms(lambda: client.call("events")),
             "status": _median_ms(lambda: client.call("status")),
