@@ -39,6 +39,7 @@ from p2ptrain.protocol import ControlClient, DaemonNotRunning
 from p2ptrain.storage import Database, queries
 from p2ptrain.storage.retention import DAY_S, RetentionLimits, apply_retention
 from p2ptrain.storage.schema import connect
+from p2ptrain.worker_pipe import PeerRow
 
 RUN_ID = "year"
 SIMULATED_FLUSH_INTERVAL_S = 300.0
@@ -68,7 +69,7 @@ def simulate(path: Path, days: int, other_peers: int) -> dict:
             ts = start + second
             db.record_step(RUN_ID, epoch, 3.0 - second / (days * DAY_S), 8, 16.0, ts=ts, worker="gpu0")
             if second % 5 == 0:
-                db.record_peers(RUN_ID, [{"peer_id": peer, "nickname": peer[-5:], "device": "cuda:0", "samples_per_second": 16.0, "epoch": epoch, "loss": 2.5} for peer in peer_ids], ts=ts)
+                db.record_peers(RUN_ID, [PeerRow(peer_id=peer, nickname=peer[-5:], device="cuda:0", samples_per_second=16.0, epoch=epoch, loss=2.5) for peer in peer_ids], ts=ts)
             if second % 60 == 0:
                 db.record_event("averaged", f"averaged with {other_peers + 1} peers", {"epoch": epoch, "peers": other_peers + 1}, ts=ts)
             if second % 600 == 599:

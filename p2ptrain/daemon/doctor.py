@@ -19,10 +19,10 @@ import os
 import re
 from pathlib import Path
 
-from p2ptrain.daemon.hardware import DEVICE_GROUPS_FIX, HardwareFacts, nvidia_device_files, probe
+from p2ptrain.daemon.hardware_probe import DEVICE_GROUPS_FIX, HardwareFacts, nvidia_device_files, probe
 from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
 from p2ptrain.daemon.plan import PlanError, PlanPolicy, make_plan
-from p2ptrain.peers.ports import NEXT_PORTS_TRIED, PortHolder, PortMove, port_holder, port_is_free
+from p2ptrain.peers.ports import NEXT_PORTS_TRIED, PortHolder, port_holder, port_is_free, port_move
 
 DEFAULT_DHT_PORT = 31337
 TIME_ERROR = 5  # adjtimex(2): the kernel's clock is not synchronized
@@ -133,14 +133,14 @@ def _dht_port(config) -> int:
 
 def _plan_policy(config) -> PlanPolicy:
     """The volunteer's caps from the config's [policy] table (defaults when it is missing or invalid)."""
-    from p2ptrain.daemon.policies import PolicySettings
+    from p2ptrain.config import PolicySettings
 
     policy = getattr(config, "policy", None) or {}
     try:
         settings = policy if isinstance(policy, PolicySettings) else PolicySettings(**policy)
     except ValueError:
         settings = PolicySettings()
-    return settings.plan_policy()
+    return PlanPolicy.from_settings(settings)
 
 
 def check_dht_port(config, home: str | None) -> dict:
@@ -163,7 +163,7 @@ def check_dht_port(config, home: str | None) -> dict:
     listening = _listening_port(home)
     instead = listening or next((candidate for candidate in range(port + 1, port + 1 + NEXT_PORTS_TRIED)
                                  if port_is_free("0.0.0.0", candidate)), 0)
-    move = PortMove("tcp", port, instead, holder.describe())
+    move = port_move("tcp", port, instead, holder.describe())
     message = move.message if listening else (f"TCP port {port} is taken by {move.holder}: the daemon will listen on "
                                               f"{f'port {instead}' if instead else 'a random port'} instead")
     return check("dht-port", False, message, move.fix, level="warning")

@@ -11,7 +11,7 @@ anyone listens on. A taken port is replaced by the next free one, and the
 move is reported with who holds the port (another p2ptrain daemon, named by
 its home, when it is one).
 
-Stdlib and psutil only: the doctor uses it too.
+Stdlib, psutil and the worker pipe's messages only: the doctor uses it too.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from __future__ import annotations
 import errno
 import re
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import psutil
+
+from p2ptrain.worker_pipe import PortMove
 
 NEXT_PORTS_TRIED = 16
 _LISTEN = re.compile(r"^/(ip4|ip6)/([^/]+)/(tcp|udp)/(\d+)")
@@ -56,36 +58,24 @@ class PortHolder:
         return f"{self.name or 'a process'} (pid {self.pid})"
 
 
-@dataclass(frozen=True)
-class PortMove:
-    """A fixed listening port that was taken, and the one used instead.
+def port_move(protocol: str, configured: int, port: int, holder: str) -> PortMove:
+    """The pipe's record of a move, with its one-line message and fix.
 
-    Attributes:
+    Args:
         protocol: ``tcp`` or ``udp``.
         configured: the port of ``dht.host_maddrs``.
         port: the port listened on instead (0: a random one, as the next ones were taken too).
         holder: who held the configured port, in words (``PortHolder.describe``).
     """
-
-    protocol: str
-    configured: int
-    port: int
-    holder: str
-
-    @property
-    def message(self) -> str:
-        instead = f"port {self.port}" if self.port else "a random port"
-        return f"{self.protocol.upper()} port {self.configured} is taken by {self.holder}: listening on {instead} instead"
-
-    @property
-    def fix(self) -> str:
-        forward = f"forward {self.protocol.upper()} port {self.port} in your router to be reachable directly" if self.port else "peers reach this one through relays"
-        return (f"{forward}, or give this daemon its own port: p2ptrain config set dht.host_maddrs "
-                f"'[\"/ip4/0.0.0.0/{self.protocol}/{self.port or self.configured + 1}\"]'")
-
-    def to_dict(self) -> dict:
-        """JSON-ready, with the message and the fix."""
-        return {**asdict(self), "message": self.message, "fix": self.fix}
+    instead = f"port {port}" if port else "a random port"
+    forward = (f"forward {protocol.upper()} port {port} in your router to be reachable directly" if port
+               else "peers reach this one through relays")
+    return PortMove(
+        protocol, configured, port, holder,
+        message=f"{protocol.upper()} port {configured} is taken by {holder}: listening on {instead} instead",
+        fix=(f"{forward}, or give this daemon its own port: p2ptrain config set dht.host_maddrs "
+             f"'[\"/ip4/0.0.0.0/{protocol}/{port or configured + 1}\"]'"),
+    )
 
 
 def port_is_free(host: str, port: int, protocol: str = "tcp") -> bool:
@@ -192,7 +182,7 @@ def claim_free_ports(host_maddrs: list[str]) -> tuple[list[str], list[PortMove]]
         port = next((candidate for candidate in range(configured + 1, min(configured + 1 + NEXT_PORTS_TRIED, 65536))
                      if port_is_free(host, candidate, protocol)), 0)
         addresses.append(f"/{match.group(1)}/{host}/{protocol}/{port}{address[match.end():]}")
-        moves.append(PortMove(protocol, configured, port, holder.describe()))
+        moves.append(port_move(protocol, configured, port, holder.describe()))
     return addresses, moves
 
 

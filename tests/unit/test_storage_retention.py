@@ -12,6 +12,7 @@ import sqlite_utils
 
 from p2ptrain.storage import SCHEMA_VERSION, Database
 from p2ptrain.storage.schema import MIGRATIONS
+from p2ptrain.worker_pipe import PeerRow
 from p2ptrain.storage import queries
 from p2ptrain.storage.retention import DAY_S, RetentionLimits, RetentionThread
 
@@ -145,9 +146,9 @@ def test_peer_snapshots_older_than_an_hour_keep_the_last_of_each_peer_per_10_min
     path = tmp_path / "p2ptrain.db"
     with Database.open(path, flush_interval_s=3600) as db:
         for second in range(0, 1200, 5):  # two peers every 5 s for 20 minutes, two hours ago
-            db.record_peers("run", [{"peer_id": "QmA", "loss": second}, {"peer_id": "QmB"}], ts=NOW - 7200 + second)
+            db.record_peers("run", [PeerRow(peer_id="QmA", loss=second), PeerRow(peer_id="QmB")], ts=NOW - 7200 + second)
         for second in range(0, 60, 5):  # and in the last minute
-            db.record_peers("run", [{"peer_id": "QmA", "loss": -1.0}], ts=NOW - 60 + second)
+            db.record_peers("run", [PeerRow(peer_id="QmA", loss=-1.0)], ts=NOW - 60 + second)
         counts = db.apply_retention(RetentionLimits(), now=NOW)
     assert counts["peers"] == 2 * 240 - 4
     old = rows(path, "SELECT ts, loss FROM peers WHERE peer_id = 'QmA' AND ts < ? ORDER BY ts", [NOW - 3600])
