@@ -16,7 +16,7 @@ from typing import Any
 from p2ptrain.worker_pipe import Epoch, Joined, PeerRow, PortMove, Step, Swarm
 
 # what status.local shows of a worker's Joined report: all of it but the run's manifest
-LOCAL_FIELDS = tuple(report_field.name for report_field in fields(Joined) if report_field.name not in ("manifest", "manifest_hash"))
+LOCAL_FIELDS = tuple(report_field.name for report_field in fields(Joined) if report_field.name not in ("manifest", "manifest_hash", "port_moves"))
 
 WORKER_FIELDS = (
     "device",
