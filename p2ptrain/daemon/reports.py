@@ -103,8 +103,8 @@ class WorkerReports:
 
     def error(self, name: str, report: Error) -> None:
         message = report.message + self.pool.worker_words(name)
-        if report.out_of_memory:
-            self.pool.ran_out_of_memory(name)
+        if report.out_of_memory and not report.fatal:
+            self.pool.ran_out_of_memory(name, report)
         self.events.record("worker-error", message, {"fix": report.fix, "fatal": report.fatal, "worker": name})
         if report.fatal:
             self.control.worker_failed(message, report.fix)
