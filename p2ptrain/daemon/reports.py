@@ -67,7 +67,10 @@ class WorkerReports:
         self.control.worker_joined(report.manifest)
 
     def state_changed(self, name: str, report: StateChanged) -> None:
-        self.run.workers[name].state = report.state
+        if report.state == "training":
+            self.run.workers[name].state = report.state
+        else:
+            self.run.workers[name].stopped(report.state)  # it has left the swarm and exits next
         self.control.worker_state(report.state)
 
     def step(self, name: str, report: Step) -> None:

@@ -223,6 +223,8 @@ class RunControl:
             self._enter(states.PAUSED, "user")
         elif worker_state == "training" and self.lifecycle.state == states.JOINING:
             self._enter(states.TRAINING)
+        if worker_state != "training" and self.holding():
+            self._save_paused_view()  # with the totals of its last step report
 
     def worker_failed(self, message: str, fix: str) -> None:
         """A worker had a fatal error (no such run, a bad manifest...): it needs the user, so stop

@@ -7,9 +7,9 @@ worker where it is a worker's own, and shapes the ``run``, ``local`` and
 ``peers`` parts of the control protocol.
 
 A paused daemon has no worker (a pause ends it, to give its memory back): the
-view then shows the last reports, ``run.as_of`` saying when the swarm was
-last seen. ``snapshot`` and ``restore`` keep that view across a restart of
-the daemon while it is paused.
+view then shows the last reports, ``run.as_of`` saying when they came.
+``snapshot`` and ``restore`` keep that view across a restart of the daemon
+while it is paused.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class RunView:
     eta_next_epoch_s: float | None = None
     num_peers: int = 0
     last_epoch_at: float | None = None
-    swarm_seen_at: float | None = None
+    reported_at: float | None = None
     peers: list[PeerRow] = field(default_factory=list)
     warnings: list[dict] = field(default_factory=list)
 
@@ -132,14 +132,17 @@ class RunView:
         self.manifest_hash = report.manifest_hash
         self.target_batch_size = self.manifest.get("target_batch_size", self.target_batch_size)
         self.workers[name].apply_joined(report)
+        self.reported_at = time.time()
 
     def apply_step(self, name: str, report: Step) -> None:
         self.workers[name].apply_step(report)
         self.epoch = max(self.epoch, report.epoch)
+        self.reported_at = time.time()
 
     def apply_epoch(self, report: Epoch) -> None:
         self.epoch = max(self.epoch, report.epoch)
         self.last_epoch_at = report.ended_at or time.time()
+        self.reported_at = time.time()
 
     def apply_swarm(self, report: Swarm) -> list[PeerRow]:
         """Take a swarm snapshot; returns the peer rows (ours marked ``is_local``)."""
@@ -148,15 +151,15 @@ class RunView:
         self.target_batch_size = report.target_batch_size or self.target_batch_size
         self.eta_next_epoch_s = report.eta_next_epoch_s
         self.num_peers = report.num_peers
-        now = self.swarm_seen_at = time.time()
+        now = self.reported_at = time.time()
         own_ids = {view.local.get("peer_id") for view in self.workers.values() if view.local}
         self.peers = [replace(row, last_seen=row.last_seen or now, is_local=row.peer_id in own_ids) for row in report.peers]
         return self.peers
 
     @property
     def as_of(self) -> float | None:
-        """None while a worker reads the swarm; else when the swarm shown was last seen (paused: no worker)."""
-        return None if self.joined else self.swarm_seen_at
+        """None while a worker is in the swarm; else when a worker last reported what is shown (paused: none runs)."""
+        return None if self.joined else self.reported_at
 
     def run_status(self) -> dict:
         return {
@@ -197,7 +200,7 @@ class RunView:
         return {
             "run_id": self.run_id, "manifest_hash": self.manifest_hash, "epoch": self.epoch,
             "samples_accumulated": self.samples_accumulated, "target_batch_size": self.target_batch_size,
-            "num_peers": self.num_peers, "last_epoch_at": self.last_epoch_at, "swarm_seen_at": self.swarm_seen_at,
+            "num_peers": self.num_peers, "last_epoch_at": self.last_epoch_at, "reported_at": self.reported_at,
             "peers": [peer.to_dict() for peer in self.peers],
             "workers": {name: {"device": view.device, "local": view.local, "loss": view.loss,
                                "contributed_samples": view.contributed_samples} for name, view in self.workers.items()},
@@ -205,7 +208,7 @@ class RunView:
 
     def restore(self, snapshot: dict, state: str) -> None:
         """Show ``snapshot`` (of this run) until the workers report again; each worker's view is in ``state``."""
-        for name in ("manifest_hash", "epoch", "samples_accumulated", "target_batch_size", "num_peers", "last_epoch_at", "swarm_seen_at"):
+        for name in ("manifest_hash", "epoch", "samples_accumulated", "target_batch_size", "num_peers", "last_epoch_at", "reported_at"):
             setattr(self, name, snapshot[name])
         self.peers = [PeerRow.from_dict(row) for row in snapshot["peers"]]
         for name, worker in snapshot["workers"].items():
