@@ -138,6 +138,7 @@ def read_swarm(
                 "samples_per_second": entry.samples_per_second,
                 "loss": None,
                 "epoch": entry.epoch,
+                "trained_samples": None,
                 "contributed_samples": None,
                 "manifest_hash": manifest_hash,
                 "compatible": True,

@@ -113,7 +113,6 @@ class Worker:
         self.dht = self.trainer = self.loaded = self.batches = None
         self.state = "joining"
         self.finish_at_epoch: int | None = None
-        self.contributed_samples = 0
         self.last_loss: float | None = None
         self.samples_per_second = 0.0
         self.peer_id = ""
@@ -191,9 +190,10 @@ class Worker:
         # hivemind's averagers set SIGINT to ignored when they start
         process.install_stop_handlers(self.on_signal)
         if checkpoint:
+            self.trainer.account.load_dict(checkpoint)
             self.trainer.load_state_dict(checkpoint["trainer"])
-            self.contributed_samples = int(checkpoint.get("contributed_samples", 0))
             self.event("checkpoint-loaded", f"resumed from a checkpoint at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
+        self.late_reported = self.trainer.account.unused["late"]
         self._catch_up()
         self.report(
             "joined", peer_id=self.peer_id, addresses=self.addresses, reachability=self.reachability,
@@ -209,7 +209,15 @@ class Worker:
             before = self.trainer.local_epoch
             self.trainer.load_state_from_peers()
             if self.trainer.local_epoch > before:
-                self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch, previous_epoch=before)
+                self.state_downloaded(previous_epoch=before)
+
+    def state_downloaded(self, **data) -> None:
+        """The ``state-downloaded`` event: the new epoch, and the samples of local progress that
+        were too many epochs behind to keep (the ``late`` ones since the last such event)."""
+        epoch, late = self.trainer.local_epoch, self.trainer.account.unused["late"]
+        dropped, self.late_reported = late - self.late_reported, late
+        kept = f"; {dropped} samples of local progress were too far behind to use" if dropped else ""
+        self.event("state-downloaded", f"caught up with the swarm at epoch {epoch}{kept}", epoch=epoch, dropped_samples=dropped, **data)
 
     # --- checkpoints --------------------------------------------------
     def _checkpoint_file(self) -> Path:
@@ -234,7 +242,7 @@ class Worker:
         state = {
             "trainable": self.loaded.trainable_state(), "trainer": self.trainer.state_dict(),
             "epoch": self.trainer.local_epoch, "data_position": self.batches.position,
-            "manifest_hash": self.manifest_hash, "contributed_samples": self.contributed_samples,
+            "manifest_hash": self.manifest_hash, **self.trainer.account.as_dict(),
             "manifest": self.manifest.model_dump(mode="json"),  # what `p2ptrain export` rebuilds the model from
         }
         try:
@@ -304,6 +312,7 @@ class Worker:
 
     def pause(self, finished: bool = False) -> None:
         self.trainer.skip_batch()
+        self.trainer.pause()
         self.save_checkpoint("pause")
         import torch
 
@@ -335,6 +344,7 @@ class Worker:
             loss = causal_lm_loss(self.loaded.model, next(self.batches))
             if not torch.isfinite(loss):
                 self.trainer.skip_batch()
+                self.count_rejected((len(losses) + 1) * self.micro_batch)
                 self.event("non-finite", "skipped a batch with a non-finite loss; nothing was contributed", loss=str(loss.item()))
                 return
             (loss / self.grad_accum).backward()
@@ -345,19 +355,24 @@ class Worker:
                     self.trainer.skip_batch()
                     return
         gradients = [p.grad for p in self.trainer.parameters if p.grad is not None]
+        samples = self.micro_batch * self.grad_accum
         if not all(bool(torch.isfinite(g).all()) for g in gradients):
             self.trainer.skip_batch()
+            self.count_rejected(samples)
             self.event("non-finite", "skipped a batch with non-finite gradients; nothing was contributed")
             return
-        samples = self.micro_batch * self.grad_accum
         outcome = self.trainer.step(samples)
-        self.contributed_samples += samples
         self.last_loss = sum(losses) / len(losses)
         self.window["samples"] += samples
         self.window["losses"].append(self.last_loss)
         self.epoch_losses.append(self.last_loss)
         self.after_step(outcome)
         self.report_steps()
+
+    def count_rejected(self, samples: int) -> None:
+        """Samples trained on a batch that was skipped as non-finite: trained, never used."""
+        self.trainer.account.add_trained(samples)
+        self.trainer.account.add_unused("rejected", samples)
 
     def report_steps(self) -> None:
         elapsed = time.monotonic() - self.window["started"]
@@ -367,7 +382,7 @@ class Worker:
         self.report(
             "step", ts=time.time(), epoch=self.trainer.local_epoch,
             loss=sum(self.window["losses"]) / len(self.window["losses"]),
-            samples=self.window["samples"], samples_per_second=self.samples_per_second,
+            samples=self.window["samples"], samples_per_second=self.samples_per_second, **self.trainer.account.as_dict(),
         )
         self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
 
@@ -382,7 +397,7 @@ class Worker:
             self.event("averaging-failed", "an averaging round formed no group in time; trained on without it",
                        rounds=outcome.failed_rounds, epoch=self.trainer.local_epoch)
         if outcome.loaded_state:
-            self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
+            self.state_downloaded()
         if outcome.epoch_advanced:
             self.end_epoch(self.trainer.local_epoch - 1)
 
@@ -416,7 +431,8 @@ class Worker:
             peer_id=self.peer_id, nickname=self.spec.get("nickname", "")[:64],
             device=self.spec.get("device_label") or self.device, precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             samples_per_second=samples_per_second, loss=self.last_loss, epoch=self.trainer.local_epoch,
-            contributed_samples=self.contributed_samples, manifest_hash=self.manifest_hash,
+            contributed_samples=self.trainer.account.contributed, trained_samples=self.trainer.account.trained,
+            manifest_hash=self.manifest_hash,
             version=__version__, reachability=self.reachability, time=get_dht_time(),
         )
 
