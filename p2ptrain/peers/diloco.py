@@ -245,7 +245,9 @@ class DiLoCoTrainer:
         # what a peer gathers is whatever it sent (None, or anything from a broken peer): never sort it raw
         other_steps = {repr(epoch) for epoch in group.values() if epoch != self.local_epoch}
         if other_steps:
-            logger.warning("Averaged with peers at other outer steps: %s", ", ".join(sorted(other_steps)))
+            logger.info("Averaged with peers at other outer steps: %s", ", ".join(sorted(other_steps)))
+        if any(isinstance(epoch, int) and epoch > self.local_epoch for epoch in group.values()):
+            return self._joined_a_later_round(len(group), sent_from)
         with self.averager.get_tensors() as buffers:
             averaged = [buffer.clone() for buffer in buffers]
         if not all_finite(averaged):
@@ -276,6 +278,21 @@ class DiLoCoTrainer:
             self.account.add_unused("rejected", weight)
         self._start_epoch()
         return StepOutcome(epoch_advanced=True, averaged_with=averaged_with, non_finite_average=rejected_from)
+
+    def _joined_a_later_round(self, group_size: int, sent_from) -> StepOutcome:
+        """This peer was behind the peers it averaged with (it ended its round as theirs formed):
+        its pseudo-gradient went into their outer step, one round stale, but their global
+        parameters are not ours, so their average is not ours to apply. Keep only what was
+        trained since sending (over our global parameters); the worker then downloads their
+        state, re-basing that progress on it."""
+        logger.info("Averaged with peers ahead of this one's outer step %d: downloading their state", self.local_epoch)
+        self.account.add_contributed(self.pending_samples)
+        if sent_from is None:
+            self._reset_local()
+        else:
+            rebase_local(self.parameters, sent_from, self.global_parameters)
+        self.samples_this_epoch = self.carried_samples = self.inner_steps = 0
+        return StepOutcome(averaged_with=group_size)
 
     def _drop_local_progress(self, reason: str, message: str) -> None:
         """Reset the local parameters to the global ones; the samples behind them are unused for ``reason``."""

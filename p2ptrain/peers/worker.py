@@ -262,7 +262,8 @@ class Worker:
         self.checkpoint_interval_s = float(self.spec.get("checkpoint_interval_s", 600))
         self.set_state("paused" if self.spec.get("start_paused") else "training")
         threading.Thread(target=self._report_swarm_forever, name="swarm-reporter", daemon=True).start()
-        self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
+        self.new_window()
+        self.computed_at: float | None = None  # when the last batch was computed, while training
         self.epoch_started_at, self.epoch_losses = time.time(), []
         while not self.stop_requested and not self.left:
             self.handle_commands()
@@ -283,6 +284,7 @@ class Worker:
 
     def set_state(self, state: str) -> None:
         self.state = state
+        self.computed_at = None  # a pause is not idle time
         self.report("state", state=state)
 
     def handle_commands(self) -> None:
@@ -340,6 +342,7 @@ class Worker:
         from p2ptrain.peers.models import causal_lm_loss
 
         losses = []
+        self.count_idle_time()
         for _ in range(self.grad_accum):
             loss = causal_lm_loss(self.loaded.model, next(self.batches))
             if not torch.isfinite(loss):
@@ -361,6 +364,7 @@ class Worker:
             self.count_rejected(samples)
             self.event("non-finite", "skipped a batch with non-finite gradients; nothing was contributed")
             return
+        self.computed_at = time.monotonic()
         outcome = self.trainer.step(samples)
         self.last_loss = sum(losses) / len(losses)
         self.window["samples"] += samples
@@ -374,6 +378,17 @@ class Worker:
         self.trainer.account.add_trained(samples)
         self.trainer.account.add_unused("rejected", samples)
 
+    def new_window(self) -> None:
+        """Start the next step report's window: samples, losses, and idle time (seconds between two
+        batch computations while training: averaging, downloads, waiting)."""
+        self.window = {"started": time.monotonic(), "samples": 0, "losses": [], "idle_s": 0.0, "longest_idle_s": 0.0}
+
+    def count_idle_time(self) -> None:
+        if self.computed_at is not None:
+            idle = time.monotonic() - self.computed_at
+            self.window["idle_s"] += idle
+            self.window["longest_idle_s"] = max(self.window["longest_idle_s"], idle)
+
     def report_steps(self) -> None:
         elapsed = time.monotonic() - self.window["started"]
         if elapsed < STEP_REPORT_INTERVAL_S or not self.window["losses"]:
@@ -382,9 +397,10 @@ class Worker:
         self.report(
             "step", ts=time.time(), epoch=self.trainer.local_epoch,
             loss=sum(self.window["losses"]) / len(self.window["losses"]),
-            samples=self.window["samples"], samples_per_second=self.samples_per_second, **self.trainer.account.as_dict(),
+            samples=self.window["samples"], samples_per_second=self.samples_per_second,
+            idle_s=self.window["idle_s"], longest_idle_s=self.window["longest_idle_s"], **self.trainer.account.as_dict(),
         )
-        self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
+        self.new_window()
 
     def after_step(self, outcome) -> None:
         """Report what the trainer's step changed: averaging rounds, epoch ends, downloads."""
@@ -408,7 +424,7 @@ class Worker:
             "epoch", epoch=epoch, started_at=self.epoch_started_at, ended_at=now, duration_s=now - self.epoch_started_at,
             num_peers=max(progress.num_peers, 1), global_samples=self.manifest.target_batch_size,
             loss=sum(self.epoch_losses) / len(self.epoch_losses) if self.epoch_losses else None,
-            val_loss=self.validation_loss(), averaged_with=getattr(self, "last_group", 1),
+            val_loss=self.validation_loss(), averaged_with=getattr(self, "last_group", 1), **self.trainer.account.as_dict(),
         )
         self.epoch_started_at, self.epoch_losses, self.last_group = now, [], 1
         if self.finish_at_epoch is not None and self.trainer.local_epoch >= self.finish_at_epoch:
