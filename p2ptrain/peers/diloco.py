@@ -179,7 +179,10 @@ class DiLoCoTrainer:
         self.inner_steps += 1
         self.account.add_trained(samples)
         self._count_fresh_samples(samples)
-        return self.tick()
+        started = time.monotonic()
+        outcome = self.tick()
+        outcome.waited_s = time.monotonic() - started
+        return outcome
 
     def _count_fresh_samples(self, samples: int) -> None:
         self.samples_this_epoch += samples

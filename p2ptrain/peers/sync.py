@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from typing import Sequence
 
 import hivemind
@@ -60,6 +61,8 @@ class StepOutcome:
     non_finite_average: peers in an averaging round whose result held NaN or
         infinity and was not adopted (this peer stepped on its own values), or None.
     failed_rounds: averaging rounds that formed no group in time since the last outcome.
+    waited_s: seconds the call spent on rounds rather than on training (averaging, waiting
+        for the swarm, state downloads), for the worker's idle time.
     """
 
     epoch_advanced: bool = False
@@ -67,6 +70,7 @@ class StepOutcome:
     loaded_state: bool = False
     non_finite_average: int | None = None
     failed_rounds: int = 0
+    waited_s: float = 0.0
 
     def non_finite_message(self) -> str | None:
         """The event message for a rejected round, or None if there was none."""
@@ -334,9 +338,11 @@ class SyncTrainer:
         """Account for one local batch of ``samples`` whose gradients are in ``.grad``."""
         epoch_before = self.local_epoch
         self.account.add_trained(samples)
+        started = time.monotonic()
+        # accumulating is a cheap add: the time in here is hivemind's rounds (and one optimizer step an epoch)
         self.optimizer.step(batch_size=samples)
         self.optimizer.zero_grad(set_to_none=True)
-        return self._outcome(epoch_before)
+        return dataclasses.replace(self._outcome(epoch_before), waited_s=time.monotonic() - started)
 
     def tick(self) -> StepOutcome:
         """Collect results of background rounds (nothing to drive in sync mode)."""

@@ -263,7 +263,9 @@ class Worker:
         self.set_state("paused" if self.spec.get("start_paused") else "training")
         threading.Thread(target=self._report_swarm_forever, name="swarm-reporter", daemon=True).start()
         self.new_window()
-        self.computed_at: float | None = None  # when the last batch was computed, while training
+        # idle time (see new_window): since the last batch was trained, while training, and how long before that
+        self.computed_at: float | None = None
+        self.idle_before = 0.0
         self.epoch_started_at, self.epoch_losses = time.time(), []
         while not self.stop_requested and not self.left:
             self.handle_commands()
@@ -364,8 +366,8 @@ class Worker:
             self.count_rejected(samples)
             self.event("non-finite", "skipped a batch with non-finite gradients; nothing was contributed")
             return
-        self.computed_at = time.monotonic()
         outcome = self.trainer.step(samples)
+        self.computed_at, self.idle_before = time.monotonic(), outcome.waited_s
         self.last_loss = sum(losses) / len(losses)
         self.window["samples"] += samples
         self.window["losses"].append(self.last_loss)
@@ -379,13 +381,14 @@ class Worker:
         self.trainer.account.add_unused("rejected", samples)
 
     def new_window(self) -> None:
-        """Start the next step report's window: samples, losses, and idle time (seconds between two
-        batch computations while training: averaging, downloads, waiting)."""
+        """Start the next step report's window: samples, losses, and idle time (seconds between
+        training two batches, forward, backward and inner optimizer step, while training:
+        averaging, downloads, waiting for the swarm, reports, epoch-end validation)."""
         self.window = {"started": time.monotonic(), "samples": 0, "losses": [], "idle_s": 0.0, "longest_idle_s": 0.0}
 
     def count_idle_time(self) -> None:
         if self.computed_at is not None:
-            idle = time.monotonic() - self.computed_at
+            idle = self.idle_before + time.monotonic() - self.computed_at
             self.window["idle_s"] += idle
             self.window["longest_idle_s"] = max(self.window["longest_idle_s"], idle)
 
