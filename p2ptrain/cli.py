@@ -102,6 +102,18 @@ def _worker_line(worker: dict) -> str:
     )
 
 
+def _samples_words(local: dict) -> str:
+    """What share of this peer's work the run used, and why the rest was not (``status.local``)."""
+    trained, used = local.get("trained_samples") or 0, local.get("contributed_samples") or 0
+    unused = {reason: count for reason, count in (local.get("unused_samples") or {}).items() if count}
+    words = f"{trained} trained, {used} used by the run ({used / trained:.0%})" if trained else "0 trained"
+    if unused:
+        reasons = ", ".join(f"{count} {reason.replace('_', ' ')}" for reason, count in unused.items())
+        words += f", {sum(unused.values())} not used ({reasons})"
+    pending = trained - used - sum(unused.values())
+    return words + (f", {pending} in the current round" if pending > 0 else "")
+
+
 def format_status(status: dict) -> str:
     """The human form of ``status``, in the manner of ``systemctl status``."""
     state = status["state"]
@@ -129,6 +141,8 @@ def format_status(status: dict) -> str:
             f"  Training: {_fmt(local.get('samples_per_second'), '.1f')} samples/s{total}, loss {_fmt(local.get('loss'), '.3f')},"
             f" {local.get('contributed_samples', 0)} samples contributed{total}"
         )
+        if local.get("trained_samples"):
+            lines.append(f"   Samples: {_samples_words(local)}" + (" (all workers)" if total else ""))
         for address in (local.get("addresses") or [])[:2]:
             lines.append(f"   Address: {address}")
     for health in status.get("health") or []:

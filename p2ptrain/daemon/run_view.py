@@ -36,6 +36,7 @@ PEER_FIELDS = (
     "samples_per_second",
     "loss",
     "epoch",
+    "trained_samples",
     "contributed_samples",
     "manifest_hash",
     "compatible",
@@ -54,9 +55,12 @@ WORKER_FIELDS = (
     "grad_accum",
     "samples_per_second",
     "loss",
+    "trained_samples",
     "contributed_samples",
+    "unused_samples",
     "state",
 )
+UNUSED_REASONS = ("late", "failed_round", "rejected")  # p2ptrain.peers.sample_account (the daemon imports no torch)
 
 
 @dataclass
@@ -71,7 +75,10 @@ class WorkerView:
             (``training``, ``paused``, ``finished``; it reports one right after
             ``joined``); ``restarting`` or ``oom-backoff`` between a crash and
             the next start.
-        contributed_samples: kept across restarts of the worker within the run.
+        trained_samples, contributed_samples, unused_samples: the worker's totals for
+            the run (``p2ptrain.peers.sample_account``): all it trained, what entered
+            an adopted average or optimizer step, and what never will, by reason;
+            the largest reported, so they survive a restart that lost its checkpoint.
     """
 
     device: str
@@ -80,7 +87,9 @@ class WorkerView:
     local: dict[str, Any] = field(default_factory=dict)
     samples_per_second: float | None = None
     loss: float | None = None
+    trained_samples: int = 0
     contributed_samples: int = 0
+    unused_samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNUSED_REASONS, 0))
 
     def apply_joined(self, report: dict) -> None:
         self.joined = True
@@ -88,7 +97,11 @@ class WorkerView:
         self.local["device"] = self.device
 
     def apply_step(self, report: dict) -> None:
-        self.contributed_samples += int(report.get("samples") or 0)
+        self.trained_samples = max(self.trained_samples, int(report.get("trained_samples") or 0))
+        self.contributed_samples = max(self.contributed_samples, int(report.get("contributed_samples") or 0))
+        unused = report.get("unused_samples") or {}
+        for reason in UNUSED_REASONS:
+            self.unused_samples[reason] = max(self.unused_samples[reason], int(unused.get(reason) or 0))
         self.samples_per_second = report.get("samples_per_second")
         self.loss = report.get("loss", self.loss)
 
@@ -104,7 +117,9 @@ class WorkerView:
             "device": self.device,
             "samples_per_second": self.samples_per_second,
             "loss": self.loss,
+            "trained_samples": self.trained_samples,
             "contributed_samples": self.contributed_samples,
+            "unused_samples": dict(self.unused_samples),
             "state": self.state,
         }
 
@@ -190,8 +205,9 @@ class RunView:
 
     def local_status(self) -> dict | None:
         """DESIGN's ``local``: the first joined worker's view, with ``workers``
-        (every worker's view) and, when there are several, ``samples_per_second``
-        and ``contributed_samples`` summed over all of them. None before any joined."""
+        (every worker's view) and, when there are several, ``samples_per_second``,
+        ``trained_samples``, ``contributed_samples`` and ``unused_samples`` summed
+        over all of them. None before any joined."""
         first = next((view for view in self.workers.values() if view.joined), None)
         if first is None:
             return None
@@ -202,7 +218,9 @@ class RunView:
         if len(views) > 1:
             rates = [view.samples_per_second for view in views if view.samples_per_second is not None]
             local["samples_per_second"] = sum(rates) if rates else None
+            local["trained_samples"] = sum(view.trained_samples for view in views)
             local["contributed_samples"] = sum(view.contributed_samples for view in views)
+            local["unused_samples"] = {reason: sum(view.unused_samples[reason] for view in views) for reason in UNUSED_REASONS}
         return local
 
     def reachability_health(self) -> list[dict]:
