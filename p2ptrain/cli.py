@@ -179,6 +179,8 @@ def _manifest_options(args) -> dict:
         "model": args.model,
         "target_batch_size": args.target_batch_size,
         "local_steps": args.local_steps,
+        "round_end": args.round_end,
+        "round_time_limit_s": args.round_time_limit,
         "seq_len": args.seq_len,
         "inner_lr": args.inner_lr,
         "outer_lr": args.outer_lr,
@@ -384,8 +386,15 @@ def build_parser() -> argparse.ArgumentParser:
     new_run = sub.add_argument_group("settings of a new run (the run's manifest)")
     new_run.add_argument("--mode", choices=["sync", "diloco"])
     new_run.add_argument("--model", help="'tiny', a hub id or a local directory")
-    new_run.add_argument("--target-batch-size", type=int, help="samples per epoch across the swarm (sync)")
-    new_run.add_argument("--local-steps", type=int, help="DiLoCo inner steps between averaging rounds (H)")
+    new_run.add_argument("--target-batch-size", type=int, help="samples per epoch across the swarm (sync; DiLoCo: per round)")
+    new_run.add_argument("--local-steps", type=int, help="DiLoCo's H: inner steps per round with --round-end local_steps; "
+                                                         "the unit of the inner lr's warm-up and schedule either way")
+    new_run.add_argument("--round-end", choices=["samples", "local_steps"],
+                         help="when a DiLoCo round ends: when the swarm trained --target-batch-size samples in it, every peer "
+                              "training until then (samples, the default: for mixed hardware), or after --local-steps inner "
+                              "steps on every peer (local_steps: the DiLoCo paper's setting, for equal hardware)")
+    new_run.add_argument("--round-time-limit", type=float, metavar="SECONDS",
+                         help="with --round-end samples, also end a round this many seconds after it began")
     new_run.add_argument("--seq-len", type=int)
     new_run.add_argument("--micro-batch", type=int, help="suggested micro-batch per peer")
     new_run.add_argument("--inner-lr", type=float, help="learning rate: sync's optimizer and DiLoCo's inner AdamW (default 0.001)")
