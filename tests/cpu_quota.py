@@ -79,6 +79,14 @@ class CpuQuota:
         except OSError:
             return []
 
+    def throttled_periods(self) -> int:
+        """How many CFS periods the quota held the cgroup's processes back (``nr_throttled``)."""
+        for line in (self.path / "cpu.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "nr_throttled":
+                return int(value)
+        return 0
+
     def remove(self, timeout: float = 10.0) -> None:
         """Delete the cgroup, waiting up to ``timeout`` for its processes to be gone."""
         deadline = time.monotonic() + timeout

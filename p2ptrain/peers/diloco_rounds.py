@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 
 import torch
@@ -66,6 +67,9 @@ from p2ptrain.peers.diloco_math import pseudo_gradients
 from p2ptrain.peers.sync import StepOutcome, all_finite
 
 logger = logging.getLogger(__name__)
+
+# how often the round watcher looks at the swarm's progress (seconds)
+WATCH_INTERVAL_S = 0.2
 
 
 @dataclasses.dataclass
@@ -85,6 +89,15 @@ class RoundInFlight:
 class SwarmRoundTrainer(DiLoCoTrainer):
     """DiLoCo whose rounds end on the swarm's samples; nobody waits (see the module doc).
 
+    A *round watcher* thread joins the round's matchmaking and sends this peer's
+    pseudo-gradient when the round ends, even in the middle of a long step (a slow
+    peer's step can outlast a round): it reads the local parameters as the last
+    finished inner step left them, which it may while the training thread runs a
+    forward and backward pass; everything that changes them (inner steps, finishing
+    a round, a download) holds ``_local_lock``. What changes the local parameters at
+    a round's end (a lone outer step, dropping a non-finite delta) is left to the
+    training thread, between steps.
+
     Args: those of ``DiLoCoTrainer``, where ``target_batch_size`` is the samples the
     swarm trains per round and ``local_steps`` (H) only sets the unit of the inner
     learning rate's warm-up and schedule (an epoch is H inner steps' worth of the
@@ -100,6 +113,11 @@ class SwarmRoundTrainer(DiLoCoTrainer):
         self._scheduled: StepControl | None = None
         self._round_started = time.monotonic()
         self._retry_after = 0.0
+        self._paused = False
+        self._local_lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch_rounds, name="diloco-round-watcher", daemon=True)
+        self._watcher.start()
 
     def wants_batch(self) -> bool:
         """Always: a peer trains until the swarm ends the round, and on while it is averaged."""
@@ -121,15 +139,33 @@ class SwarmRoundTrainer(DiLoCoTrainer):
         fraction = min(1.0, progress.samples_accumulated / self.target_batch_size) if progress.epoch == self.local_epoch else 1.0
         return self.inner_lr * self._lr_factor(self.local_epoch * self.local_steps + round(fraction * self.local_steps))
 
+    def step(self, samples: int) -> StepOutcome:
+        with self._local_lock:
+            self._paused = False
+            return super().step(samples)
+
     def tick(self) -> StepOutcome:
-        """Collect a finished round, or end the current one when the swarm is there."""
-        if self._round is not None:
-            return self._finish_round() if self._round.control.done() else StepOutcome()
+        """Between steps: collect a finished round, or end the current one when the swarm is there."""
+        with self._local_lock:
+            if self._round is not None:
+                return self._finish_round() if self._round.control.done() else StepOutcome()
+            return self._end_round_if_due(between_steps=True)
+
+    def _watch_rounds(self) -> None:
+        while not self._stopping.wait(WATCH_INTERVAL_S):
+            try:
+                with self._local_lock:
+                    if self._round is None and not self._paused and not self._stopping.is_set():
+                        self._end_round_if_due(between_steps=False)
+            except Exception:
+                logger.exception("The DiLoCo round watcher failed to end a round; the training thread will")
+
+    def _end_round_if_due(self, between_steps: bool) -> StepOutcome:
         if self.pending_samples == 0 or self.is_behind():
             return StepOutcome()  # nothing to send yet, or the worker downloads the swarm's state first
         self._maybe_schedule_matchmaking()
         if self._round_ends():
-            return self._send_round()
+            return self._send_round(between_steps)
         return StepOutcome()
 
     def _group_waits_for_us(self) -> bool:
@@ -161,16 +197,20 @@ class SwarmRoundTrainer(DiLoCoTrainer):
         if self._seconds_to_round_end() <= self.matchmaking_time:
             self._scheduled = self.averager.step(gather=self.local_epoch, timeout=self.averaging_timeout, wait=False, require_trigger=True)
 
-    def _send_round(self) -> StepOutcome:
-        """End this peer's round: send its pseudo-gradient (weighted by the samples behind it) and train on."""
+    def _send_round(self, between_steps: bool) -> StepOutcome:
+        """End this peer's round: send its pseudo-gradient (weighted by the samples behind it) and
+        train on; ``between_steps``: called by the training thread, which may change the local parameters."""
         local_pseudo_gradients = pseudo_gradients(self.global_parameters, self.parameters)
-        if not all_finite(local_pseudo_gradients):
+        finite, alone = all_finite(local_pseudo_gradients), self.tracker.global_progress.num_peers <= 1 and self._scheduled is None
+        if not between_steps and (alone or not finite):
+            return StepOutcome()
+        if not finite:
             self._drop_local_progress("rejected", "Non-finite pseudo-gradient: not contributed, local parameters reset to the global ones")
             self._tag_along()
             return StepOutcome()
-        scheduled, self._scheduled = self._scheduled, None
-        if self.tracker.global_progress.num_peers <= 1 and scheduled is None:
+        if alone:
             return self._adopt(local_pseudo_gradients, averaged_with=1)
+        scheduled, self._scheduled = self._scheduled, None
         with self.averager.get_tensors() as buffers:
             for buffer, pseudo_gradient in zip(buffers, local_pseudo_gradients):
                 buffer.copy_(pseudo_gradient)
@@ -213,25 +253,36 @@ class SwarmRoundTrainer(DiLoCoTrainer):
 
     def pause(self) -> None:
         """Stop taking part in rounds until training resumes: a paused peer must not hold up a group."""
-        self._tag_along()
+        with self._local_lock:
+            self._paused = True
+            self._tag_along()
 
     def load_state_from_peers(self) -> bool:
-        if self._round is not None:
-            return False  # the round in flight decides this peer's epoch
-        self._tag_along()
-        loaded = super().load_state_from_peers()
-        if loaded:
-            self._round_started = time.monotonic()
-        return loaded
+        with self._local_lock:
+            if self._round is not None:
+                return False  # the round in flight decides this peer's epoch
+            self._tag_along()
+            loaded = super().load_state_from_peers()
+            if loaded:
+                self._round_started = time.monotonic()
+            return loaded
+
+    def load_state_dict(self, state: dict) -> None:
+        with self._local_lock:
+            super().load_state_dict(state)
 
     def state_dict(self) -> dict:
-        state = super().state_dict()
-        if self._round is not None:
-            # what became of the round is unknown to a restarted peer: see DiLoCoTrainer.load_state_dict
-            state["pending_samples"] += self._round.trained_since
-            state["round_in_flight"] = True
-        return state
+        with self._local_lock:
+            state = super().state_dict()
+            if self._round is not None:
+                # what became of the round is unknown to a restarted peer: see DiLoCoTrainer.load_state_dict
+                state["pending_samples"] += self._round.trained_since
+                state["round_in_flight"] = True
+            return state
 
     def shutdown(self) -> None:
-        self._tag_along()
+        self._stopping.set()
+        with self._local_lock:
+            self._tag_along()
+        self._watcher.join(timeout=5)
         super().shutdown()
