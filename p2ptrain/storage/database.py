@@ -217,7 +217,7 @@ class Database:
         Args:
             run_id: the run the snapshot belongs to.
             rows: PeerRow dicts (DEVELOPERS.md); keys outside the ``peers``
-                table (``contributed_samples``, ``is_local``...) are ignored,
+                table (``manifest_hash``, ``is_local``...) are ignored,
                 missing ones are stored as NULL. ``peer_id`` is required.
             ts: Unix time of the snapshot; now if None.
         """
