@@ -31,9 +31,11 @@ behind the swarm (it arrived late, or its round failed while others averaged)
 downloads the global parameters, the outer momentum and the epoch from a peer
 and *re-bases* its local progress on them: ``local - global_old`` is kept as
 its delta on top of the new global parameters, so it enters the next round's
-average, weighted by all the samples behind it. Only a peer more than
-``MAX_ROUNDS_BEHIND`` rounds behind starts over from the downloaded state (its
-delta is too stale to help). ``account`` (``p2ptrain.peers.sample_account``)
+average, weighted by all the samples behind it (with fixed H, at once: its H
+steps are done). Only local progress that started more than
+``MAX_ROUNDS_BEHIND`` rounds before the swarm's epoch (however often it was
+re-based) is dropped, the peer starting over from the downloaded state: such a
+delta is too stale to help. ``account`` (``p2ptrain.peers.sample_account``)
 says what became of every sample.
 """
 
@@ -130,6 +132,7 @@ class DiLoCoTrainer:
         self.inner_steps = 0
         self.samples_this_epoch = 0  # trained in this round (what the progress tracker counts)
         self.carried_samples = 0  # trained in earlier rounds, behind the local progress kept for this one
+        self.delta_epoch = 0  # the epoch whose global parameters the local progress started from
         self.account = SampleAccount()
         self.rejected_averages = 0  # averaging rounds whose result was not finite
         self._done_since: float | None = None
@@ -214,7 +217,11 @@ class DiLoCoTrainer:
     def _outer_step(self) -> StepOutcome:
         self._done_since = None
         if self.is_behind():
-            return StepOutcome(loaded_state=self.load_state_from_peers())
+            loaded = self.load_state_from_peers()
+            if loaded and self.pending_samples:
+                # its H steps are done and re-based: it joins the round in progress (waiting for the others)
+                self.inner_steps = self.local_steps
+            return StepOutcome(loaded_state=loaded)
         local_pseudo_gradients = pseudo_gradients(self.global_parameters, self.parameters)
         if not all_finite(local_pseudo_gradients):
             self._drop_local_progress("rejected", "Non-finite pseudo-gradient: not contributed, local parameters reset to the global ones")
@@ -317,11 +324,13 @@ class DiLoCoTrainer:
         self.inner_steps = 0
         self.samples_this_epoch = 0
         self.carried_samples = 0
+        self.delta_epoch = self.local_epoch
 
     def _start_epoch(self) -> None:
         self.inner_steps = 0
         self.samples_this_epoch = 0
         self.carried_samples = 0
+        self.delta_epoch = self.local_epoch
         with self.tracker.pause_updates():
             self.tracker.update_epoch(new_epoch=self.local_epoch)
         if not self.averager.client_mode:
@@ -343,8 +352,9 @@ class DiLoCoTrainer:
         if not isinstance(epoch, int) or epoch < self.local_epoch:
             logger.info("Not adopting downloaded state: its epoch %r is not ahead of ours (%d)", epoch, self.local_epoch)
             return False
-        pending = self.pending_samples
-        keep = pending > 0 and epoch - self.local_epoch <= MAX_ROUNDS_BEHIND
+        # the local progress is as old as the global parameters it started from, however often it was re-based
+        pending, delta_epoch = self.pending_samples, self.delta_epoch
+        keep = pending > 0 and epoch - delta_epoch <= MAX_ROUNDS_BEHIND
         with self._lock, torch.no_grad():
             old_global = [tensor.clone() for tensor in self.global_parameters]
             for target, source in zip(self.global_parameters + momentum_buffers(self.outer_optimizer), tensors):
@@ -354,12 +364,13 @@ class DiLoCoTrainer:
             rebase_local(self.parameters, old_global, self.global_parameters)
             logger.info("Re-based %d samples of local progress on the swarm's epoch %d (%d behind)", pending, epoch, behind)
         elif pending:
-            self._drop_local_progress("late", f"{behind} outer steps behind the swarm (more than {MAX_ROUNDS_BEHIND}): "
-                                              f"{pending} samples of local progress dropped")
+            self._drop_local_progress("late", f"local progress from outer step {delta_epoch}, {epoch - delta_epoch} behind the "
+                                              f"swarm (more than {MAX_ROUNDS_BEHIND}): its {pending} samples are dropped")
         else:
             self._reset_local()
         self._start_epoch()
-        self.carried_samples = pending if keep else 0
+        if keep:
+            self.carried_samples, self.delta_epoch = pending, delta_epoch
         return True
 
     def state_dict(self) -> dict:
@@ -370,6 +381,7 @@ class DiLoCoTrainer:
                 "outer_momentum": [tensor.clone() for tensor in momentum_buffers(self.outer_optimizer)],
                 "inner_optimizer": self.inner_optimizer.state_dict(),
                 "pending_samples": self.pending_samples,
+                "delta_epoch": self.delta_epoch,
             }
 
     def load_state_dict(self, state: dict) -> None:
@@ -388,6 +400,7 @@ class DiLoCoTrainer:
         self._start_epoch()
         # a checkpoint of an older p2ptrain has no pending samples: its local progress was reset on restore
         self.carried_samples = int(state.get("pending_samples", 0))
+        self.delta_epoch = int(state.get("delta_epoch", self.local_epoch))
         if state.get("round_in_flight"):
             self._drop_local_progress("failed_round", f"restarted during an averaging round: its {self.carried_samples} samples are not used")
         elif not self.carried_samples:
