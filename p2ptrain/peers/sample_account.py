@@ -13,14 +13,17 @@ a peer trains is counted once in ``trained``; it ends in exactly one place:
   ``rejected`` (a non-finite loss, gradient, pseudo-gradient or average);
 - pending: neither yet (the current round or epoch); ``pending`` is the rest.
 
-Stdlib only: the daemon reads the dict form (``as_dict``) from worker reports.
+Stdlib only. The reasons are the fields of the worker pipe's ``UnusedSamples``;
+``totals`` are the fields of its ``Step`` and ``Epoch`` reports.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-UNUSED_REASONS = ("late", "failed_round", "rejected")
+from p2ptrain.worker_pipe import UnusedSamples
+
+UNUSED_REASONS = tuple(field.name for field in dataclasses.fields(UnusedSamples))
 
 
 @dataclasses.dataclass
@@ -48,9 +51,13 @@ class SampleAccount:
         """Samples trained whose fate is not decided yet (the current round or epoch)."""
         return self.trained - self.contributed - sum(self.unused.values())
 
+    def totals(self) -> dict:
+        """``trained_samples``, ``contributed_samples`` and ``unused_samples``: the fields of the
+        worker's ``Step`` and ``Epoch`` reports and the names of ``status.local``."""
+        return {"trained_samples": self.trained, "contributed_samples": self.contributed, "unused_samples": UnusedSamples(**self.unused)}
+
     def as_dict(self) -> dict:
-        """``{"trained_samples", "contributed_samples", "unused_samples": {reason: count}}``: the
-        names of ``status.local`` and of the worker's reports and checkpoints."""
+        """``totals`` as plain values, for a checkpoint."""
         return {"trained_samples": self.trained, "contributed_samples": self.contributed, "unused_samples": dict(self.unused)}
 
     def load_dict(self, data: dict) -> None:
