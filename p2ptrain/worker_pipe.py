@@ -185,6 +185,25 @@ class WorkerSpec(Message):
     temp_dir: str | None = None
 
 
+# ----- what became of a peer's samples ----------------------------------------------
+
+
+@dataclasses.dataclass
+class UnusedSamples(Message):
+    """Samples a peer trained that will never enter an average or optimizer step, by reason
+    (``peers/sample_account.py``).
+
+    Attributes:
+        late: its local progress was more rounds behind the swarm than may be kept.
+        failed_round: the round they were in cannot be finished (the worker restarted during it).
+        rejected: non-finite (a loss, gradients, a pseudo-gradient or the average of its round).
+    """
+
+    late: int = 0
+    failed_round: int = 0
+    rejected: int = 0
+
+
 # ----- one peer of the swarm ------------------------------------------------------
 
 
@@ -211,6 +230,7 @@ class PeerRow(Message):
     samples_per_second: float | None = None
     loss: float | None = None
     epoch: int | None = None
+    trained_samples: int | None = None
     contributed_samples: int | None = None
     manifest_hash: str | None = None
     compatible: bool | None = None
@@ -306,8 +326,8 @@ class Joined(Report, kind="joined"):
         parameters, trainable_parameters: the model's sizes.
         manifest: the run manifest it trains with (JSON), and its hash.
         port_moves: the configured listening ports that were taken, and where it listens instead.
-        contributed_samples: its total in the run so far, from its checkpoint
-            (the one count: ``Step`` carries it on).
+        trained_samples, contributed_samples, unused_samples: its totals in the
+            run so far, from its checkpoint (``Step`` carries them on).
         calibrated_samples_per_second: forward/backward speed measured at
             ``micro_batch`` before the first step (None if not measured).
     """
@@ -326,7 +346,9 @@ class Joined(Report, kind="joined"):
     manifest: dict
     manifest_hash: str
     port_moves: list[PortMove] = dataclasses.field(default_factory=list)
+    trained_samples: int = 0
     contributed_samples: int = 0
+    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
     calibrated_samples_per_second: float | None = None
 
 
@@ -340,7 +362,13 @@ class Step(Report, kind="step"):
         loss: mean training loss over the report's steps.
         samples: samples trained since the previous report.
         samples_per_second: over the same window.
-        contributed_samples: the worker's total in the run (its checkpoint's, plus since).
+        idle_s, longest_idle_s: seconds between training two batches while
+            training (averaging, downloads, waiting for the swarm), summed and
+            the longest, over the same window.
+        trained_samples, contributed_samples, unused_samples: the worker's
+            totals for the run: every sample it trained, those that entered an
+            adopted average or optimizer step, and those that never will (its
+            checkpoint's, plus since).
     """
 
     ts: float
@@ -348,7 +376,11 @@ class Step(Report, kind="step"):
     loss: float | None
     samples: int
     samples_per_second: float
+    idle_s: float = 0.0
+    longest_idle_s: float = 0.0
+    trained_samples: int = 0
     contributed_samples: int = 0
+    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
 
 
 @dataclasses.dataclass
@@ -360,6 +392,9 @@ class Epoch(Report, kind="epoch"):
         global_samples: samples the swarm gathered for it.
         loss: mean local training loss of the epoch; ``val_loss`` on held-out data after it.
         averaged_with: peers in its last averaging round, this one included.
+        trained_samples, contributed_samples, unused_samples: the sample totals as in
+            ``Step``, right after the round (pending then: what the peer trained
+            while the round was averaged).
     """
 
     epoch: int
@@ -371,6 +406,9 @@ class Epoch(Report, kind="epoch"):
     loss: float | None
     val_loss: float | None = None
     averaged_with: int = 1
+    trained_samples: int = 0
+    contributed_samples: int = 0
+    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
 
 
 @dataclasses.dataclass

@@ -155,7 +155,8 @@ def load_data(manifest, tokenizer, micro_batch: int, peer_id: str, cache_dir: Pa
 
 
 def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_step: int) -> Trainer:
-    """The manifest's trainer (``SyncTrainer``, or ``DiLoCoTrainer`` in ``diloco`` mode).
+    """The manifest's trainer: ``SyncTrainer``, or in ``diloco`` mode ``SwarmRoundTrainer``
+    (``round_end: samples``) or ``DiLoCoTrainer`` (``round_end: local_steps``).
 
     Its averagers start now and set SIGINT to ignored: install the stop handlers again after.
 
@@ -178,10 +179,14 @@ def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_ste
     )
     schedule = dict(warmup_epochs=manifest.warmup_epochs, lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs)
     if manifest.mode == "diloco":
-        from p2ptrain.peers.diloco import DiLoCoTrainer
+        diloco = dict(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr, outer_momentum=manifest.outer_momentum)
+        if manifest.round_end == "local_steps":
+            from p2ptrain.peers.diloco import DiLoCoTrainer
 
-        return DiLoCoTrainer(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr,
-                             outer_momentum=manifest.outer_momentum, **schedule, **common)
+            return DiLoCoTrainer(**diloco, **schedule, **common)
+        from p2ptrain.peers.diloco_rounds import SwarmRoundTrainer
+
+        return SwarmRoundTrainer(round_time_limit_s=manifest.round_time_limit_s, **diloco, **schedule, **common)
     from p2ptrain.peers.sync import SyncTrainer
 
     return SyncTrainer(optimizer=manifest.optimizer, **schedule, **common)

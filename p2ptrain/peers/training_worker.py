@@ -125,7 +125,6 @@ class Worker:
         self.state = "joining"
         self.finish_at_epoch: int | None = None
         self.micro_batch: int | None = None  # known once the plan is read; confirmed by calibration
-        self.contributed_samples = 0
         self.last_loss: float | None = None
         self.samples_per_second = 0.0
         self.peer_id = ""
@@ -223,9 +222,10 @@ class Worker:
         # hivemind's averagers set SIGINT to ignored when they start
         processes.install_stop_handlers(self.on_signal)
         if checkpoint:
+            self.trainer.account.load_dict(checkpoint)
             self.trainer.load_state_dict(checkpoint["trainer"])
-            self.contributed_samples = int(checkpoint.get("contributed_samples", 0))
             self.event("checkpoint-loaded", f"resumed from a checkpoint at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
+        self.late_reported = self.trainer.account.unused["late"]
         self._catch_up()
         self.report(Joined(
             peer_id=self.peer_id, addresses=self.addresses, reachability=self.reachability,
@@ -234,7 +234,7 @@ class Worker:
             grad_accum=self.grad_accum, parameters=self.loaded.parameters,
             trainable_parameters=self.loaded.trainable_parameters, nickname=spec.nickname,
             port_moves=self.port_moves,
-            contributed_samples=self.contributed_samples, calibrated_samples_per_second=self.calibration.samples_per_second,
+            calibrated_samples_per_second=self.calibration.samples_per_second, **self.trainer.account.totals(),
         ))
 
     def _confirm_micro_batch(self):
@@ -263,7 +263,15 @@ class Worker:
             before = self.trainer.local_epoch
             self.trainer.load_state_from_peers()
             if self.trainer.local_epoch > before:
-                self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch, previous_epoch=before)
+                self.state_downloaded(previous_epoch=before)
+
+    def state_downloaded(self, **data) -> None:
+        """The ``state-downloaded`` event: the new epoch, and the samples of local progress that
+        were too many epochs behind to keep (the ``late`` ones since the last such event)."""
+        epoch, late = self.trainer.local_epoch, self.trainer.account.unused["late"]
+        dropped, self.late_reported = late - self.late_reported, late
+        kept = f"; {dropped} samples of local progress were too far behind to use" if dropped else ""
+        self.event("state-downloaded", f"caught up with the swarm at epoch {epoch}{kept}", epoch=epoch, dropped_samples=dropped, **data)
 
     # --- checkpoints --------------------------------------------------
     def _checkpoint_file(self) -> Path:
@@ -288,7 +296,7 @@ class Worker:
         state = {
             "trainable": self.loaded.trainable_state(), "trainer": self.trainer.state_dict(),
             "epoch": self.trainer.local_epoch, "data_position": self.batches.position,
-            "manifest_hash": self.manifest_hash, "contributed_samples": self.contributed_samples,
+            "manifest_hash": self.manifest_hash, **self.trainer.account.as_dict(),
             "manifest": self.manifest.model_dump(mode="json"),  # what `p2ptrain export` rebuilds the model from
         }
         try:
@@ -308,7 +316,10 @@ class Worker:
         self.checkpoint_interval_s = self.spec.checkpoint_interval_s
         self.set_state("paused" if self.spec.start_paused else "training")
         threading.Thread(target=self._report_swarm_forever, name="swarm-reporter", daemon=True).start()
-        self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
+        self.new_window()
+        # idle time (see new_window): since the last batch was trained, while training, and how long before that
+        self.computed_at: float | None = None
+        self.idle_before = 0.0
         self.epoch_started_at, self.epoch_losses = time.time(), []
         while not self.stop_requested and not self.left:
             self.handle_commands()
@@ -329,6 +340,7 @@ class Worker:
 
     def set_state(self, state: str) -> None:
         self.state = state
+        self.computed_at = None  # a pause is not idle time
         self.report(StateChanged(state))
 
     def handle_commands(self) -> None:
@@ -373,6 +385,7 @@ class Worker:
         """Checkpoint, leave the swarm and end the worker: a paused peer holds no memory
         and takes no part in matchmaking. ``resume`` starts a new worker from this checkpoint."""
         self.trainer.skip_batch()
+        self.trainer.pause()
         self.save_checkpoint("pause")
         self.report_steps(last=True)  # what the daemon shows while paused: the checkpoint's totals
         self.leave_swarm()
@@ -402,10 +415,12 @@ class Worker:
         from p2ptrain.peers.models import causal_lm_loss
 
         losses = []
+        self.count_idle_time()
         for _ in range(self.grad_accum):
             loss = causal_lm_loss(self.loaded.model, next(self.batches))
             if not torch.isfinite(loss):
                 self.trainer.skip_batch()
+                self.count_rejected((len(losses) + 1) * self.micro_batch)
                 self.event("non-finite", "skipped a batch with a non-finite loss; nothing was contributed", loss=str(loss.item()))
                 return
             (loss / self.grad_accum).backward()
@@ -418,13 +433,14 @@ class Worker:
                     self.trainer.skip_batch()
                     return
         gradients = [p.grad for p in self.trainer.parameters if p.grad is not None]
+        samples = self.micro_batch * self.grad_accum
         if not all(bool(torch.isfinite(g).all()) for g in gradients):
             self.trainer.skip_batch()
+            self.count_rejected(samples)
             self.event("non-finite", "skipped a batch with non-finite gradients; nothing was contributed")
             return
-        samples = self.micro_batch * self.grad_accum
         outcome = self.trainer.step(samples)
-        self.contributed_samples += samples
+        self.computed_at, self.idle_before = time.monotonic(), outcome.waited_s
         self.last_loss = sum(losses) / len(losses)
         self.window["samples"] += samples
         self.window["losses"].append(self.last_loss)
@@ -432,6 +448,23 @@ class Worker:
         self.after_step(outcome)
         if not self.left:  # a finish that completed its epoch sent the last report
             self.report_steps()
+
+    def count_rejected(self, samples: int) -> None:
+        """Samples trained on a batch that was skipped as non-finite: trained, never used."""
+        self.trainer.account.add_trained(samples)
+        self.trainer.account.add_unused("rejected", samples)
+
+    def new_window(self) -> None:
+        """Start the next step report's window: samples, losses, and idle time (seconds between
+        training two batches, forward, backward and inner optimizer step, while training:
+        averaging, downloads, waiting for the swarm, reports, epoch-end validation)."""
+        self.window = {"started": time.monotonic(), "samples": 0, "losses": [], "idle_s": 0.0, "longest_idle_s": 0.0}
+
+    def count_idle_time(self) -> None:
+        if self.computed_at is not None:
+            idle = self.idle_before + time.monotonic() - self.computed_at
+            self.window["idle_s"] += idle
+            self.window["longest_idle_s"] = max(self.window["longest_idle_s"], idle)
 
     def report_steps(self, last: bool = False) -> None:
         """Report the steps since the last report, at most every ``STEP_REPORT_INTERVAL_S``; ``last``: now."""
@@ -444,9 +477,9 @@ class Worker:
             ts=time.time(), epoch=self.trainer.local_epoch,
             loss=sum(self.window["losses"]) / len(self.window["losses"]),
             samples=self.window["samples"], samples_per_second=self.samples_per_second,
-            contributed_samples=self.contributed_samples,
+            idle_s=self.window["idle_s"], longest_idle_s=self.window["longest_idle_s"], **self.trainer.account.totals(),
         ))
-        self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
+        self.new_window()
 
     def after_step(self, outcome) -> None:
         """Report what the trainer's step changed: averaging rounds, epoch ends, downloads."""
@@ -459,7 +492,7 @@ class Worker:
             self.event("averaging-failed", "an averaging round formed no group in time; trained on without it",
                        rounds=outcome.failed_rounds, epoch=self.trainer.local_epoch)
         if outcome.loaded_state:
-            self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
+            self.state_downloaded()
         if outcome.epoch_advanced:
             self.end_epoch(self.trainer.local_epoch - 1)
 
@@ -470,7 +503,7 @@ class Worker:
             epoch=epoch, started_at=self.epoch_started_at, ended_at=now, duration_s=now - self.epoch_started_at,
             num_peers=max(progress.num_peers, 1), global_samples=self.manifest.target_batch_size,
             loss=sum(self.epoch_losses) / len(self.epoch_losses) if self.epoch_losses else None,
-            val_loss=self.validation_loss(), averaged_with=getattr(self, "last_group", 1),
+            val_loss=self.validation_loss(), averaged_with=getattr(self, "last_group", 1), **self.trainer.account.totals(),
         ))
         self.epoch_started_at, self.epoch_losses, self.last_group = now, [], 1
         if self.finish_at_epoch is not None and self.trainer.local_epoch >= self.finish_at_epoch:
@@ -493,7 +526,8 @@ class Worker:
             peer_id=self.peer_id, nickname=self.spec.nickname[:64],
             device=self.spec.device_label or self.device, precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             samples_per_second=samples_per_second, loss=self.last_loss, epoch=self.trainer.local_epoch,
-            contributed_samples=self.contributed_samples, manifest_hash=self.manifest_hash,
+            contributed_samples=self.trainer.account.contributed, trained_samples=self.trainer.account.trained,
+            manifest_hash=self.manifest_hash,
             version=__version__, reachability=self.reachability, time=get_dht_time(),
         )
 
