@@ -34,7 +34,7 @@ from hivemind.compression import CompressionInfo
 from p2ptrain.peers.data import train_batches, validation_batches
 from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
 from p2ptrain.peers.optimizers import learning_rate_factor
-from p2ptrain.peers.sync import Blockwise8Bit
+from p2ptrain.peers.compression import Blockwise8Bit
 from p2ptrain.peers.run_setup import stream_seed
 
 from convergence import pretrain  # benchmarks/convergence.py, beside this script

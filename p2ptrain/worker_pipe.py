@@ -47,6 +47,28 @@ DAEMON_GONE_DEADLINE_S = 4.0  # the daemon died: leave no orphan for long
 WorkerState = Literal["training", "paused", "finished"]
 
 
+def halved_micro_batch(micro_batch: int, grad_accum: int) -> tuple[int, int] | None:
+    """The one out-of-memory back-off: what to try after running out of memory at ``micro_batch``.
+
+    The worker uses it before its first step (its start-up check), the daemon
+    when it restarts a worker that ran out of memory while training.
+
+    Args:
+        micro_batch: samples per forward/backward that did not fit.
+        grad_accum: micro-batches per step at that micro-batch.
+
+    Returns:
+        ``(micro_batch, grad_accum)`` with about half the micro-batch (the
+        largest divisor of the samples per step at most half of it, so a step
+        still has as many samples), or None at micro-batch 1: nothing smaller.
+    """
+    if micro_batch <= 1:
+        return None
+    samples_per_step = micro_batch * grad_accum
+    smaller = next(size for size in range(micro_batch // 2, 0, -1) if samples_per_step % size == 0)
+    return smaller, samples_per_step // smaller
+
+
 # ----- the spec a worker is started with ---------------------------------------
 
 
@@ -91,9 +113,12 @@ class WorkerPlan(Message):
         precision: ``fp32``, ``bf16`` or ``fp16``.
         quantization: ``none``, ``int8`` or ``nf4``.
         micro_batch: samples per forward/backward; None: the manifest's
-            ``micro_batch_hint``.
+            ``micro_batch_hint``. The worker confirms it with real steps
+            before its first one, halving it on out-of-memory.
         grad_accum: micro-batches accumulated into one step.
         cpu_threads: threads torch may use; None: torch's default.
+        device_name: the device's model (``NVIDIA RTX 4090``, the CPU's name),
+            which keys the measured speed in the plan cache.
     """
 
     device: str = "cpu"
@@ -102,6 +127,7 @@ class WorkerPlan(Message):
     micro_batch: int | None = None
     grad_accum: int = 1
     cpu_threads: int | None = None
+    device_name: str = ""
 
 
 @dataclasses.dataclass
@@ -126,7 +152,9 @@ class WorkerSpec(Message):
         dht: how its DHT listens.
         nickname: shown to other peers.
         plan: what it trains with.
-        start_paused: wait for ``Resume`` once joined.
+        start_paused: wait for ``Resume`` once joined, before the first step
+            (a benchmark starting several workers, so none trains alone; the
+            daemon starts no worker while it is paused).
         checkpoint_interval_s: seconds between timer checkpoints while training.
         log_level: the worker log's level name.
         environment: variables set before torch is imported
@@ -135,6 +163,8 @@ class WorkerSpec(Message):
             other peers are shown; None: the plan's device.
         averaging: averaging timings; None: chosen from the listen addresses.
         manifest_timeout_s: how long to look for the manifest of an existing run.
+        temp_dir: the worker's ``TMPDIR`` (``daemon/temp_files.py``: removed
+            once its process group has ended); None: the inherited one.
         banned_peers: peer ids this machine banned in the run (the daemon's
             ``bans`` table): left out of the worker's rounds and state downloads.
     """
@@ -154,7 +184,27 @@ class WorkerSpec(Message):
     device_label: str | None = None
     averaging: AveragingTimings | None = None
     manifest_timeout_s: float = 60.0
+    temp_dir: str | None = None
     banned_peers: list[str] = dataclasses.field(default_factory=list)
+
+
+# ----- what became of a peer's samples ----------------------------------------------
+
+
+@dataclasses.dataclass
+class UnusedSamples(Message):
+    """Samples a peer trained that will never enter an average or optimizer step, by reason
+    (``peers/sample_account.py``).
+
+    Attributes:
+        late: its local progress was more rounds behind the swarm than may be kept.
+        failed_round: the round they were in cannot be finished (the worker restarted during it).
+        rejected: non-finite (a loss, gradients, a pseudo-gradient or the average of its round).
+    """
+
+    late: int = 0
+    failed_round: int = 0
+    rejected: int = 0
 
 
 # ----- one peer of the swarm ------------------------------------------------------
@@ -184,6 +234,7 @@ class PeerRow(Message):
     samples_per_second: float | None = None
     loss: float | None = None
     epoch: int | None = None
+    trained_samples: int | None = None
     contributed_samples: int | None = None
     manifest_hash: str | None = None
     compatible: bool | None = None
@@ -192,6 +243,20 @@ class PeerRow(Message):
     last_seen: float | None = None
     is_local: bool = False
     banned: bool = False
+
+
+@dataclasses.dataclass
+class PortMove(Message):
+    """A fixed listening port that was taken when the worker's DHT started, and the port used
+    instead (``peers/ports.py``): ``port`` 0 is a random one; ``holder`` says who held it, in
+    words; ``message`` and ``fix`` are the warning ``status.health`` shows."""
+
+    protocol: str
+    configured: int
+    port: int
+    holder: str
+    message: str
+    fix: str
 
 
 # ----- commands: daemon -> worker --------------------------------------------------
@@ -222,17 +287,19 @@ class Command(_OfAKind):
 
 @dataclasses.dataclass(frozen=True)
 class Pause(Command, kind="pause"):
-    """Stop training after the current step, checkpoint, free GPU memory."""
+    """Stop after the current step, checkpoint, leave the swarm, report ``StateChanged("paused")``
+    and exit 0: the process ends, so all its memory (model, optimizer, CUDA cache) goes back.
+    ``resume`` is a new worker that loads that checkpoint."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Resume(Command, kind="resume"):
-    """Train again (catching up with the swarm first); also cancels a ``Finish``."""
+    """Cancel a ``Finish``; a worker started paused (``WorkerSpec.start_paused``) starts training."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Finish(Command, kind="finish"):
-    """Complete the current epoch, then pause and report ``StateChanged("finished")``."""
+    """Complete the current epoch, then do what ``Pause`` does, reporting ``StateChanged("finished")``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,8 +334,15 @@ class Joined(Report, kind="joined"):
     Attributes:
         addresses: multiaddrs others can dial it at, best first.
         reachability: ``direct``, ``relayed`` or ``unknown``.
+        micro_batch, grad_accum: what it trains with, confirmed by real steps
+            (halved from the plan's if that ran out of memory).
         parameters, trainable_parameters: the model's sizes.
         manifest: the run manifest it trains with (JSON), and its hash.
+        port_moves: the configured listening ports that were taken, and where it listens instead.
+        trained_samples, contributed_samples, unused_samples: its totals in the
+            run so far, from its checkpoint (``Step`` carries them on).
+        calibrated_samples_per_second: forward/backward speed measured at
+            ``micro_batch`` before the first step (None if not measured).
     """
 
     peer_id: str
@@ -284,6 +358,11 @@ class Joined(Report, kind="joined"):
     trainable_parameters: int
     manifest: dict
     manifest_hash: str
+    port_moves: list[PortMove] = dataclasses.field(default_factory=list)
+    trained_samples: int = 0
+    contributed_samples: int = 0
+    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
+    calibrated_samples_per_second: float | None = None
 
 
 @dataclasses.dataclass
@@ -296,6 +375,13 @@ class Step(Report, kind="step"):
         loss: mean training loss over the report's steps.
         samples: samples trained since the previous report.
         samples_per_second: over the same window.
+        idle_s, longest_idle_s: seconds between training two batches while
+            training (averaging, downloads, waiting for the swarm), summed and
+            the longest, over the same window.
+        trained_samples, contributed_samples, unused_samples: the worker's
+            totals for the run: every sample it trained, those that entered an
+            adopted average or optimizer step, and those that never will (its
+            checkpoint's, plus since).
     """
 
     ts: float
@@ -303,6 +389,11 @@ class Step(Report, kind="step"):
     loss: float | None
     samples: int
     samples_per_second: float
+    idle_s: float = 0.0
+    longest_idle_s: float = 0.0
+    trained_samples: int = 0
+    contributed_samples: int = 0
+    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
 
 
 @dataclasses.dataclass
@@ -314,6 +405,9 @@ class Epoch(Report, kind="epoch"):
         global_samples: samples the swarm gathered for it.
         loss: mean local training loss of the epoch; ``val_loss`` on held-out data after it.
         averaged_with: peers in its last averaging round, this one included.
+        trained_samples, contributed_samples, unused_samples: the sample totals as in
+            ``Step``, right after the round (pending then: what the peer trained
+            while the round was averaged).
     """
 
     epoch: int
@@ -325,6 +419,9 @@ class Epoch(Report, kind="epoch"):
     loss: float | None
     val_loss: float | None = None
     averaged_with: int = 1
+    trained_samples: int = 0
+    contributed_samples: int = 0
+    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
 
 
 @dataclasses.dataclass
@@ -348,7 +445,9 @@ class Swarm(Report, kind="swarm"):
 
 @dataclasses.dataclass
 class StateChanged(Report, kind="state"):
-    """The worker's own state: ``training``, ``paused`` or ``finished`` (a ``Finish`` completed its epoch)."""
+    """The worker's own state: ``training``; ``paused`` or ``finished`` (a ``Finish`` completed its
+    epoch) once it has checkpointed and left the swarm, right before it exits 0 (a worker
+    started paused reports ``paused`` and waits for ``Resume``)."""
 
     state: WorkerState
 
@@ -367,14 +466,19 @@ class Error(Report, kind="error"):
     """A failure: ``fatal`` ones end the run's workers (the user must act), others are shown as warnings.
 
     Attributes:
-        out_of_memory: the worker ran out of memory and exits with
-            ``OUT_OF_MEMORY_EXIT_CODE``; the daemon restarts it with half the micro-batch.
+        out_of_memory: the worker ran out of memory while training and exits
+            with ``OUT_OF_MEMORY_EXIT_CODE``; the daemon restarts it with
+            ``halved_micro_batch(micro_batch, grad_accum)``. At micro-batch 1
+            the error is fatal instead.
+        micro_batch, grad_accum: what it trained with when it ran out of memory.
     """
 
     message: str
     fix: str = ""
     fatal: bool = False
     out_of_memory: bool = False
+    micro_batch: int | None = None
+    grad_accum: int | None = None
 
 
 @dataclasses.dataclass

@@ -6,21 +6,29 @@ turns sensor readings into the `pause_reason` that applies now ('battery',
 a reason must hold for a while before some pauses start (another program on
 the GPU), a pause lasts at least `min_pause_s`, and it ends only after its
 condition has stayed clear for `resume_after_s` (the temperature also has to
-drop below a lower resume threshold). `SystemSensors` reads the real machine.
+drop below a lower resume threshold). `SystemSensors` reads the real machine;
+`CachedSensors` reads it in a thread, so the daemon's event loop never waits
+for a slow sensor (`loginctl` may take seconds).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
 import subprocess
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from p2ptrain.config import PolicySettings
+
+log = logging.getLogger(__name__)
+
+SENSOR_READ_INTERVAL_S = 1.0
 
 # When several reasons hold, the one shown is the first here: the most
 # pressing for the volunteer (their battery, their hardware) first.
@@ -210,6 +218,80 @@ class SystemSensors:
         ours = self.own_pids() | {os.getpid()}
         return [{"pid": process.pid, "name": _process_name(process.pid)}
                 for process in running if process.pid not in ours]
+
+
+class CachedSensors:
+    """The latest readings of other sensors, taken in a background thread.
+
+    The policy engine evaluates on the daemon's event loop every tick, and a
+    reading can be slow (`loginctl` runs two commands with 2 s timeouts;
+    NVML can hang with a wedged driver): reading here returns at once with
+    the latest reading, and a thread takes new ones every `interval_s`. A
+    sensor is read only once the engine has asked for it (a policy that is
+    off never runs its command); until its first reading it answers None,
+    so the policy holds back.
+
+    Args:
+        sensors: the sensors to read (`SystemSensors`).
+        interval_s: seconds between two rounds of readings.
+    """
+
+    def __init__(self, sensors: Sensors, interval_s: float = SENSOR_READ_INTERVAL_S):
+        self.sensors = sensors
+        self.gpu_index = sensors.gpu_index
+        self.interval_s = interval_s
+        self._readers: dict[str, Callable[[], Any]] = {
+            "on_battery": sensors.on_battery,
+            "user_idle_s": sensors.user_idle_s,
+            "gpu_temperature_c": sensors.gpu_temperature_c,
+            "other_gpu_processes": sensors.other_gpu_processes,
+        }
+        self._readings: dict[str, Any] = {}
+        self._wanted: set[str] = set()
+        self._failing: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def on_battery(self) -> bool | None:
+        return self._latest("on_battery")
+
+    def user_idle_s(self) -> float | None:
+        return self._latest("user_idle_s")
+
+    def gpu_temperature_c(self) -> float | None:
+        return self._latest("gpu_temperature_c")
+
+    def other_gpu_processes(self) -> list[dict] | None:
+        return self._latest("other_gpu_processes")
+
+    def close(self) -> None:
+        """Stop the reading thread (it ends after the reading in progress)."""
+        self._stop.set()
+
+    def _latest(self, name: str) -> Any:
+        if name not in self._wanted:
+            self._wanted.add(name)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._read_forever, name="p2ptrain-sensors", daemon=True)
+                self._thread.start()
+        return self._readings.get(name)
+
+    def _read_forever(self) -> None:
+        while not self._stop.is_set():
+            for name in list(self._wanted):
+                self._readings[name] = self._read(name)
+            self._stop.wait(self.interval_s)
+
+    def _read(self, name: str) -> Any:
+        try:
+            reading = self._readers[name]()
+        except Exception as error:  # a sensor that breaks means "unknown", never a dead thread
+            if name not in self._failing:
+                log.warning("cannot read the %s sensor: %s", name, error)
+                self._failing.add(name)
+            return None
+        self._failing.discard(name)
+        return reading
 
 
 def _process_name(pid: int) -> str:

@@ -5,6 +5,11 @@ progress), ``epoch`` (an averaging round is done) and ``swarm`` (the global
 progress and the other peers). This module keeps the latest of each, per
 worker where it is a worker's own, and shapes the ``run``, ``local`` and
 ``peers`` parts of the control protocol.
+
+A paused daemon has no worker (a pause ends it, to give its memory back): the
+view then shows the last reports, ``run.as_of`` saying when they came.
+``snapshot`` and ``restore`` keep that view across a restart of the daemon
+while it is paused.
 """
 
 from __future__ import annotations
@@ -13,10 +18,14 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from p2ptrain.worker_pipe import Epoch, Joined, PeerRow, Step, Swarm
+from p2ptrain.worker_pipe import Epoch, Joined, PeerRow, PortMove, Step, Swarm, UnusedSamples
 
-# what status.local shows of a worker's Joined report: all of it but the run's manifest
-LOCAL_FIELDS = tuple(report_field.name for report_field in fields(Joined) if report_field.name not in ("manifest", "manifest_hash"))
+# what status.local shows of a worker's Joined report: all of it but the run's manifest, the
+# port moves (health lines) and the sample totals (kept in the view, updated by every Step)
+LOCAL_FIELDS = tuple(
+    report_field.name for report_field in fields(Joined)
+    if report_field.name not in ("manifest", "manifest_hash", "port_moves", "trained_samples", "contributed_samples", "unused_samples")
+)
 
 WORKER_FIELDS = (
     "device",
@@ -27,9 +36,12 @@ WORKER_FIELDS = (
     "grad_accum",
     "samples_per_second",
     "loss",
+    "trained_samples",
     "contributed_samples",
+    "unused_samples",
     "state",
 )
+UNUSED_REASONS = tuple(reason.name for reason in fields(UnusedSamples))
 
 
 @dataclass
@@ -41,10 +53,15 @@ class WorkerView:
             ``cpu``); it wins over the worker's own name for it, which is
             ``cuda:0`` in every GPU worker (each sees only its card).
         state: ``joining`` from its start, then what the worker reports
-            (``training``, ``paused``, ``finished``; it reports one right after
-            ``joined``); ``restarting`` or ``oom-backoff`` between a crash and
-            the next start.
-        contributed_samples: kept across restarts of the worker within the run.
+            (``training``; it reports it right after ``joined``); ``pausing``
+            from a pause until the worker has checkpointed and left, then
+            ``paused`` (or ``finished``, after a ``finish``) while it is gone;
+            ``restarting`` or ``oom-backoff`` between a crash and the next start.
+        trained_samples, contributed_samples, unused_samples: the worker's totals for
+            the run (``p2ptrain.peers.sample_account``): all it trained, what entered
+            an adopted average or optimizer step, and what never will, by reason.
+            The worker restores them from its checkpoint, so they survive restarts;
+            the largest reported is kept, so they survive a restart that lost its checkpoint.
     """
 
     device: str
@@ -53,20 +70,32 @@ class WorkerView:
     local: dict[str, Any] = field(default_factory=dict)
     samples_per_second: float | None = None
     loss: float | None = None
+    trained_samples: int = 0
     contributed_samples: int = 0
+    unused_samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNUSED_REASONS, 0))
+    port_moves: list[PortMove] = field(default_factory=list)
 
     def apply_joined(self, report: Joined) -> None:
         self.joined = True
         self.local = {name: getattr(report, name) for name in LOCAL_FIELDS}
         self.local["device"] = self.device
+        self.port_moves = list(report.port_moves)
+        self.take_totals(report)
+
+    def take_totals(self, report: Joined | Step) -> None:
+        """The worker's sample totals from ``report``, never below what it reported before."""
+        self.trained_samples = max(self.trained_samples, report.trained_samples)
+        self.contributed_samples = max(self.contributed_samples, report.contributed_samples)
+        reported = report.unused_samples.to_dict()
+        self.unused_samples = {reason: max(self.unused_samples[reason], reported[reason]) for reason in UNUSED_REASONS}
 
     def apply_step(self, report: Step) -> None:
-        self.contributed_samples += report.samples
+        self.take_totals(report)
         self.samples_per_second = report.samples_per_second
         self.loss = report.loss
 
     def stopped(self, state: str) -> None:
-        """The process has ended; ``state`` says what comes next (``restarting``, ``oom-backoff``)."""
+        """The process has ended; ``state`` says what comes next (``paused``, ``restarting``, ``oom-backoff``)."""
         self.joined = False
         self.samples_per_second = None
         self.state = state
@@ -77,7 +106,9 @@ class WorkerView:
             "device": self.device,
             "samples_per_second": self.samples_per_second,
             "loss": self.loss,
+            "trained_samples": self.trained_samples,
             "contributed_samples": self.contributed_samples,
+            "unused_samples": dict(self.unused_samples),
             "state": self.state,
         }
 
@@ -100,6 +131,7 @@ class RunView:
     eta_next_epoch_s: float | None = None
     num_peers: int = 0
     last_epoch_at: float | None = None
+    reported_at: float | None = None
     peers: list[PeerRow] = field(default_factory=list)
     warnings: list[dict] = field(default_factory=list)
     banned: set[str] = field(default_factory=set)  # peer ids this machine banned in this run (storage/bans.py)
@@ -124,14 +156,17 @@ class RunView:
         self.manifest_hash = report.manifest_hash
         self.target_batch_size = self.manifest.get("target_batch_size", self.target_batch_size)
         self.workers[name].apply_joined(report)
+        self.reported_at = time.time()
 
     def apply_step(self, name: str, report: Step) -> None:
         self.workers[name].apply_step(report)
         self.epoch = max(self.epoch, report.epoch)
+        self.reported_at = time.time()
 
     def apply_epoch(self, report: Epoch) -> None:
         self.epoch = max(self.epoch, report.epoch)
         self.last_epoch_at = report.ended_at or time.time()
+        self.reported_at = time.time()
 
     def apply_swarm(self, report: Swarm) -> list[PeerRow]:
         """Take a swarm snapshot; returns the peer rows (ours marked ``is_local``)."""
@@ -140,11 +175,16 @@ class RunView:
         self.target_batch_size = report.target_batch_size or self.target_batch_size
         self.eta_next_epoch_s = report.eta_next_epoch_s
         self.num_peers = report.num_peers
-        now = time.time()
+        now = self.reported_at = time.time()
         own_ids = {view.local.get("peer_id") for view in self.workers.values() if view.local}
         self.peers = [replace(row, last_seen=row.last_seen or now, is_local=row.peer_id in own_ids, banned=row.peer_id in self.banned)
                       for row in report.peers]
         return self.peers
+
+    @property
+    def as_of(self) -> float | None:
+        """None while a worker is in the swarm; else when a worker last reported what is shown (paused: none runs)."""
+        return None if self.joined else self.reported_at
 
     def run_status(self) -> dict:
         return {
@@ -155,16 +195,20 @@ class RunView:
             "epoch": self.epoch,
             "samples_accumulated": self.samples_accumulated,
             "target_batch_size": self.target_batch_size,
-            "eta_next_epoch_s": self.eta_next_epoch_s,
+            "eta_next_epoch_s": self.eta_next_epoch_s if self.joined else None,
             "num_peers": self.num_peers,
             "last_epoch_at": self.last_epoch_at,
+            "as_of": self.as_of,
         }
 
     def local_status(self) -> dict | None:
-        """DESIGN's ``local``: the first joined worker's view, with ``workers``
-        (every worker's view) and, when there are several, ``samples_per_second``
-        and ``contributed_samples`` summed over all of them. None before any joined."""
-        first = next((view for view in self.workers.values() if view.joined), None)
+        """DESIGN's ``local``: the first joined worker's view (or, with none joined, as
+        while paused, the first that ever joined: its last numbers), with ``workers``
+        (every worker's view) and, when there are several, ``samples_per_second``,
+        ``trained_samples``, ``contributed_samples`` and ``unused_samples`` summed
+        over all of them. None before any joined."""
+        views = self.workers.values()
+        first = next((view for view in views if view.joined), None) or next((view for view in views if view.local), None)
         if first is None:
             return None
         views = list(self.workers.values())
@@ -174,8 +218,43 @@ class RunView:
         if len(views) > 1:
             rates = [view.samples_per_second for view in views if view.samples_per_second is not None]
             local["samples_per_second"] = sum(rates) if rates else None
+            local["trained_samples"] = sum(view.trained_samples for view in views)
             local["contributed_samples"] = sum(view.contributed_samples for view in views)
+            local["unused_samples"] = {reason: sum(view.unused_samples[reason] for view in views) for reason in UNUSED_REASONS}
         return local
+
+    def port_health(self) -> list[dict]:
+        """A warning per configured port that was taken, so a worker listens elsewhere."""
+        return [
+            {"level": "warning", "message": move.message, "fix": move.fix}
+            for view in self.workers.values()
+            if view.joined
+            for move in view.port_moves
+        ]
+
+    def snapshot(self) -> dict:
+        """What a paused daemon shows of the run, as JSON, for ``restore`` after a restart of the daemon."""
+        return {
+            "run_id": self.run_id, "manifest_hash": self.manifest_hash, "epoch": self.epoch,
+            "samples_accumulated": self.samples_accumulated, "target_batch_size": self.target_batch_size,
+            "num_peers": self.num_peers, "last_epoch_at": self.last_epoch_at, "reported_at": self.reported_at,
+            "peers": [peer.to_dict() for peer in self.peers],
+            "workers": {name: {"device": view.device, "local": view.local, "loss": view.loss, "trained_samples": view.trained_samples,
+                               "contributed_samples": view.contributed_samples, "unused_samples": view.unused_samples}
+                        for name, view in self.workers.items()},
+        }
+
+    def restore(self, snapshot: dict, state: str) -> None:
+        """Show ``snapshot`` (of this run) until the workers report again; each worker's view is in ``state``."""
+        for name in ("manifest_hash", "epoch", "samples_accumulated", "target_batch_size", "num_peers", "last_epoch_at", "reported_at"):
+            setattr(self, name, snapshot[name])
+        self.peers = [PeerRow.from_dict(row) for row in snapshot["peers"]]
+        for name, worker in snapshot["workers"].items():
+            view = self.worker(name, worker["device"])
+            view.local, view.loss, view.state = worker["local"], worker["loss"], state
+            view.trained_samples = worker.get("trained_samples", worker["contributed_samples"])
+            view.contributed_samples = worker["contributed_samples"]
+            view.unused_samples.update(worker.get("unused_samples") or {})
 
     def reachability_health(self) -> list[dict]:
         if not any(view.local.get("reachability") == "relayed" for view in self.workers.values()):

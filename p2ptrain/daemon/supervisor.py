@@ -32,7 +32,7 @@ from p2ptrain.daemon.config_file import ConfigFile
 from p2ptrain.daemon.event_log import EventLog
 from p2ptrain.daemon.hardware_view import HardwareView
 from p2ptrain.daemon.notify import SystemdNotifier
-from p2ptrain.daemon.policies import PolicyEngine, SystemSensors
+from p2ptrain.daemon.policies import CachedSensors, PolicyEngine, SystemSensors
 from p2ptrain.daemon.reports import WorkerReports
 from p2ptrain.daemon.run_control import RunControl
 from p2ptrain.daemon.run_view import RunView
@@ -75,7 +75,9 @@ class Daemon:
         )
         self.control = RunControl(database, self.pool, self.run, self.events, on_change=self._publish_status)
         self.reports = WorkerReports(self.run, database, self.broadcaster, self.events, self.control, self.pool)
-        self.policy = PolicyEngine(config.policy, SystemSensors(gpu_index=self.pool.gpu_index(), own_pids=self.pool.pids))
+        # read in a thread: a slow sensor (loginctl) must not hold up the event loop
+        self.sensors = CachedSensors(SystemSensors(gpu_index=self.pool.gpu_index(), own_pids=self.pool.pids))
+        self.policy = PolicyEngine(config.policy, self.sensors)
         self.config.on_change(self._config_changed)
         self._notified_status = ""
         self._stopping = asyncio.Event()
@@ -108,6 +110,7 @@ class Daemon:
         """Orderly stop: the workers checkpoint and exit, the database is flushed."""
         self.notifier.stopping("stopping: checkpointing and flushing")
         self._stopping.set()
+        self.sensors.close()
         await self.pool.stop_all(STOP_TIMEOUT_S)
         self.events.record("daemon-stopped", "daemon stopped")
         self.db.close()
@@ -156,6 +159,7 @@ class Daemon:
             )
         if self.control.desired.run is not None:
             lines.extend(self.pool.crash_health())
+        lines.extend(self.run.port_health())
         lines.extend(self.run.reachability_health())
         return lines
 

@@ -25,12 +25,14 @@ import os
 import pickle
 import resource
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
 
 import psutil
 
+from p2ptrain.daemon.temp_files import remove_worker_temp_dir
 from p2ptrain.daemon.worker_slots import leftover_pgid_files
 from p2ptrain.processes import group_alive, kill_group
 from p2ptrain.worker_pipe import Command, Joined, MalformedMessage, Report, WorkerSpec, decode_report, encode
@@ -44,9 +46,12 @@ def _run_worker(conn, spec: dict) -> None:
     """The spawn target: only here, in the child, do torch and hivemind get imported.
 
     The spec's ``environment`` (``CUDA_VISIBLE_DEVICES`` of a GPU worker) is
-    set first, so CUDA sees only the worker's own GPU.
+    set first, so CUDA sees only the worker's own GPU, and so is its own
+    ``TMPDIR`` (``temp_dir``), so its leftovers go with it.
     """
     os.environ.update(spec["environment"])
+    if spec.get("temp_dir"):
+        os.environ["TMPDIR"] = tempfile.tempdir = spec["temp_dir"]
     from p2ptrain.peers.training_worker import main
 
     main(conn, spec)
@@ -118,6 +123,8 @@ class WorkerProcess:
         return self._process.pid if self._process else None
 
     def start(self) -> None:
+        if self.spec.temp_dir:
+            os.makedirs(self.spec.temp_dir, mode=0o700, exist_ok=True)
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(target=_run_worker, args=(child_conn, self.spec.to_dict()), name=f"p2ptrain-worker-{self.name}" if self.name else "p2ptrain-worker")
@@ -184,6 +191,7 @@ class WorkerProcess:
         # its forked children hold the pipe's write end, so after a SIGKILL in
         # the middle of a report, reading would wait for the rest of it forever.
         kill_group(self._process.pid)
+        remove_worker_temp_dir(self.spec.temp_dir)
         self._read_reports_if_open()
         self._process.join(0)
         exitcode = self._process.exitcode
@@ -203,13 +211,21 @@ class WorkerProcess:
                     pass
                 self._conn.close()
 
-    async def stop(self, timeout_s: float) -> None:
-        """Ask the worker to checkpoint and exit (SIGTERM), then kill its group after ``timeout_s``."""
+    def terminate(self) -> bool:
+        """Ask the worker to checkpoint (if it has joined) and exit: SIGTERM, without waiting. False if it is gone.
+
+        It honours it within ``STOP_DEADLINE_S`` (then it ends its group itself)."""
         if self._exited or self._process is None:
-            return
+            return False
         try:
             os.kill(self._process.pid, signal.SIGTERM)
         except ProcessLookupError:
+            return False
+        return True
+
+    async def stop(self, timeout_s: float) -> None:
+        """Ask the worker to checkpoint and exit (SIGTERM), then kill its group after ``timeout_s``."""
+        if not self.terminate():
             return
         deadline = time.monotonic() + timeout_s
         while not self._exited and time.monotonic() < deadline:

@@ -15,9 +15,11 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 from p2ptrain.multiaddr import validate_multiaddr
+from p2ptrain.peers.ports import claim_free_ports, port_holder, port_in_use_error
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,16 @@ def load_or_create_identity(identity_path: Path):
 
 def _explain_start_failure(error: BaseException, initial_peers: list[str], identity_path: Path) -> DHTStartError:
     text = str(error) or type(error).__name__
+    in_use = port_in_use_error(text)
+    if in_use:
+        protocol, port = in_use
+        holder = port_holder(port, protocol)
+        return DHTStartError(
+            f"cannot listen on {protocol.upper()} port {port}: it is already in use"
+            + (f" by {holder.describe()}" if holder else ""),
+            "stop the program that holds it, or set another port: p2ptrain config set dht.host_maddrs "
+            f"'[\"/ip4/0.0.0.0/{protocol}/{port + 1}\"]'",
+        )
     if "already taken" in text:
         return DHTStartError(
             f"another peer is already running with the identity in {identity_path}",
@@ -103,7 +115,8 @@ def start_dht(
     :param identity_path: this peer's key file, created (0600) if missing; the same
         file gives the same peer id and record ownership across restarts.
     :param host_maddrs: where to listen; default every interface on a random TCP
-        port. Tests pass ``["/ip4/127.0.0.1/tcp/0"]``.
+        port. Tests pass ``["/ip4/127.0.0.1/tcp/0"]``. A fixed port that is taken
+        is replaced by the next free one (:func:`port_moves` says which).
     :param announce_maddrs: addresses to advertise instead of the listening ones,
         e.g. a public IP with a forwarded port (the port cannot be 0).
     :param use_relay: allow reaching peers behind NAT through libp2p relays.
@@ -114,7 +127,8 @@ def start_dht(
     :param follow_runs: run ids whose records this peer checks from its first
         moment (see :func:`follow_run`); pass the run being joined, so nothing
         unchecked about it is stored before the worker first reads it.
-    :raises DHTStartError: one line saying what went wrong and how to fix it.
+    :raises DHTStartError: one line saying what went wrong and how to fix it (a
+        listening port taken while ``announce_maddrs`` names it, too).
     :raises ValueError: if an address is not a multiaddr.
 
     Side effect: the key becomes hivemind's process-wide RSA key, so the
@@ -124,6 +138,7 @@ def start_dht(
     """
     import hivemind
     from hivemind.dht.crypto import RSASignatureValidator
+    from hivemind.p2p import P2P
     from hivemind.utils.crypto import RSAPrivateKey
 
     from p2ptrain.peers.validators import RunRecordValidator
@@ -135,6 +150,18 @@ def start_dht(
     new_identity = not identity_path.exists()
     private_key = load_or_create_identity(identity_path)
     RSAPrivateKey._process_wide_key = private_key
+    # hivemind puts p2pd's and its clients' sockets in /tmp, and leaves them there when killed:
+    # follow TMPDIR instead (the daemon gives each worker its own, and removes it)
+    P2P._UNIX_SOCKET_PREFIX = f"/unix{tempfile.gettempdir()}/hivemind-"
+    # p2pd would share a taken port (SO_REUSEPORT) and then fail to reach its peers: see ports.py
+    hosts, port_moves = claim_free_ports(hosts)
+    for move in port_moves:
+        logger.warning("%s", move.message)
+    if port_moves and announced:
+        raise DHTStartError(
+            f"{port_moves[0].message}, but dht.announce_maddrs announces the configured port",
+            "stop the program that holds the port, or change dht.host_maddrs and dht.announce_maddrs together",
+        )
     try:
         dht = hivemind.DHT(
             initial_peers=peers,
@@ -165,8 +192,15 @@ def start_dht(
         raise _explain_start_failure(error, peers, identity_path) from error
     dht.p2ptrain_private_key = private_key
     dht.p2ptrain_followed_runs = set(follow_runs)
+    dht.p2ptrain_port_moves = port_moves
     logger.info("DHT started as %s, reachable at %s", dht.peer_id, ", ".join(visible_addresses(dht)))
     return dht
+
+
+def port_moves(dht) -> list:
+    """The configured ports that were taken when this DHT started (``worker_pipe.PortMove``s);
+    empty when it listens where it was told to."""
+    return list(getattr(dht, "p2ptrain_port_moves", ()))
 
 
 def signing_key(dht):

@@ -47,7 +47,11 @@ result) does not count at all.
 thinks: NaN or infinity; a weight that is not a finite number >= 0 or above
 ``max_weight``; a pseudo-gradient with a value above ``max_element``
 (``RobustOptions``: an inner optimizer moves a parameter by about its learning
-rate per step, so H steps cannot move it by many times H x lr); the same piece
+rate per step, so S steps cannot move it by many times S x lr; S is what one
+pseudo-gradient can hold: ``DiLoCoTrainer.most_inner_steps_per_round`` times
+the rounds local progress is kept. With rounds that end on the swarm's samples
+that is the round's samples in steps of the reducer's own size, so a peer that
+trains with much smaller steps than the reducer could exceed it); the same piece
 as the sender sent in an earlier round (``robust_allreduce.ReplayMemory``).
 
 **Two senders.** With two pieces there is no majority: each is as far from the

@@ -7,6 +7,18 @@ all-reduce and take one AdamW step together. That is one epoch.
 The hivemind progress record is ``{averaging_prefix(manifest)}_progress`` (the
 optimizer's ``run_id`` is the averaging prefix), which is what ``swarm.read_swarm``
 reads. DiLoCo (``diloco.py``) publishes under the same key.
+
+A slow peer's gradients are not thrown away when the swarm's epoch moves on
+without it. hivemind.Optimizer lets a peer one epoch behind step on its own
+gradients (its parameters are then averaged with the others' in the next state
+round), but a peer further behind (or, once per epoch, behind at all) downloads
+the swarm's state and resets its gradient accumulators, and the batch in hand
+is dropped too. ``SyncOptimizer`` keeps both across the download, up to
+``MAX_ROUNDS_BEHIND`` epochs stale: they join the next epoch's all-reduce,
+weighted by their samples, one to two steps stale, as hivemind's own delayed
+parameter updates are one step stale. What hivemind does not allow: averaging
+them into the round that the swarm already finished (a finished all-reduce
+cannot be joined).
 """
 
 from __future__ import annotations
@@ -15,26 +27,18 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 from typing import Sequence
 
 import hivemind
-import numpy as np
 import torch
-from hivemind.compression import (
-    BlockwiseQuantization,
-    CompressionBase,
-    Float16Compression,
-    NoCompression,
-    Quantile8BitQuantization,
-    Uniform8BitQuantization,
-)
-from hivemind.compression import serialization as hivemind_serialization
-from hivemind.proto import runtime_pb2
 from hivemind.optim.state_averager import TrainingStateAverager
 
+from p2ptrain.peers.compression import make_compression
 from p2ptrain.peers.optimizers import make_optimizer, make_scheduler
 from p2ptrain.peers.robust_averager import GradientAverager, RobustAverager
 from p2ptrain.peers.robust_reduce import RobustOptions, plausible_weight
+from p2ptrain.peers.sample_account import SampleAccount
 from p2ptrain.peers.trust import Trust
 
 logger = logging.getLogger(__name__)
@@ -43,6 +47,9 @@ logger = logging.getLogger(__name__)
 # internet peers need several seconds to find each other and to stream tensors.
 LOCAL_AVERAGING = {"matchmaking_time": 3.0, "averaging_timeout": 30.0}
 INTERNET_AVERAGING = {"matchmaking_time": 15.0, "averaging_timeout": 120.0}
+# a late peer's local progress (DiLoCo's delta, sync's accumulated gradients) is kept up to this
+# many epochs behind the swarm; further behind it is too stale to help and is dropped
+MAX_ROUNDS_BEHIND = 2
 
 
 @dataclasses.dataclass
@@ -56,6 +63,8 @@ class StepOutcome:
     non_finite_average: peers in an averaging round whose result held NaN or
         infinity and was not adopted (this peer stepped on its own values), or None.
     failed_rounds: averaging rounds that formed no group in time since the last outcome.
+    waited_s: seconds the call spent on rounds rather than on training (averaging, waiting
+        for the swarm, state downloads), for the worker's idle time.
     """
 
     epoch_advanced: bool = False
@@ -63,6 +72,7 @@ class StepOutcome:
     loaded_state: bool = False
     non_finite_average: int | None = None
     failed_rounds: int = 0
+    waited_s: float = 0.0
 
     def non_finite_message(self) -> str | None:
         """The event message for a rejected round, or None if there was none."""
@@ -87,78 +97,6 @@ def averaging_timings(spec_averaging: dict | None, host_maddrs: Sequence[str] = 
     timings = dict(LOCAL_AVERAGING if on_loopback else INTERNET_AVERAGING)
     timings.update({key: float(value) for key, value in (spec_averaging or {}).items() if key in timings})
     return timings
-
-
-def _int64_at(buffer: bytes, offset: int = 0) -> int:
-    return int(np.frombuffer(buffer, count=1, offset=offset, dtype=np.int64)[0])
-
-
-class _CodebookExtract:
-    """hivemind 1.1's ``Quantization.extract`` calls ``int()`` on a 1-element array,
-    which numpy >= 2.4 refuses ("only 0-dimensional arrays..."): every 8-bit
-    tensor a peer received failed. This is the same decoding with the header read
-    as a scalar."""
-
-    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
-        buffer = serialized_tensor.buffer
-        codebook = np.frombuffer(buffer, offset=8, count=_int64_at(buffer), dtype=self.codebook_dtype)
-        quantized = np.frombuffer(buffer, offset=8 + codebook.nbytes, dtype=self.indices_dtype)
-        quantized = torch.as_tensor(quantized, dtype=torch.int64).reshape(tuple(serialized_tensor.size))
-        codebook = torch.as_tensor(codebook).to(dtype=getattr(torch, serialized_tensor.dtype))
-        return codebook[quantized].requires_grad_(serialized_tensor.requires_grad)
-
-
-class Uniform8Bit(_CodebookExtract, Uniform8BitQuantization):
-    """hivemind's uniform 8-bit quantization, readable under numpy >= 2.4."""
-
-
-class Quantile8Bit(_CodebookExtract, Quantile8BitQuantization):
-    """hivemind's quantile 8-bit quantization, readable under numpy >= 2.4."""
-
-
-class Blockwise8Bit(BlockwiseQuantization):
-    """hivemind's blockwise 8-bit quantization (bitsandbytes), readable under numpy >= 2.4."""
-
-    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
-        from bitsandbytes.functional import dequantize_blockwise
-        from hivemind.compression.quantization import _BLOCKWISE_QUANTIZATION_BLOCKSIZE
-
-        buffer = serialized_tensor.buffer
-        absmax = np.frombuffer(buffer, offset=16, count=_int64_at(buffer), dtype=self.codebook_dtype)
-        codebook = np.frombuffer(buffer, offset=16 + absmax.nbytes, count=_int64_at(buffer, 8), dtype=self.codebook_dtype)
-        quantized = np.frombuffer(buffer, offset=16 + absmax.nbytes + codebook.nbytes, dtype=self.indices_dtype)
-        result = dequantize_blockwise(
-            torch.as_tensor(quantized).reshape(tuple(serialized_tensor.size)), absmax=torch.as_tensor(absmax),
-            code=torch.as_tensor(codebook), blocksize=_BLOCKWISE_QUANTIZATION_BLOCKSIZE, nested=False,
-        )
-        return result.to(getattr(torch, serialized_tensor.dtype)).requires_grad_(serialized_tensor.requires_grad)
-
-
-# hivemind decodes every received tensor through this registry (in the averager
-# processes, which are forked after this import)
-hivemind_serialization._BASE_COMPRESSION_TYPES.update(
-    UNIFORM_8BIT=Uniform8Bit(), QUANTILE_8BIT=Quantile8Bit(), BLOCKWISE_8BIT=Blockwise8Bit()
-)
-
-
-def make_compression(name: str, tensors: Sequence[torch.Tensor]) -> CompressionBase:
-    """The hivemind compression for the manifest's ``compression`` name.
-
-    Float16Compression refuses bfloat16 tensors; bf16 is already two bytes a
-    value, so bf16 tensors are sent as they are.
-    """
-    if name == "fp16":
-        if any(tensor.dtype == torch.bfloat16 for tensor in tensors):
-            logger.info("Sending bfloat16 tensors uncompressed: they are already 16-bit")
-            return NoCompression()
-        return Float16Compression()
-    if name == "uniform8bit":
-        return Uniform8Bit()
-    if name == "blockwise8bit":
-        return Blockwise8Bit()
-    if name == "none":
-        return NoCompression()
-    raise ValueError(f"unknown compression {name!r}: use none, fp16, uniform8bit or blockwise8bit")
 
 
 class CheckedStateMixin(RobustAverager):
@@ -187,15 +125,20 @@ class CheckedTrainingStateAverager(TrainingStateAverager, CheckedStateMixin):
 
 class SyncOptimizer(hivemind.Optimizer):
     """hivemind.Optimizer whose averagers are robust (``robust_averager``), that checks
-    downloaded state and remembers the size of each finished gradient-averaging round.
+    downloaded state, remembers the size of each finished gradient-averaging round,
+    counts what became of this peer's samples (``account``) and keeps a late peer's
+    gradients (see the module doc).
 
-    ``trust``: this peer's ``Trust`` (bans, suspects); the rest as hivemind.Optimizer."""
+    ``trust``: this peer's ``Trust`` (bans, suspects); ``account``: its ``SampleAccount``;
+    the rest as hivemind.Optimizer."""
 
-    def __init__(self, *, trust: Trust, **kwargs):
+    def __init__(self, *, trust: Trust, account: SampleAccount, **kwargs):
         self._trust = trust
         self._parameter_count = len(list(kwargs["params"]))
         kwargs["grad_averager_factory"] = functools.partial(
             GradientAverager, trust=trust, robust=RobustOptions.for_gradients(plausible_weight(kwargs["target_batch_size"])))
+        self.account = account
+        self._batch_in_hand = 0
         self._finished_groups: list[int] = []
         self._rejected_groups: list[int] = []
         self._failed_rounds = 0
@@ -222,6 +165,45 @@ class SyncOptimizer(hivemind.Optimizer):
             robust=RobustOptions.for_parameters(self._parameter_count),
             **kwargs,
         )
+
+    def step(self, closure=None, batch_size: int | None = None, grad_scaler=None):
+        self._batch_in_hand = batch_size if batch_size is not None else self.batch_size_per_step
+        try:
+            return super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
+        finally:
+            self._batch_in_hand = 0
+
+    def _should_load_state_from_peers(self) -> bool:
+        out_of_sync = super()._should_load_state_from_peers()
+        if out_of_sync and self._batch_in_hand:
+            # hivemind returns from step() without accumulating the batch in hand ("computed with
+            # out-of-sync parameters"): accumulate it, load_state_from_peers keeps it with the rest
+            self.grad_averager.accumulate_grads_(self._batch_in_hand)
+        return out_of_sync
+
+    def load_state_from_peers(self, **kwargs):
+        averager = self.grad_averager
+        samples = averager.local_samples_accumulated
+        keep = samples > 0 and self.tracker.global_epoch - self.local_epoch <= MAX_ROUNDS_BEHIND
+        # hivemind resets the accumulators after a download: save them (GradientAverager's
+        # private fields, reuse_grad_buffers=False) and put them back
+        kept = [accumulator.clone() for accumulator in averager._grad_accumulators()] if keep else []
+        times, anchor = averager.local_times_accumulated, averager._anchor_batch_size
+        super().load_state_from_peers(**kwargs)
+        if not keep:
+            self.account.add_unused("late", samples)
+            return
+        with torch.no_grad():
+            for accumulator, saved in zip(averager._grad_accumulators(), kept):
+                accumulator.copy_(saved)
+        averager.local_samples_accumulated, averager.local_times_accumulated, averager._anchor_batch_size = samples, times, anchor
+        self.tracker.report_local_progress(self.local_epoch, samples)
+
+    def _update_global_epoch(self, grad_scaler) -> None:
+        # the accumulated samples go into this epoch's averaged or local optimizer step
+        samples = self.grad_averager.local_samples_accumulated
+        super()._update_global_epoch(grad_scaler)
+        self.account.add_contributed(samples)
 
     def _average_gradients_and_load_into_optimizer(self, maybe_step_control):
         self._round_rejected = False
@@ -315,8 +297,10 @@ class SyncTrainer:
         compressor = make_compression(compression, self.parameters)
         optimizer_name = optimizer
         self.trust = trust if trust is not None else Trust()
+        self.account = SampleAccount()
         self.optimizer = SyncOptimizer(
             trust=self.trust,
+            account=self.account,
             dht=dht,
             run_id=prefix,
             target_batch_size=target_batch_size,
@@ -354,11 +338,14 @@ class SyncTrainer:
         return self.optimizer.local_epoch < self.optimizer.tracker.global_epoch - 1
 
     def step(self, samples: int) -> StepOutcome:
-        """Account for one local batch whose gradients are in ``.grad``."""
+        """Account for one local batch of ``samples`` whose gradients are in ``.grad``."""
         epoch_before = self.local_epoch
+        self.account.add_trained(samples)
+        started = time.monotonic()
+        # accumulating is a cheap add: the time in here is hivemind's rounds (and one optimizer step an epoch)
         self.optimizer.step(batch_size=samples)
         self.optimizer.zero_grad(set_to_none=True)
-        return self._outcome(epoch_before)
+        return dataclasses.replace(self._outcome(epoch_before), waited_s=time.monotonic() - started)
 
     def tick(self) -> StepOutcome:
         """Collect results of background rounds (nothing to drive in sync mode)."""
@@ -383,6 +370,14 @@ class SyncTrainer:
         """Discard gradients of a batch that must not be contributed."""
         for parameter in self.parameters:
             parameter.grad = None
+
+    def pause(self) -> None:
+        """Let a pre-scheduled gradient round average without this peer (weight 0), as hivemind
+        does before a download: a paused peer must not hold up a group."""
+        scheduled, self.optimizer.scheduled_grads = self.optimizer.scheduled_grads, None
+        if scheduled is not None and not scheduled.done() and not scheduled.triggered:
+            scheduled.weight = 0.0
+            scheduled.allow_allreduce()
 
     def load_state_from_peers(self) -> bool:
         """Download the newest state from the swarm; True if the epoch moved."""

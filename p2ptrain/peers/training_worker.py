@@ -4,6 +4,13 @@
 (commands down, reports up: see "Worker pipe" in DEVELOPERS.md). It leads its
 own process group and dies with the daemon (PR_SET_PDEATHSIG); on SIGTERM it
 checkpoints and ends everything it started (DHT process, averagers, p2pd).
+
+A worker lives from join to pause: ``pause`` (and ``finish``, once its epoch
+is complete) checkpoints, leaves the swarm and ends the process, so the memory
+of the model, its gradients, the optimizer and the CUDA context all go back to
+the volunteer; the daemon's ``resume`` starts a new worker from that checkpoint.
+Before its first step the worker confirms its micro-batch with real passes
+(``calibration``), halving it on out-of-memory.
 """
 
 from __future__ import annotations
@@ -21,12 +28,12 @@ from pathlib import Path
 from p2ptrain import processes
 from p2ptrain.peers.out_of_memory import is_out_of_memory
 from p2ptrain.peers.known_peers import peers_file, remember_peers
-from p2ptrain.peers.run_setup import WorkerFailure, build_model_and_data, join_dht, make_trainer, run_manifest
+from p2ptrain.peers.run_setup import WorkerFailure, join_dht, load_data, load_model, make_trainer, run_manifest
 from p2ptrain.peers.trainer import Trainer
 from p2ptrain.worker_pipe import (
     DAEMON_GONE_DEADLINE_S, FAILED_EXIT_CODE, OUT_OF_MEMORY_EXIT_CODE, STOP_DEADLINE_EXIT_CODE, STOP_DEADLINE_S,
     Command, Epoch, Error, Event, Finish, Joined, Leave, Left, MalformedMessage, Pause, Report, Resume, StateChanged,
-    Step, Unban, WorkerSpec, decode_command, encode,
+    Step, Unban, WorkerSpec, decode_command, encode, halved_micro_batch,
 )
 
 logger = logging.getLogger(__name__)
@@ -84,10 +91,7 @@ def main(conn, spec_dict: dict) -> None:
             logger.info("Stopped by a signal during a step (%s: %s)", type(error).__name__, error)
         elif isinstance(error, MemoryError) or is_out_of_memory(error):
             logger.exception("The training worker ran out of memory")
-            # not fatal: the daemon restarts the worker with half the micro-batch
-            micro_batch = getattr(worker, "micro_batch", None)
-            worker.report(Error(f"out of memory at micro-batch {micro_batch}: {error}", "the daemon retries with a smaller micro-batch", out_of_memory=True))
-            exit_code = OUT_OF_MEMORY_EXIT_CODE
+            exit_code = worker.report_out_of_memory(error)
         else:
             logger.exception("The training worker failed")
             worker.report(Error(f"training worker failed: {error}", "see the worker log; the daemon restarts the worker", fatal=True))
@@ -120,7 +124,7 @@ class Worker:
         self.trainer: Trainer | None = None
         self.state = "joining"
         self.finish_at_epoch: int | None = None
-        self.contributed_samples = 0
+        self.micro_batch: int | None = None  # known once the plan is read; confirmed by calibration
         self.last_loss: float | None = None
         self.samples_per_second = 0.0
         self.peer_id = ""
@@ -138,6 +142,24 @@ class Worker:
     def event(self, kind: str, message: str, **data) -> None:
         logger.info("%s: %s", kind, message)
         self.report(Event(kind, message, data))
+
+    def report_out_of_memory(self, error: BaseException) -> int:
+        """Report an out-of-memory error while training; returns the exit code.
+
+        Not fatal while the micro-batch can be halved: the daemon restarts the
+        worker with ``halved_micro_batch``. At micro-batch 1, or before the model
+        was even built, nothing smaller would fit: a fatal error for the volunteer.
+        """
+        from p2ptrain.peers.calibration import out_of_memory_failure
+
+        if self.micro_batch is None or halved_micro_batch(self.micro_batch, self.grad_accum) is None:
+            model = self.manifest.model if getattr(self, "manifest", None) else "the run's model"
+            failure = out_of_memory_failure(model, self.spec.plan.device, error, self.micro_batch)
+            self.report(Error(failure.message, failure.fix, fatal=True, out_of_memory=True, micro_batch=self.micro_batch))
+            return FAILED_EXIT_CODE
+        self.report(Error(f"out of memory at micro-batch {self.micro_batch}: {error}", "the daemon retries with a smaller micro-batch",
+                          out_of_memory=True, micro_batch=self.micro_batch, grad_accum=self.grad_accum))
+        return OUT_OF_MEMORY_EXIT_CODE
 
     def daemon_gone(self) -> bool:
         return os.getppid() != self.daemon_pid
@@ -166,27 +188,30 @@ class Worker:
         """Join the run: DHT, manifest, model, data, trainer (``run_setup``), the checkpoint, then report ``joined``."""
         import torch
 
-        from p2ptrain.peers.dht import reachability, visible_addresses
+        from p2ptrain.peers.dht import port_moves, reachability, visible_addresses
 
         spec, plan = self.spec, self.spec.plan
         if plan.cpu_threads:
             torch.set_num_threads(plan.cpu_threads)
         self.dht = join_dht(spec, peers_file(self._checkpoint_file()))
+        self.port_moves = port_moves(self.dht)
+        for move in self.port_moves:
+            details = {name: value for name, value in move.to_dict().items() if name != "message"}
+            self.event("port-taken", move.message, **details)
         # ask now: once the averagers are up, hivemind can stall this query for minutes
         self.addresses, self.reachability = visible_addresses(self.dht), reachability(self.dht)
         self.manifest = manifest = run_manifest(spec, self.dht)
 
         self.device, self.precision, self.quantization = plan.device, plan.precision, plan.quantization
-        self.micro_batch = plan.micro_batch or manifest.micro_batch_hint
         self.grad_accum = plan.grad_accum
         self.manifest_hash = manifest.manifest_hash()
         self.peer_id = self.dht.peer_id.to_base58()
         checkpoint = self._read_checkpoint()
         start_position = int(checkpoint.get("data_position", 0)) if checkpoint else 0
-        self.loaded, self.batches, self.validation = build_model_and_data(
-            manifest, self.device, self.precision, self.quantization, self.micro_batch, self.peer_id,
-            Path(spec.paths.cache_dir), start_position,
-        )
+        self.loaded = load_model(manifest, self.device, self.precision, self.quantization)
+        self.micro_batch = plan.micro_batch or manifest.micro_batch_hint
+        self.calibration = self._confirm_micro_batch()
+        self.batches, self.validation = load_data(manifest, self.loaded.tokenizer, self.micro_batch, self.peer_id, Path(spec.paths.cache_dir), start_position)
         if checkpoint:
             try:
                 self.loaded.load_trainable_state(checkpoint["trainable"])
@@ -197,9 +222,10 @@ class Worker:
         # hivemind's averagers set SIGINT to ignored when they start
         processes.install_stop_handlers(self.on_signal)
         if checkpoint:
+            self.trainer.account.load_dict(checkpoint)
             self.trainer.load_state_dict(checkpoint["trainer"])
-            self.contributed_samples = int(checkpoint.get("contributed_samples", 0))
             self.event("checkpoint-loaded", f"resumed from a checkpoint at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
+        self.late_reported = self.trainer.account.unused["late"]
         self._catch_up()
         self.report(Joined(
             peer_id=self.peer_id, addresses=self.addresses, reachability=self.reachability,
@@ -207,7 +233,29 @@ class Worker:
             precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             grad_accum=self.grad_accum, parameters=self.loaded.parameters,
             trainable_parameters=self.loaded.trainable_parameters, nickname=spec.nickname,
+            port_moves=self.port_moves,
+            calibrated_samples_per_second=self.calibration.samples_per_second, **self.trainer.account.totals(),
         ))
+
+    def _confirm_micro_batch(self):
+        """Real forward/backward passes at the planned micro-batch, halved until they fit (``calibration``);
+        the result is this worker's micro-batch, recorded in the plan cache and the events."""
+        from p2ptrain.peers.calibration import cache_key, calibrate, record_calibration
+
+        plan, manifest = self.spec.plan, self.manifest
+        calibration = calibrate(self.loaded.model, manifest.model, self.device, self.micro_batch, self.grad_accum, manifest.seq_len)
+        self.micro_batch, self.grad_accum = calibration.micro_batch, calibration.grad_accum
+        key = cache_key(manifest.model, plan.device_name or self.device, self.precision, self.quantization)
+        try:
+            record_calibration(self.spec.paths.cache_dir, key, calibration, manifest.seq_len)
+        except OSError as error:
+            logger.warning("Could not write the plan cache: %s", error)
+        halved = f" after running out of memory at micro-batch {', '.join(map(str, calibration.out_of_memory_at))}" if calibration.out_of_memory_at else ""
+        self.event("calibrated", f"micro-batch {self.micro_batch} x {self.grad_accum} fits{halved}: "
+                   f"{calibration.samples_per_second:.2f} samples/s forward and backward",
+                   micro_batch=self.micro_batch, grad_accum=self.grad_accum, samples_per_second=calibration.samples_per_second,
+                   out_of_memory_at=list(calibration.out_of_memory_at))
+        return calibration
 
     def _catch_up(self) -> None:
         """Download the swarm's state if it is ahead of ours (checkpoint or fresh model)."""
@@ -215,7 +263,15 @@ class Worker:
             before = self.trainer.local_epoch
             self.trainer.load_state_from_peers()
             if self.trainer.local_epoch > before:
-                self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch, previous_epoch=before)
+                self.state_downloaded(previous_epoch=before)
+
+    def state_downloaded(self, **data) -> None:
+        """The ``state-downloaded`` event: the new epoch, and the samples of local progress that
+        were too many epochs behind to keep (the ``late`` ones since the last such event)."""
+        epoch, late = self.trainer.local_epoch, self.trainer.account.unused["late"]
+        dropped, self.late_reported = late - self.late_reported, late
+        kept = f"; {dropped} samples of local progress were too far behind to use" if dropped else ""
+        self.event("state-downloaded", f"caught up with the swarm at epoch {epoch}{kept}", epoch=epoch, dropped_samples=dropped, **data)
 
     # --- checkpoints --------------------------------------------------
     def _checkpoint_file(self) -> Path:
@@ -240,7 +296,7 @@ class Worker:
         state = {
             "trainable": self.loaded.trainable_state(), "trainer": self.trainer.state_dict(),
             "epoch": self.trainer.local_epoch, "data_position": self.batches.position,
-            "manifest_hash": self.manifest_hash, "contributed_samples": self.contributed_samples,
+            "manifest_hash": self.manifest_hash, **self.trainer.account.as_dict(),
             "manifest": self.manifest.model_dump(mode="json"),  # what `p2ptrain export` rebuilds the model from
         }
         try:
@@ -260,7 +316,10 @@ class Worker:
         self.checkpoint_interval_s = self.spec.checkpoint_interval_s
         self.set_state("paused" if self.spec.start_paused else "training")
         threading.Thread(target=self._report_swarm_forever, name="swarm-reporter", daemon=True).start()
-        self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
+        self.new_window()
+        # idle time (see new_window): since the last batch was trained, while training, and how long before that
+        self.computed_at: float | None = None
+        self.idle_before = 0.0
         self.epoch_started_at, self.epoch_losses = time.time(), []
         while not self.stop_requested and not self.left:
             self.handle_commands()
@@ -281,6 +340,7 @@ class Worker:
 
     def set_state(self, state: str) -> None:
         self.state = state
+        self.computed_at = None  # a pause is not idle time
         self.report(StateChanged(state))
 
     def handle_commands(self) -> None:
@@ -309,12 +369,11 @@ class Worker:
             return None
 
     def on_pause(self) -> None:
-        if self.state == "training":
-            self.pause()
+        self.pause()
 
     def on_resume(self) -> None:
-        if self.state != "training":
-            self.finish_at_epoch = None
+        self.finish_at_epoch = None
+        if self.state != "training":  # started paused
             self._catch_up()
             self.set_state("training")
 
@@ -329,16 +388,22 @@ class Worker:
         logger.info("Lifted the bans of %s", ", ".join(lifted) or "nobody")
 
     def pause(self, finished: bool = False) -> None:
+        """Checkpoint, leave the swarm and end the worker: a paused peer holds no memory
+        and takes no part in matchmaking. ``resume`` starts a new worker from this checkpoint."""
         self.trainer.skip_batch()
+        self.trainer.pause()
         self.save_checkpoint("pause")
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        self.report_steps(last=True)  # what the daemon shows while paused: the checkpoint's totals
+        self.leave_swarm()
         self.set_state("finished" if finished else "paused")
 
     def leave(self) -> None:
         self.save_checkpoint("leave")
+        self.leave_swarm()
+        self.report(Left())
+
+    def leave_swarm(self) -> None:
+        """Say goodbye and shut the trainer and the DHT down; the loop ends and the process exits 0."""
         self.left = True
         self.goodbye()
         for closing in (self.trainer, self.dht):
@@ -347,7 +412,6 @@ class Worker:
             except Exception:
                 logger.exception("Error while shutting down %s", type(closing).__name__)
         self.trainer = self.dht = None
-        self.report(Left())
 
     def train_one_step(self) -> None:
         """Accumulate ``grad_accum`` micro-batches and hand them to the trainer,
@@ -357,45 +421,71 @@ class Worker:
         from p2ptrain.peers.models import causal_lm_loss
 
         losses = []
+        self.count_idle_time()
         for _ in range(self.grad_accum):
             loss = causal_lm_loss(self.loaded.model, next(self.batches))
             if not torch.isfinite(loss):
                 self.trainer.skip_batch()
+                self.count_rejected((len(losses) + 1) * self.micro_batch)
                 self.event("non-finite", "skipped a batch with a non-finite loss; nothing was contributed", loss=str(loss.item()))
                 return
             (loss / self.grad_accum).backward()
             losses.append(loss.item())
             if self.grad_accum > 1:
                 self.handle_commands()
-                if self.state != "training" or self.left or self.stop_requested:
+                if self.left:
+                    return  # paused or left: the batch was skipped
+                if self.stop_requested:
                     self.trainer.skip_batch()
                     return
         gradients = [p.grad for p in self.trainer.parameters if p.grad is not None]
+        samples = self.micro_batch * self.grad_accum
         if not all(bool(torch.isfinite(g).all()) for g in gradients):
             self.trainer.skip_batch()
+            self.count_rejected(samples)
             self.event("non-finite", "skipped a batch with non-finite gradients; nothing was contributed")
             return
-        samples = self.micro_batch * self.grad_accum
         outcome = self.trainer.step(samples)
-        self.contributed_samples += samples
+        self.computed_at, self.idle_before = time.monotonic(), outcome.waited_s
         self.last_loss = sum(losses) / len(losses)
         self.window["samples"] += samples
         self.window["losses"].append(self.last_loss)
         self.epoch_losses.append(self.last_loss)
         self.after_step(outcome)
-        self.report_steps()
+        if not self.left:  # a finish that completed its epoch sent the last report
+            self.report_steps()
 
-    def report_steps(self) -> None:
+    def count_rejected(self, samples: int) -> None:
+        """Samples trained on a batch that was skipped as non-finite: trained, never used."""
+        self.trainer.account.add_trained(samples)
+        self.trainer.account.add_unused("rejected", samples)
+
+    def new_window(self) -> None:
+        """Start the next step report's window: samples, losses, and idle time (seconds between
+        training two batches, forward, backward and inner optimizer step, while training:
+        averaging, downloads, waiting for the swarm, reports, epoch-end validation)."""
+        self.window = {"started": time.monotonic(), "samples": 0, "losses": [], "idle_s": 0.0, "longest_idle_s": 0.0}
+
+    def count_idle_time(self) -> None:
+        if self.computed_at is not None:
+            idle = self.idle_before + time.monotonic() - self.computed_at
+            self.window["idle_s"] += idle
+            self.window["longest_idle_s"] = max(self.window["longest_idle_s"], idle)
+
+    def report_steps(self, last: bool = False) -> None:
+        """Report the steps since the last report, at most every ``STEP_REPORT_INTERVAL_S``; ``last``: now."""
         elapsed = time.monotonic() - self.window["started"]
-        if elapsed < STEP_REPORT_INTERVAL_S or not self.window["losses"]:
+        if (elapsed < STEP_REPORT_INTERVAL_S and not last) or not self.window["losses"]:
             return
-        self.samples_per_second = self.window["samples"] / elapsed
+        if elapsed >= STEP_REPORT_INTERVAL_S:  # a last window shorter than that measures no rate
+            self.samples_per_second = self.window["samples"] / elapsed
         self.report(Step(
             ts=time.time(), epoch=self.trainer.local_epoch,
             loss=sum(self.window["losses"]) / len(self.window["losses"]),
             samples=self.window["samples"], samples_per_second=self.samples_per_second,
+            idle_s=self.window["idle_s"], longest_idle_s=self.window["longest_idle_s"], **self.trainer.account.totals(),
         ))
-        self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
+        self.new_window()
 
     def after_step(self, outcome) -> None:
         """Report what the trainer's step changed: averaging rounds, epoch ends, downloads,
@@ -411,7 +501,7 @@ class Worker:
             self.event("averaging-failed", "an averaging round formed no group in time; trained on without it",
                        rounds=outcome.failed_rounds, epoch=self.trainer.local_epoch)
         if outcome.loaded_state:
-            self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
+            self.state_downloaded()
         if outcome.epoch_advanced:
             self.end_epoch(self.trainer.local_epoch - 1)
 
@@ -422,7 +512,7 @@ class Worker:
             epoch=epoch, started_at=self.epoch_started_at, ended_at=now, duration_s=now - self.epoch_started_at,
             num_peers=max(progress.num_peers, 1), global_samples=self.manifest.target_batch_size,
             loss=sum(self.epoch_losses) / len(self.epoch_losses) if self.epoch_losses else None,
-            val_loss=self.validation_loss(), averaged_with=getattr(self, "last_group", 1),
+            val_loss=self.validation_loss(), averaged_with=getattr(self, "last_group", 1), **self.trainer.account.totals(),
         ))
         self.epoch_started_at, self.epoch_losses, self.last_group = now, [], 1
         if self.finish_at_epoch is not None and self.trainer.local_epoch >= self.finish_at_epoch:
@@ -445,7 +535,8 @@ class Worker:
             peer_id=self.peer_id, nickname=self.spec.nickname[:64],
             device=self.spec.device_label or self.device, precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             samples_per_second=samples_per_second, loss=self.last_loss, epoch=self.trainer.local_epoch,
-            contributed_samples=self.contributed_samples, manifest_hash=self.manifest_hash,
+            contributed_samples=self.trainer.account.contributed, trained_samples=self.trainer.account.trained,
+            manifest_hash=self.manifest_hash,
             version=__version__, reachability=self.reachability, time=get_dht_time(),
         )
 

@@ -15,6 +15,7 @@ import sqlite3
 import time
 
 from .database import Database
+from .schema import write_transaction
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +32,11 @@ def record_ban(db: Database, run_id: str, peer_id: str, reason: str | None, roun
         rounds_named: in how many rounds it was named, if known.
         ts: Unix time of the ban; now if None.
     """
-    row = {"run_id": run_id, "peer_id": peer_id, "banned_at": time.time() if ts is None else ts,
-           "reason": reason, "rounds_named": rounds_named}
+    row = [run_id, peer_id, time.time() if ts is None else ts, reason, rounds_named]
     try:
-        with db.connection.conn:
-            db.connection["bans"].upsert(row, pk=("run_id", "peer_id"))
+        with write_transaction(db.connection.conn):
+            db.connection.execute(
+                "INSERT OR REPLACE INTO bans (run_id, peer_id, banned_at, reason, rounds_named) VALUES (?, ?, ?, ?, ?)", row)
     except sqlite3.Error as error:
         logger.warning("could not store the ban of %s in %s: %s", peer_id, db.path, error)
         return False
@@ -58,6 +59,6 @@ def lift_bans(db: Database, run_id: str | None, peer_ids: list[str] | None) -> l
     """
     lifted = [ban["peer_id"] for ban in banned_peers(db, run_id) if peer_ids is None or ban["peer_id"] in peer_ids]
     if lifted:
-        with db.connection.conn:
+        with write_transaction(db.connection.conn):
             db.connection.conn.executemany("DELETE FROM bans WHERE run_id = ? AND peer_id = ?", [(run_id, peer_id) for peer_id in lifted])
     return lifted

@@ -26,6 +26,7 @@ from p2ptrain.worker_pipe import PeerRow
 
 from .buffer import WriteBuffer
 from .disk_full import disk_full_message
+from .retention import RetentionLimits, apply_retention
 from .schema import PEER_COLUMNS, StorageError, connect
 
 logger = logging.getLogger(__name__)
@@ -219,7 +220,7 @@ class Database:
         Args:
             run_id: the run the snapshot belongs to.
             rows: the peers; fields outside the ``peers`` table
-                (``contributed_samples``, ``is_local``...) are not stored.
+                (``manifest_hash``, ``is_local``...) are not stored.
                 Each needs a ``peer_id``.
             ts: Unix time of the snapshot; now if None.
         """
@@ -336,43 +337,26 @@ class Database:
         self.last_write_error = None
         return True
 
-    def apply_retention(
-        self, keep_steps_days: float = 30, keep_events: int = 100_000, keep_peers_days: float = 7
-    ) -> dict[str, int] | None:
-        """Delete old rows; epochs, runs and settings are kept forever.
+    def apply_retention(self, limits: RetentionLimits, now: float | None = None) -> dict[str, int] | None:
+        """Flush, then apply ``limits`` on this connection (``storage/retention.py``:
+        old steps folded per minute then deleted, surplus events and old peer
+        snapshots deleted, the file shrunk). The daemon runs retention in a
+        ``RetentionThread`` instead, off its event loop.
 
-        Returns how many rows were deleted per table, or None if the database
-        could not be written (``last_write_error`` says why).
+        Returns the counts of ``retention.apply_retention``, or None if the
+        database could not be written (``last_write_error`` says why).
 
         Args:
-            keep_steps_days: delete step rows older than this many days.
-            keep_events: keep only this many newest events.
-            keep_peers_days: delete peer snapshots older than this many days.
+            limits: what to keep.
+            now: Unix time to measure ages from; the current time if None.
         """
-        if keep_steps_days < 0 or keep_events < 0 or keep_peers_days < 0:
-            raise ValueError("retention limits must be >= 0")
         if not self.flush():
             return None
-        now = time.time()
-        db = self.connection
         try:
-            with db.atomic():
-                steps = db.execute(
-                    "DELETE FROM steps WHERE ts < ?", [now - keep_steps_days * 86400]
-                ).rowcount
-                peers = db.execute(
-                    "DELETE FROM peers WHERE ts < ?", [now - keep_peers_days * 86400]
-                ).rowcount
-                # rowid order is insertion order, which is time order for events.
-                events = db.execute(
-                    "DELETE FROM events WHERE rowid NOT IN "
-                    "(SELECT rowid FROM events ORDER BY rowid DESC LIMIT ?)",
-                    [keep_events],
-                ).rowcount
+            return apply_retention(self.connection.conn, limits, now)
         except sqlite3.Error as exc:
             self._write_failed(exc)
             return None
-        return {"steps": steps, "events": events, "peers": peers}
 
     def integrity_ok(self) -> bool:
         """Whether SQLite's ``PRAGMA integrity_check`` finds the file sound."""

@@ -120,9 +120,9 @@ def test_pause_resume_and_a_timed_pause(sync_swarm):
     assert cli(c.home, "pause").returncode == 0
     status = status_json(c.home)
     assert (status["state"], status["pause_reason"]) == ("paused", "user")
-    contributed = status["local"]["contributed_samples"]
+    trained = status["local"]["trained_samples"]
     time.sleep(4)
-    assert status_json(c.home)["local"]["contributed_samples"] <= contributed + 8 * 2  # at most the micro-step in flight
+    assert status_json(c.home)["local"]["trained_samples"] <= trained + 8 * 2  # at most the micro-step in flight
     assert cli(c.home, "resume").returncode == 0
     c.wait_until(lambda s: s["state"] == "training", 60, what="resume")
     assert cli(c.home, "pause", "--for", "3s").returncode == 0

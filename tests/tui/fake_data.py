@@ -57,7 +57,10 @@ def _local() -> dict:
         "trainable_parameters": 23_400_000,
         "samples_per_second": 41.7,
         "loss": 2.871,
+        "trained_samples": 160_000,
         "contributed_samples": 153_600,
+        "unused_samples": {"late": 4_800, "failed_round": 0, "rejected": 0},
+        "calibrated_samples_per_second": 44.9,
     }
 
 
@@ -65,7 +68,8 @@ def local_status() -> dict:
     """``status["local"]``: this peer, one worker on its GPU."""
     local = _local()
     worker = {name: local[name] for name in ("device", "peer_id", "precision", "quantization", "micro_batch",
-                                              "grad_accum", "samples_per_second", "loss", "contributed_samples")}
+                                              "grad_accum", "samples_per_second", "loss", "trained_samples",
+                                              "contributed_samples", "unused_samples")}
     return {**local, "workers": [{**worker, "state": "training"}]}
 
 
@@ -82,6 +86,7 @@ def run_status(run_id: str = RUN_ID) -> dict:
         "eta_next_epoch_s": 31.0,
         "num_peers": 3,
         "last_epoch_at": FROZEN_NOW - 5 * 60,
+        "as_of": None,
     }
 
 
@@ -108,6 +113,7 @@ def paused_status(reason: str = "battery", paused_until: float | None = None) ->
     status.update(state="paused", pause_reason=reason, since=FROZEN_NOW - 12 * 60)
     status["local"]["samples_per_second"] = 0.0
     status["local"]["workers"][0].update(samples_per_second=0.0, state="paused")
+    status["run"].update(as_of=FROZEN_NOW - 12 * 60, eta_next_epoch_s=None)
     status["hardware"]["gpus"][0].update(utilization_pct=0, memory_used_mib=410, temperature_c=41, power_w=14.0)
     status["paused_until"] = paused_until
     return status
@@ -158,7 +164,8 @@ def sample_peers() -> list[dict]:
             "samples_per_second": speed,
             "loss": loss,
             "epoch": epoch,
-            "contributed_samples": int(speed * 3600),
+            "trained_samples": int(speed * 3600),
+            "contributed_samples": int(speed * 3500),
             "manifest_hash": "9f2c1e",
             "compatible": True,
             "reachability": link,

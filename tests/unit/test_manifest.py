@@ -62,6 +62,8 @@ def test_hash_is_stable_for_equal_manifests():
         {"warmup_epochs": 2},
         {"lr_schedule": "cosine", "total_epochs": 10},
         {"total_epochs": 10},
+        {"round_end": "local_steps"},
+        {"round_time_limit_s": 60.0},
     ],
 )
 def test_hash_changes_with_any_field(change):
@@ -74,7 +76,7 @@ def test_hash_changes_with_any_field(change):
 def test_every_field_is_covered_by_the_hash_test():
     covered = {"run_id", "mode", "model", "lora", "dataset", "seq_len", "target_batch_size", "local_steps"}
     covered |= {"micro_batch_hint", "inner_lr", "outer_lr", "outer_momentum", "compression", "seed", "created_at"}
-    covered |= {"optimizer", "warmup_epochs", "lr_schedule", "total_epochs"}
+    covered |= {"optimizer", "warmup_epochs", "lr_schedule", "total_epochs", "round_end", "round_time_limit_s"}
     covered |= {"format"}  # one valid value today; a new format is refused before hashing
     assert set(Manifest.model_fields) == covered
 
@@ -107,6 +109,8 @@ def test_bad_optimizer_settings_are_one_line_errors_with_a_fix(options, message)
         ({"run_id": "ok", "outer_momentum": 1.0}, "outer_momentum", "[0, 1)"),
         ({"run_id": "ok", "inner_lr": float("nan")}, "inner_lr", "finite number"),
         ({"run_id": "ok", "compression": "zip"}, "compression", "blockwise8bit"),
+        ({"run_id": "ok", "round_end": "time"}, "round_end", "'samples'"),
+        ({"run_id": "ok", "round_time_limit_s": 0}, "round_time_limit_s", "seconds > 0"),
         ({"run_id": "ok", "lora": {"r": 0}}, "lora.r", "rank"),
         ({"run_id": "ok", "dataset": {"path": "x"}}, "dataset", "'kind'"),
     ],
@@ -246,5 +250,8 @@ def test_a_manifest_from_a_newer_p2ptrain_asks_for_an_upgrade_not_about_unknown_
     assert "pip install --upgrade p2ptrain" in error.value.fix
     assert parse_manifest({"run_id": "today"}).format == MANIFEST_FORMAT
     assert parse_manifest({"run_id": "older", "format": 1}).format == 1, "older formats still parse"
+    assert parse_manifest({"run_id": "older", "format": 2, "mode": "diloco"}).round_end == "local_steps", \
+        "a run defined before format 3 keeps DiLoCo's fixed H"
+    assert parse_manifest({"run_id": "today", "mode": "diloco"}).round_end == "samples"
     with pytest.raises(ManifestError, match="'format'"):
         parse_manifest({"run_id": "today", "format": 0})

@@ -16,6 +16,7 @@ from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster
 from p2ptrain.storage import SCHEMA_VERSION, Database, SchemaTooNewError, StorageError
 from p2ptrain.storage import queries
+from p2ptrain.storage.retention import RetentionLimits
 from p2ptrain.worker_pipe import PeerRow, Step
 
 
@@ -90,6 +91,16 @@ def test_v1_database_is_migrated_forward_keeping_its_rows(tmp_path):
     with sqlite3.connect(path) as connection:
         indexes = {row[1] for row in connection.execute("SELECT * FROM sqlite_master WHERE type = 'index'")}
     assert "idx_steps_ts" in indexes
+
+
+def test_peer_rows_keep_what_each_peer_trained_and_what_the_run_used(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    make_v1_database(path)
+    with Database.open(path) as db:
+        db.record_peers("old-run", [PeerRow(peer_id="QmSlow", trained_samples=2048, contributed_samples=1928)], ts=130.0)
+        peers = {peer["peer_id"]: peer for peer in queries.peers_table(db, "old-run")}
+    assert (peers["QmSlow"]["trained_samples"], peers["QmSlow"]["contributed_samples"]) == (2048, 1928)
+    assert peers["QmOld"]["trained_samples"] is None, "rows written before schema version 5 know nothing of it"
 
 
 def make_v2_database(path):
@@ -236,9 +247,16 @@ def test_queries_see_rows_still_in_the_buffer(tmp_path):
     with Database.open(path, flush_interval_s=3600, clock=ManualClock()) as db:
         db.record_step("run", 0, 3.0, 32, 10.0, ts=10.0)
         db.record_run_joined("run", {"run_id": "run"}, ts=5.0)
+        db.record_epoch("run", 0, 1.0, 9.0, 8.0, 1, 64, 3.5)
+        db.record_event("state", "training", ts=11.0)
         assert count_on_disk(path, "steps") == 0
         assert [s["loss"] for s in queries.steps_since(db)] == [3.0]
         assert queries.current_run(db)["run_id"] == "run"
+        assert [e["epoch"] for e in queries.recent_epochs(db)] == [0]
+        assert [e["kind"] for e in queries.events_since(db)] == ["state"]
+        # reading never makes the writer write: the rows wait for their flush interval
+        assert db.buffered_rows == 4
+        assert count_on_disk(path, "steps") == 0 and count_on_disk(path, "events") == 0
 
 
 def test_leaving_a_run_ends_it_as_current(tmp_path):
@@ -265,14 +283,14 @@ def test_retention_deletes_old_steps_peers_and_surplus_events(tmp_path):
     day = 86400
     with Database.open(path) as db:
         db.record_step("run", 0, 3.0, 32, 10.0, ts=now - 40 * day)
-        db.record_step("run", 1, 2.0, 32, 10.0, ts=now - 1 * day)
+        db.record_step("run", 1, 2.0, 32, 10.0, ts=now - 3600)
         db.record_peers("run", [PeerRow(peer_id="QmOld")], ts=now - 8 * day)
         db.record_peers("run", [PeerRow(peer_id="QmNew")], ts=now - 1 * day)
         for i in range(10):
             db.record_event("tick", f"event {i}", ts=now - 100 + i)
         db.record_epoch("run", 0, now - 50 * day, now - 49 * day, day, 1, 4096, 3.0)
-        deleted = db.apply_retention(keep_steps_days=30, keep_events=3, keep_peers_days=7)
-        assert deleted == {"steps": 1, "events": 7, "peers": 1}
+        counts = db.apply_retention(RetentionLimits(keep_steps_days=30, keep_events=3, keep_peers_days=7), now=now)
+        assert {table: counts[table] for table in ("steps", "events", "peers")} == {"steps": 1, "events": 7, "peers": 1}
         assert [s["epoch"] for s in queries.steps_since(db)] == [1]
         assert [e["message"] for e in queries.events_since(db)] == ["event 7", "event 8", "event 9"]
         assert [p["peer_id"] for p in queries.peers_table(db, "run")] == ["QmNew"]
