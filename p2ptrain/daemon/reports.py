@@ -63,6 +63,14 @@ class WorkerReports:
         if self.lifecycle.state == states.JOINING:
             self._enter(states.TRAINING)
 
+    def _report_network(self, name: str, report: dict) -> None:
+        before = self.run.workers[name].local.get("reachability")
+        self.run.apply_network(name, report)
+        if report["reachability"] != before:
+            self.record_event("reachability", f"reachability: {report['reachability']} ({report.get('answered', 0)} of "
+                              f"{report.get('asked', 0)} asked peers answered){self._worker_words(name)}",
+                              {key: report.get(key) for key in ("reachability", "asked", "answered", "reached", "averaging_client")})
+
     def _report_state(self, name: str, report: dict) -> None:
         worker_state = report["state"]
         self.run.workers[name].state = worker_state

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2ptrain.peers.reachability import RELAYED, UNREACHABLE, fix_for
+
 LOCAL_FIELDS = (
     "peer_id",
     "nickname",
@@ -87,6 +89,13 @@ class WorkerView:
         self.local = {name: report.get(name) for name in LOCAL_FIELDS}
         self.local["device"] = self.device
 
+    def apply_network(self, report: dict) -> None:
+        """A reachability check's result (``network`` report): the measured reachability and addresses."""
+        self.local["reachability"] = report["reachability"]
+        self.local["addresses"] = list(report.get("addresses") or self.local.get("addresses") or [])
+        self.local["averaging_client"] = bool(report.get("averaging_client"))
+        self.local["reachability_checked_at"] = report.get("checked_at")
+
     def apply_step(self, report: dict) -> None:
         self.contributed_samples += int(report.get("samples") or 0)
         self.samples_per_second = report.get("samples_per_second")
@@ -147,6 +156,9 @@ class RunView:
         self.target_batch_size = self.manifest.get("target_batch_size", self.target_batch_size)
         self.workers[name].apply_joined(report)
 
+    def apply_network(self, name: str, report: dict) -> None:
+        self.workers[name].apply_network(report)
+
     def apply_step(self, name: str, report: dict) -> None:
         self.workers[name].apply_step(report)
         self.epoch = max(self.epoch, int(report.get("epoch") or 0))
@@ -205,13 +217,18 @@ class RunView:
             local["contributed_samples"] = sum(view.contributed_samples for view in views)
         return local
 
-    def reachability_health(self) -> list[dict]:
-        if not any(view.local.get("reachability") == "relayed" for view in self.workers.values()):
+    def reachability_health(self, host_maddrs: list[str], announce_maddrs: list[str]) -> list[dict]:
+        """A warning with its fix when peers could not dial the first joined worker directly
+        (``dht.host_maddrs`` and ``dht.announce_maddrs`` from the config name the port)."""
+        local = next((view.local for view in self.workers.values() if view.joined), None)
+        reachability = (local or {}).get("reachability")
+        fix = fix_for(reachability, host_maddrs, announce_maddrs, (local or {}).get("addresses") or [])
+        if fix is None:
             return []
-        return [
-            {
-                "level": "warning",
-                "message": "this peer is reachable only through a relay, which slows averaging",
-                "fix": "forward the TCP port of dht.host_maddrs in your router, or set dht.announce_maddrs to your public address",
-            }
-        ]
+        message = {
+            RELAYED: "other peers reach this one only through a relay",
+            UNREACHABLE: "other peers cannot dial this one (behind NAT or a firewall)",
+        }[reachability]
+        if local.get("averaging_client"):
+            message += "; it averages as a client (sends its share, never reduces)"
+        return [{"level": "warning", "message": message, "fix": fix}]

@@ -392,7 +392,7 @@ class Daemon(WorkerReports):
             )
         if self.desired.run is not None:
             lines.extend(self._crash_health())
-        lines.extend(self.run.reachability_health())
+        lines.extend(self.run.reachability_health(self.config.dht.host_maddrs, self.config.dht.announce_maddrs))
         return lines
 
     def _crash_health(self) -> list[dict]:

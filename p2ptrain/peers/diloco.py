@@ -37,6 +37,7 @@ from hivemind.compression import CompressionInfo, TensorRole
 from hivemind.optim.progress_tracker import ProgressTracker
 
 from p2ptrain.peers.optimizers import learning_rate_factor
+from p2ptrain.peers.round_loss import CountsLostParts, found_no_group
 from p2ptrain.peers.sync import CheckedStateMixin, StepOutcome, all_finite, make_compression
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def apply_outer_step(
         local_parameter.copy_(global_parameter.to(local_parameter.device, local_parameter.dtype))
 
 
-class PseudoGradientAverager(CheckedStateMixin):
+class PseudoGradientAverager(CountsLostParts, CheckedStateMixin):
     """Averages pseudo-gradients and shares the outer state (global parameters,
     momentum, epoch) with peers that download it."""
 
@@ -237,17 +238,19 @@ class DiLoCoTrainer:
             with self.averager.get_tensors() as buffers:
                 for buffer, pseudo_gradient in zip(buffers, local_pseudo_gradients):
                     buffer.copy_(pseudo_gradient)
+            exchange_failed = False
             try:
                 group = self.averager.step(
                     weight=float(max(self.samples_this_epoch, 1)), gather=self.local_epoch, timeout=self.averaging_timeout
                 )
             except Exception as error:
                 logger.info("Outer averaging failed: %r", error)
-                group = None
+                group, exchange_failed = None, not found_no_group(error)
             if not group:
                 # others train in this run: a lone outer step would split this peer from them
                 self._reset_local()
-                return StepOutcome(loaded_state=self.load_state_from_peers(), failed_rounds=1)
+                return StepOutcome(loaded_state=self.load_state_from_peers(), failed_rounds=int(not exchange_failed),
+                                   failed_exchanges=int(exchange_failed))
             # what a peer gathers is whatever it sent (None, or anything from a broken peer): never sort it raw
             other_steps = {repr(epoch) for epoch in group.values() if epoch != self.local_epoch}
             if other_steps:
@@ -269,7 +272,9 @@ class DiLoCoTrainer:
             apply_outer_step(self.global_parameters, averaged, self.outer_optimizer, self.parameters)
             self.local_epoch += 1
         self._start_epoch()
-        return StepOutcome(epoch_advanced=True, averaged_with=averaged_with, non_finite_average=rejected_from)
+        share = self.averager.received_share() if averaged_with and averaged_with > 1 else 1.0
+        return StepOutcome(epoch_advanced=True, averaged_with=averaged_with, non_finite_average=rejected_from,
+                           averaged_share=share)
 
     def _reset_local(self) -> None:
         with torch.no_grad():

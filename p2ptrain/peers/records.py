@@ -37,7 +37,8 @@ class LocalMetrics(pydantic.BaseModel):
     when the last one was not finite), ``epoch`` its local epoch,
     ``contributed_samples`` all samples it contributed to the run.
     ``manifest_hash`` identifies the settings it trains with, ``version`` the
-    p2ptrain version, ``reachability`` whether others dial it directly, and
+    p2ptrain version, ``reachability`` whether others dial it directly (measured,
+    ``peers.reachability``), and
     ``time`` is the DHT time of the measurement.
     """
 
@@ -55,7 +56,7 @@ class LocalMetrics(pydantic.BaseModel):
     contributed_samples: int = pydantic.Field(0, ge=0)
     manifest_hash: str = pydantic.Field("", max_length=64)
     version: str = pydantic.Field("", max_length=32)
-    reachability: Literal["direct", "relayed", "unknown"] = "unknown"
+    reachability: Literal["direct", "relayed", "unreachable", "unknown"] = "unknown"
     time: float = pydantic.Field(0.0, ge=0)
 
     @pydantic.field_validator("loss", mode="before")

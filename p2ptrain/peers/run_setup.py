@@ -132,7 +132,7 @@ def build_model_and_data(manifest, device: str, precision: str, quantization: st
     return loaded, batches, validation
 
 
-def make_trainer(spec: dict, manifest, dht, parameters, batch_size_per_step: int):
+def make_trainer(spec: dict, manifest, dht, parameters, batch_size_per_step: int, averaging_client: bool = False):
     """The manifest's trainer (``SyncTrainer``, or ``DiLoCoTrainer`` in ``diloco`` mode).
 
     Its averagers start now and set SIGINT to ignored: install the stop handlers again after.
@@ -143,6 +143,8 @@ def make_trainer(spec: dict, manifest, dht, parameters, batch_size_per_step: int
         dht: the worker's running DHT.
         parameters: the trainable parameters.
         batch_size_per_step: samples of one step (micro-batch times gradient accumulation).
+        averaging_client: average as a client (send our share, never reduce), as a DHT
+            client always does: other peers cannot dial this one directly (``peers.network``).
     """
     from p2ptrain.peers.manifest import averaging_prefix
     from p2ptrain.peers.sync import averaging_timings
@@ -152,7 +154,7 @@ def make_trainer(spec: dict, manifest, dht, parameters, batch_size_per_step: int
         dht=dht, prefix=averaging_prefix(manifest), parameters=parameters,
         target_batch_size=manifest.target_batch_size, batch_size_per_step=batch_size_per_step,
         inner_lr=manifest.inner_lr, compression=manifest.compression,
-        client_mode=bool(dht_options.get("client_mode", False)),
+        client_mode=bool(dht_options.get("client_mode", False)) or averaging_client,
         **averaging_timings(spec.get("averaging"), dht_options.get("host_maddrs") or ()),
     )
     schedule = dict(warmup_epochs=manifest.warmup_epochs, lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs)

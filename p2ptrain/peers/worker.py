@@ -110,7 +110,7 @@ class Worker:
         self.send_lock = threading.Lock()
         self.stop_requested = False
         self.interruptible = True  # a signal may interrupt setup, never a training step
-        self.dht = self.trainer = self.loaded = self.batches = None
+        self.dht = self.network = self.trainer = self.loaded = self.batches = None
         self.state = "joining"
         self.finish_at_epoch: int | None = None
         self.contributed_samples = 0
@@ -158,14 +158,15 @@ class Worker:
         """Join the run: DHT, manifest, model, data, trainer (``run_setup``), the checkpoint, then report ``joined``."""
         import torch
 
-        from p2ptrain.peers.dht import reachability, visible_addresses
+        from p2ptrain.peers.network import PeerNetwork
 
         spec, plan = self.spec, self.spec.get("plan") or {}
         if spec.get("torch_threads"):
             torch.set_num_threads(int(spec["torch_threads"]))
         self.dht = join_dht(spec, peers_file(self._checkpoint_file()))
-        # ask now: once the averagers are up, hivemind can stall this query for minutes
-        self.addresses, self.reachability = visible_addresses(self.dht), reachability(self.dht)
+        # measured before the averagers start: they take their role (reducer or client) from it
+        self.network = PeerNetwork(self.dht, self.report, client_mode=bool((spec.get("dht") or {}).get("client_mode")))
+        self.network.join()
         self.manifest = manifest = run_manifest(spec, self.dht)
 
         self.device = plan.get("device", "cpu")
@@ -187,7 +188,8 @@ class Worker:
             except (KeyError, ValueError) as error:
                 self.event("checkpoint-ignored", f"checkpoint not used: {error}")
                 checkpoint = None
-        self.trainer = make_trainer(spec, manifest, self.dht, self.loaded.trainable(), self.micro_batch * self.grad_accum)
+        self.trainer = make_trainer(spec, manifest, self.dht, self.loaded.trainable(), self.micro_batch * self.grad_accum,
+                                    averaging_client=self.network.averaging_client)
         # hivemind's averagers set SIGINT to ignored when they start
         process.install_stop_handlers(self.on_signal)
         if checkpoint:
@@ -196,12 +198,13 @@ class Worker:
             self.event("checkpoint-loaded", f"resumed from a checkpoint at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
         self._catch_up()
         self.report(
-            "joined", peer_id=self.peer_id, addresses=self.addresses, reachability=self.reachability,
+            "joined", peer_id=self.peer_id, addresses=self.network.addresses, reachability=self.network.reachability,
             manifest=manifest.model_dump(mode="json"), manifest_hash=self.manifest_hash, device=self.device,
             precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             grad_accum=self.grad_accum, parameters=self.loaded.parameters,
             trainable_parameters=self.loaded.trainable_parameters, nickname=spec.get("nickname", ""),
         )
+        self.network.watch()
 
     def _catch_up(self) -> None:
         """Download the swarm's state if it is ahead of ours (checkpoint or fresh model)."""
@@ -315,12 +318,12 @@ class Worker:
         self.save_checkpoint("leave")
         self.left = True
         self.goodbye()
-        for closing in (self.trainer, self.dht):
+        for closing in (self.network, self.trainer, self.dht):
             try:
                 closing.shutdown()
             except Exception:
                 logger.exception("Error while shutting down %s", type(closing).__name__)
-        self.trainer = self.dht = None
+        self.network = self.trainer = self.dht = None
         self.report("left")
 
     def train_one_step(self) -> None:
@@ -375,12 +378,21 @@ class Worker:
         """Report what the trainer's step changed: averaging rounds, epoch ends, downloads."""
         if outcome.averaged_with is not None:
             self.last_group = outcome.averaged_with
-            self.event("averaged", f"averaged with {outcome.averaged_with} peers", peers=outcome.averaged_with, epoch=self.trainer.local_epoch)
+            if outcome.averaged_share < 1.0:
+                self.event("averaging-incomplete", f"averaged with {outcome.averaged_with} peers, but only "
+                           f"{outcome.averaged_share:.0%} of the values: a peer dropped out mid-round, the rest kept "
+                           "this peer's own values", peers=outcome.averaged_with, share=outcome.averaged_share,
+                           epoch=self.trainer.local_epoch)
+            else:
+                self.event("averaged", f"averaged with {outcome.averaged_with} peers", peers=outcome.averaged_with, epoch=self.trainer.local_epoch)
         if outcome.non_finite_average is not None:
             self.event("non-finite-average", outcome.non_finite_message(), peers=outcome.non_finite_average, epoch=self.trainer.local_epoch)
         if outcome.failed_rounds:
             self.event("averaging-failed", "an averaging round formed no group in time; trained on without it",
-                       rounds=outcome.failed_rounds, epoch=self.trainer.local_epoch)
+                       rounds=outcome.failed_rounds, epoch=self.trainer.local_epoch, reason="no-group")
+        if outcome.failed_exchanges:
+            self.event("averaging-failed", "an averaging group formed but its data exchange failed; trained on without it",
+                       rounds=outcome.failed_exchanges, epoch=self.trainer.local_epoch, reason="exchange")
         if outcome.loaded_state:
             self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
         if outcome.epoch_advanced:
@@ -417,7 +429,7 @@ class Worker:
             device=self.spec.get("device_label") or self.device, precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             samples_per_second=samples_per_second, loss=self.last_loss, epoch=self.trainer.local_epoch,
             contributed_samples=self.contributed_samples, manifest_hash=self.manifest_hash,
-            version=__version__, reachability=self.reachability, time=get_dht_time(),
+            version=__version__, reachability=self.network.reachability, time=get_dht_time(),
         )
 
     def _report_swarm_forever(self) -> None:
@@ -460,7 +472,7 @@ class Worker:
                 logger.exception("Could not checkpoint while stopping")
         if self.daemon_gone():
             return  # no one to say goodbye to in order: main() ends the whole group now
-        for closing in (self.trainer, self.dht):
+        for closing in (self.network, self.trainer, self.dht):
             if closing is None:
                 continue
             try:

@@ -52,8 +52,11 @@ def describe_reason(status: dict, now: float) -> str:
         return "Not in a run · press j to join one"
     if state == "finishing":
         return "Finishing the current epoch, then pausing"
-    warnings = [entry.get("message", "") for entry in status.get("health") or [] if entry.get("level") == "warning"]
-    return f"Warning: {warnings[0]}" if warnings else ""
+    warnings = [entry for entry in status.get("health") or [] if entry.get("level") == "warning"]
+    if not warnings:
+        return ""
+    fix = f" · fix: {warnings[0]['fix']}" if warnings[0].get("fix") else ""
+    return f"Warning: {warnings[0].get('message', '')}{fix}"
 
 
 class StatusHeader(Widget):
@@ -94,7 +97,10 @@ class StatusHeader(Widget):
             parts.append(f"run [b]{run['id']}[/b] ({run.get('mode', '?')}, {run.get('model', '?')})")
         if local.get("peer_id"):
             nickname = f" {local['nickname']}" if local.get("nickname") else ""
-            parts.append(f"peer {short_peer_id(local['peer_id'])}{nickname}")
+            # how peers reach this one, when it is not plainly direct (a health warning says what to do)
+            reach = local.get("reachability")
+            reach = f" ({reach})" if reach in ("relayed", "unreachable") else ""
+            parts.append(f"peer {short_peer_id(local['peer_id'])}{nickname}{reach}")
         if status.get("since"):
             parts.append(f"{state} for {format_duration(self.now - status['since'])}")
         if status.get("started_at"):
