@@ -129,6 +129,11 @@ def format_status(status: dict) -> str:
             f"  Training: {_fmt(local.get('samples_per_second'), '.1f')} samples/s{total}, loss {_fmt(local.get('loss'), '.3f')},"
             f" {local.get('contributed_samples', 0)} samples contributed{total}"
         )
+        traffic = local.get("traffic")
+        if traffic:
+            kinds = ", ".join(f"{kind} {rate / 1000:.1f}" for kind, rate in traffic["bytes_per_s"].items() if rate >= 50)
+            lines.append(f"   Traffic: {sum(traffic['bytes_per_s'].values()) / 1000:.1f} KB/s ({kinds or 'idle'}),"
+                         f" ~{traffic['month_gb']:.1f} GB a month at this rate, {traffic['month_used_gb']:.2f} GB this month")
         for address in (local.get("addresses") or [])[:2]:
             lines.append(f"   Address: {address}")
     for health in status.get("health") or []:

@@ -2,7 +2,7 @@
 
 `PolicySettings` is the `[policy]` table of the config. `PolicyEngine.evaluate`
 turns sensor readings into the `pause_reason` that applies now ('battery',
-'temperature', 'schedule', 'user-active', 'gpu-busy') or None. Nothing flaps:
+'temperature', 'traffic-budget', 'schedule', 'user-active', 'gpu-busy') or None. Nothing flaps:
 a reason must hold for a while before some pauses start (another program on
 the GPU), a pause lasts at least `min_pause_s`, and it ends only after its
 condition has stayed clear for `resume_after_s` (the temperature also has to
@@ -27,7 +27,7 @@ from p2ptrain.daemon.plan import PlanPolicy
 
 # When several reasons hold, the one shown is the first here: the most
 # pressing for the volunteer (their battery, their hardware) first.
-REASON_PRIORITY = ("battery", "temperature", "schedule", "user-active", "gpu-busy")
+REASON_PRIORITY = ("battery", "temperature", "traffic-budget", "schedule", "user-active", "gpu-busy")
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _WINDOW = re.compile(r"^([01]\d|2[0-4]):([0-5]\d)-([01]\d|2[0-4]):([0-5]\d)$")
 
@@ -74,6 +74,9 @@ class PolicySettings(BaseModel):
     max_vram_share: float = Field(0.9, gt=0, le=1, description="share of free GPU memory training may take")
     max_ram_share: float = Field(0.5, gt=0, le=1, description="share of available RAM for CPU training")
     max_cpu_threads: int | None = Field(None, ge=1, description="cap on CPU threads (unset: all cores)")
+    max_monthly_traffic_gb: float | None = Field(
+        None, gt=0, description="pause training once this machine's peers sent and received this many GB "
+        "this calendar month (unset: no limit); the DHT stays up, so a few KB/s go on while paused")
     min_pause_s: float = Field(60.0, ge=0, description="a pause lasts at least this long")
     resume_after_s: float = Field(30.0, ge=0, description="a reason must stay clear this long to resume")
 
@@ -129,14 +132,18 @@ class PolicyEngine:
         sensors: where readings come from (`SystemSensors`, or a fake in tests).
         clock: monotonic seconds, for hold times and minimum durations.
         wallclock: local time now, for the schedule.
+        monthly_traffic_gb: GB this machine's peers moved this calendar month (the daemon's
+            `MonthlyTraffic.used_gb`), for `max_monthly_traffic_gb`.
 
     `evaluate()` is cheap enough for the supervisor's tick (every few seconds).
     After it, `detail` says in words why the current reason holds.
     """
 
     def __init__(self, settings: PolicySettings, sensors: Sensors, clock: Callable[[], float] = time.monotonic,
-                 wallclock: Callable[[], datetime] = datetime.now):
+                 wallclock: Callable[[], datetime] = datetime.now,
+                 monthly_traffic_gb: Callable[[], float] = lambda: 0.0):
         self.settings = settings
+        self.monthly_traffic_gb = monthly_traffic_gb
         self.sensors = sensors
         self.clock = clock
         self.wallclock = wallclock
@@ -196,6 +203,13 @@ class PolicyEngine:
             conditions["temperature"] = (hot, cool, 0.0)
             self._details["temperature"] = (f"GPU at {temperature} C (limit {settings.max_gpu_temperature_c:g} C); "
                                             f"resumes at or below {settings.resume_gpu_temperature_c:g} C")
+        if settings.max_monthly_traffic_gb is not None:
+            used = self.monthly_traffic_gb()
+            spent = used >= settings.max_monthly_traffic_gb
+            conditions["traffic-budget"] = (spent, not spent, 0.0)
+            self._details["traffic-budget"] = (
+                f"this month's traffic budget is spent ({used:.2f} of {settings.max_monthly_traffic_gb:g} GB, "
+                "policy.max_monthly_traffic_gb); training resumes next month or when you raise it")
         allowed = settings.allowed_at(self.wallclock())
         conditions["schedule"] = (not allowed, allowed, 0.0)
         self._details["schedule"] = "outside the scheduled hours (policy.schedule)"

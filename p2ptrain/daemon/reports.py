@@ -16,6 +16,7 @@ from p2ptrain.daemon import state as states
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster
 from p2ptrain.daemon.state import DesiredState, Lifecycle
+from p2ptrain.daemon.traffic_month import MonthlyTraffic
 from p2ptrain.daemon.worker_handle import WorkerHandle
 from p2ptrain.daemon.workers import WorkerRestarts, WorkerSlot
 from p2ptrain.storage.database import Database
@@ -34,6 +35,7 @@ class WorkerReports:
     slots: list[WorkerSlot]
     workers: dict[str, WorkerHandle]
     restarts: dict[str, WorkerRestarts]
+    traffic_month: MonthlyTraffic
 
     def on_report(self, name: str, report: dict) -> None:
         """Handle one report of worker ``name`` (a slot name)."""
@@ -70,6 +72,10 @@ class WorkerReports:
             self.record_event("reachability", f"reachability: {report['reachability']} ({report.get('answered', 0)} of "
                               f"{report.get('asked', 0)} asked peers answered){self._worker_words(name)}",
                               {key: report.get(key) for key in ("reachability", "asked", "answered", "reached", "averaging_client")})
+
+    def _report_traffic(self, name: str, report: dict) -> None:
+        self.run.apply_traffic(name, report)
+        self.traffic_month.add_report(name, report["since"], report["sent_bytes"], report["received_bytes"])
 
     def _report_state(self, name: str, report: dict) -> None:
         worker_state = report["state"]

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from p2ptrain.daemon.traffic_month import monthly_estimate_gb
 from p2ptrain.peers.reachability import RELAYED, UNREACHABLE, fix_for
 
 LOCAL_FIELDS = (
@@ -83,6 +85,7 @@ class WorkerView:
     samples_per_second: float | None = None
     loss: float | None = None
     contributed_samples: int = 0
+    traffic: dict[str, Any] = field(default_factory=dict)
 
     def apply_joined(self, report: dict) -> None:
         self.joined = True
@@ -158,6 +161,28 @@ class RunView:
 
     def apply_network(self, name: str, report: dict) -> None:
         self.workers[name].apply_network(report)
+
+    def apply_traffic(self, name: str, report: dict) -> None:
+        self.workers[name].traffic = {key: report.get(key) for key in ("bytes_per_s", "sent_bytes_per_s",
+                                                                      "received_bytes_per_s", "measured_at")}
+
+    def traffic_status(self, month_used_gb: float, moment: datetime) -> dict | None:
+        """DESIGN's ``local.traffic``, summed over the running workers: bytes per second by kind (sent +
+        received), ``month_gb`` (that rate over this whole month) and ``month_used_gb`` (counted so far)."""
+        measured = [view.traffic for view in self.workers.values() if view.joined and view.traffic]
+        if not measured:
+            return None
+        kinds = {kind: sum(traffic["bytes_per_s"].get(kind, 0.0) for traffic in measured)
+                 for kind in measured[0]["bytes_per_s"]}
+        total = sum(kinds.values())
+        return {
+            "bytes_per_s": kinds,
+            "sent_bytes_per_s": sum(traffic.get("sent_bytes_per_s") or 0.0 for traffic in measured),
+            "received_bytes_per_s": sum(traffic.get("received_bytes_per_s") or 0.0 for traffic in measured),
+            "month_gb": monthly_estimate_gb(total, moment),
+            "month_used_gb": month_used_gb,
+            "measured_at": measured[0].get("measured_at"),
+        }
 
     def apply_step(self, name: str, report: dict) -> None:
         self.workers[name].apply_step(report)

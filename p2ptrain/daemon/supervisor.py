@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from datetime import datetime
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +34,7 @@ from p2ptrain.daemon.reports import WorkerReports
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster, RequestError
 from p2ptrain.daemon.state import DESIRED_STATE_KEY, DesiredState, Lifecycle
+from p2ptrain.daemon.traffic_month import SETTING_KEY as TRAFFIC_MONTH_KEY, MonthlyTraffic
 from p2ptrain.daemon.worker_handle import WorkerHandle
 from p2ptrain.daemon.workers import (
     WorkerRestarts,
@@ -77,7 +79,10 @@ class Daemon(WorkerReports):
         self.slots: list[WorkerSlot] = []  # the workers of the current run, first one first
         self.workers: dict[str, WorkerHandle] = {}  # by slot name: the running ones
         self.restarts: dict[str, WorkerRestarts] = {}
-        self.policy = PolicyEngine(config.policy, SystemSensors(gpu_index=self._gpu_index(), own_pids=self._worker_pids))
+        self.traffic_month = MonthlyTraffic(lambda: database.get_setting(TRAFFIC_MONTH_KEY),
+                                            lambda value: database.set_setting(TRAFFIC_MONTH_KEY, value))
+        self.policy = PolicyEngine(config.policy, SystemSensors(gpu_index=self._gpu_index(), own_pids=self._worker_pids),
+                                   monthly_traffic_gb=self.traffic_month.used_gb)
         self.broadcaster = Broadcaster(self.status)
         self._notified_status = ""
         self._stopping = asyncio.Event()
@@ -393,6 +398,9 @@ class Daemon(WorkerReports):
         if self.desired.run is not None:
             lines.extend(self._crash_health())
         lines.extend(self.run.reachability_health(self.config.dht.host_maddrs, self.config.dht.announce_maddrs))
+        if self.lifecycle.pause_reason == "traffic-budget" and self.policy.detail:
+            lines.append({"level": "warning", "message": self.policy.detail,
+                          "fix": "raise it (p2ptrain config set policy.max_monthly_traffic_gb GB) or wait for next month"})
         return lines
 
     def _crash_health(self) -> list[dict]:
@@ -406,6 +414,12 @@ class Daemon(WorkerReports):
                 )
         return lines
 
+    def _local_status(self) -> dict | None:
+        local = self.run.local_status()
+        if local is not None:
+            local["traffic"] = self.run.traffic_status(self.traffic_month.used_gb(), datetime.now())
+        return local
+
     def status(self) -> dict:
         return {
             "protocol": protocol.PROTOCOL_VERSION,
@@ -416,7 +430,7 @@ class Daemon(WorkerReports):
             "paused_until": self.desired.pause_until,
             "started_at": self.started_at,
             "run": self.run.run_status() if self.run.run_id else None,
-            "local": self.run.local_status(),
+            "local": self._local_status(),
             "hardware": self.hardware.status(),
             "health": self.health(),
         }

@@ -34,9 +34,9 @@ from typing import Callable, Sequence
 import hivemind
 import torch
 from hivemind.compression import CompressionInfo, TensorRole
-from hivemind.optim.progress_tracker import ProgressTracker
 
 from p2ptrain.peers.optimizers import learning_rate_factor
+from p2ptrain.peers.progress import QuietProgressTracker
 from p2ptrain.peers.round_loss import CountsLostParts, found_no_group
 from p2ptrain.peers.sync import CheckedStateMixin, StepOutcome, all_finite, make_compression
 
@@ -164,7 +164,7 @@ class DiLoCoTrainer:
         self.global_parameters = [parameter.detach().to("cpu", torch.float32).clone() for parameter in self.parameters]
         self.inner_optimizer = torch.optim.AdamW(self.parameters, lr=inner_lr)
         self.outer_optimizer = make_outer_optimizer(self.global_parameters, outer_lr, outer_momentum)
-        self.tracker = ProgressTracker(dht=dht, prefix=prefix, target_batch_size=target_batch_size, client_mode=client_mode, start=True)
+        self.tracker = QuietProgressTracker(dht=dht, prefix=prefix, target_batch_size=target_batch_size, client_mode=client_mode, start=True)
         self.averager = PseudoGradientAverager(
             state_provider=self._shared_state,
             averaged_tensors=[torch.zeros_like(parameter) for parameter in self.global_parameters],
@@ -209,6 +209,10 @@ class DiLoCoTrainer:
     def skip_batch(self) -> None:
         """Discard gradients of a batch that must not be contributed."""
         self.inner_optimizer.zero_grad(set_to_none=True)
+
+    def set_idle(self, idle: bool) -> None:
+        """While this peer does not train, read the swarm's progress rarely (no round runs between steps)."""
+        self.tracker.set_idle(idle)
 
     def tick(self) -> StepOutcome:
         """Take the outer step once this peer and the swarm are ready for it."""

@@ -27,11 +27,13 @@ class PeerNetwork:
 
     Args:
         dht: the worker's running DHT.
-        report: sends a report to the daemon (``report("network", **fields)``).
+        report: sends a report to the daemon (``report("network", **fields)``, ``report("traffic", ...)``).
         client_mode: the DHT is a client (``dht.client_mode``): it averages as a client whatever it measures.
+        meter: the ``traffic.TrafficMeter`` installed before the DHT started; its rates are
+            reported from ``watch`` on.
     """
 
-    def __init__(self, dht, report: Callable[..., None], client_mode: bool = False):
+    def __init__(self, dht, report: Callable[..., None], client_mode: bool = False, meter=None):
         from p2ptrain.peers.dht import visible_addresses
         from p2ptrain.peers.dial_back import DialBack
 
@@ -41,6 +43,7 @@ class PeerNetwork:
         self.averaging_client = client_mode
         self._first = self._result = None
         self._dial_back = DialBack(dht)
+        self._meter, self._traffic = meter, None
 
     def join(self) -> None:
         """Serve other peers' dial-back requests, have this peer dialed back by those it is connected to,
@@ -57,10 +60,15 @@ class PeerNetwork:
             logger.info("Not directly reachable (%s): averaging as a client", self.reachability)
 
     def watch(self) -> None:
-        """Check reachability again in the background; each result goes to the daemon."""
+        """Check reachability again in the background, and measure traffic; each result goes to the daemon."""
+        from p2ptrain.peers.traffic import TrafficReporter
+
         self._dial_back.watch(self._on_result, first=self._first)
         if self._first is not None:
             self._send()
+        if self._meter is not None:
+            self._traffic = TrafficReporter(self._meter, self.dht, self._report)
+            self._traffic.start()
 
     def _take(self, result: dict) -> None:
         self.reachability = result["reachability"]
@@ -83,4 +91,6 @@ class PeerNetwork:
                      averaging_client=self.averaging_client)
 
     def shutdown(self) -> None:
+        if self._traffic is not None:
+            self._traffic.shutdown()
         self._dial_back.shutdown()

@@ -18,7 +18,7 @@ import pydantic
 
 logger = logging.getLogger(__name__)
 
-METRICS_EXPIRATION_S = 60.0
+METRICS_EXPIRATION_S = 90.0  # the worker writes its record every 30 s
 
 
 def metrics_key(run_id: str) -> str:

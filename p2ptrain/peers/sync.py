@@ -35,6 +35,7 @@ from hivemind.optim.state_averager import TrainingStateAverager
 
 from p2ptrain.peers.checkpoint import state_problem
 from p2ptrain.peers.optimizers import make_optimizer, make_scheduler
+from p2ptrain.peers.progress import QuietProgressTracker
 from p2ptrain.peers.round_loss import CountsLostParts, found_no_group
 
 logger = logging.getLogger(__name__)
@@ -230,7 +231,9 @@ class SyncOptimizer(hivemind.Optimizer):
         # before the averagers, which read self.client_mode: a peer nobody dials directly averages
         # as a client while its DHT still serves
         self.client_mode = self._averaging_client
-        return super()._make_progress_tracker(target_batch_size, **kwargs)
+        return QuietProgressTracker(dht=self.dht, prefix=self.run_id, target_batch_size=target_batch_size,
+                                    client_mode=self.client_mode, status_loglevel=self.status_loglevel, start=True,
+                                    **kwargs)
 
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
         return CheckedTrainingStateAverager(
@@ -418,6 +421,18 @@ class SyncTrainer:
         """Discard gradients of a batch that must not be contributed."""
         for parameter in self.parameters:
             parameter.grad = None
+
+    def set_idle(self, idle: bool) -> None:
+        """While this peer does not train: drop the averaging rounds hivemind scheduled ahead (a paused peer
+        that stays in a round's matchmaking floods the swarm with join requests, ~150 packets/s measured in
+        the network lab) and read the swarm's progress rarely. hivemind schedules again at the next step."""
+        if idle:
+            for name in ("scheduled_grads", "scheduled_state"):
+                control = getattr(self.optimizer, name)
+                if control is not None and not control.done():
+                    control.cancel()
+                setattr(self.optimizer, name, None)
+        self.tracker.set_idle(idle)
 
     def load_state_from_peers(self) -> bool:
         """Download the newest state from the swarm; True if the epoch moved."""

@@ -27,8 +27,10 @@ from p2ptrain.peers.run_setup import WorkerFailure, build_model_and_data, join_d
 logger = logging.getLogger(__name__)
 
 STEP_REPORT_INTERVAL_S = 1.0
-SWARM_REPORT_INTERVAL_S = 5.0
-METRICS_INTERVAL_S = 5.0
+# each publish and read is DHT traffic on a volunteer's metered line (peers/progress.py has the numbers):
+# the swarm view is read every 15 s, our metrics record (expiring after 90 s) written every 30 s
+SWARM_REPORT_INTERVAL_S = 15.0
+METRICS_INTERVAL_S = 30.0
 GOODBYE_EXPIRATION_S = 1.0
 OUT_OF_MEMORY_EXIT_CODE = 3  # the daemon restarts the worker with half the micro-batch
 STOP_DEADLINE_EXIT_CODE = 4  # a stop signal was not honoured in time: ended without a final checkpoint
@@ -159,13 +161,17 @@ class Worker:
         import torch
 
         from p2ptrain.peers.network import PeerNetwork
+        from p2ptrain.peers.traffic import TrafficMeter
 
         spec, plan = self.spec, self.spec.get("plan") or {}
         if spec.get("torch_threads"):
             torch.set_num_threads(int(spec["torch_threads"]))
+        meter = TrafficMeter()
+        meter.install()  # before the DHT and averager processes fork: they count into it
         self.dht = join_dht(spec, peers_file(self._checkpoint_file()))
         # measured before the averagers start: they take their role (reducer or client) from it
-        self.network = PeerNetwork(self.dht, self.report, client_mode=bool((spec.get("dht") or {}).get("client_mode")))
+        self.network = PeerNetwork(self.dht, self.report, client_mode=bool((spec.get("dht") or {}).get("client_mode")),
+                                   meter=meter)
         self.network.join()
         self.manifest = manifest = run_manifest(spec, self.dht)
 
@@ -278,6 +284,7 @@ class Worker:
 
     def set_state(self, state: str) -> None:
         self.state = state
+        self.trainer.set_idle(state != "training")  # a peer that does not train keeps its traffic low
         self.report("state", state=state)
 
     def handle_commands(self) -> None:
@@ -436,12 +443,15 @@ class Worker:
         from p2ptrain.peers.records import publish_metrics
         from p2ptrain.peers.swarm import read_swarm
 
+        published_state, published_at = None, -METRICS_INTERVAL_S
         while not self.left and not self.stop_requested:
             if self.trainer is None:
                 return
             try:
                 training = self.state == "training"
-                publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(self.samples_per_second if training else 0.0))
+                if time.monotonic() - published_at >= METRICS_INTERVAL_S or self.state != published_state:
+                    publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(self.samples_per_second if training else 0.0))
+                    published_state, published_at = self.state, time.monotonic()
                 view = read_swarm(self.dht, self.manifest.run_id, self.manifest_hash, self.manifest.target_batch_size)
                 self.report(
                     "swarm", epoch=view.epoch, samples_accumulated=view.samples_accumulated,

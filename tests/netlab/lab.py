@@ -37,6 +37,7 @@ Needs root and the ``iproute2`` and ``iptables`` Debian packages
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import shutil
@@ -179,6 +180,11 @@ class Host:
 
     def run(self, argv: list[str], timeout: float = 30, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(argv), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+    def interface_bytes(self) -> dict[str, int]:
+        """Bytes this host's ``eth0`` has ``sent`` and ``received`` (everything: IP, TCP, ARP)."""
+        stats = json.loads(_run("ip", "-n", self.namespace, "-j", "-s", "link", "show", "eth0").stdout)[0]["stats64"]
+        return {"sent": stats["tx"]["bytes"], "received": stats["rx"]["bytes"]}
 
 
 @dataclass

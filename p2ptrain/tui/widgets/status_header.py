@@ -21,6 +21,7 @@ PAUSE_REASONS = {
     "gpu-busy": "another program is using the GPU",
     "temperature": "the GPU is too hot",
     "schedule": "outside the training schedule",
+    "traffic-budget": "this month's network traffic budget is spent",
     "oom-backoff": "backing off after running out of GPU memory",
 }
 
@@ -101,6 +102,10 @@ class StatusHeader(Widget):
             reach = local.get("reachability")
             reach = f" ({reach})" if reach in ("relayed", "unreachable") else ""
             parts.append(f"peer {short_peer_id(local['peer_id'])}{nickname}{reach}")
+        traffic = local.get("traffic")
+        if traffic:
+            rate = sum(traffic["bytes_per_s"].values())
+            parts.append(f"net {rate / 1000:.1f} KB/s (~{traffic['month_gb']:.0f} GB/month)")
         if status.get("since"):
             parts.append(f"{state} for {format_duration(self.now - status['since'])}")
         if status.get("started_at"):
