@@ -22,6 +22,8 @@ LOCAL_FIELDS = (
     "nickname",
     "addresses",
     "reachability",
+    "reachability_checked_at",
+    "averaging_client",
     "device",
     "precision",
     "quantization",

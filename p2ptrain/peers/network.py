@@ -70,6 +70,11 @@ class PeerNetwork:
             self._traffic = TrafficReporter(self._meter, self.dht, self._report)
             self._traffic.start()
 
+    @property
+    def checked_at(self) -> float | None:
+        """When the last reachability check ended (None before the first)."""
+        return (self._result or {}).get("checked_at")
+
     def _take(self, result: dict) -> None:
         self.reachability = result["reachability"]
         if result.get("addresses"):

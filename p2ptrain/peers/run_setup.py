@@ -147,7 +147,10 @@ def make_trainer(spec: dict, manifest, dht, parameters, batch_size_per_step: int
             client always does: other peers cannot dial this one directly (``peers.network``).
     """
     from p2ptrain.peers.manifest import averaging_prefix
+    from p2ptrain.peers.matchmaking import pace_leader_search
     from p2ptrain.peers.sync import averaging_timings
+
+    pace_leader_search()  # before the averager processes fork
 
     dht_options = spec.get("dht") or {}
     common = dict(

@@ -205,6 +205,7 @@ class Worker:
         self._catch_up()
         self.report(
             "joined", peer_id=self.peer_id, addresses=self.network.addresses, reachability=self.network.reachability,
+            reachability_checked_at=self.network.checked_at, averaging_client=self.network.averaging_client,
             manifest=manifest.model_dump(mode="json"), manifest_hash=self.manifest_hash, device=self.device,
             precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             grad_accum=self.grad_accum, parameters=self.loaded.parameters,

@@ -203,13 +203,13 @@ class Lab:
     def __post_init__(self):
         self.internet = self._namespace("inet")
         _run("ip", "-n", self.internet, "link", "add", "br0", "type", "bridge")
-        _run("ip", "-n", self.internet, "link", "set", "br0", "up")
+        _run("ip", "-n", self.internet, "link", "set", "dev", "br0", "up")
 
     def _namespace(self, role: str) -> str:
         name = f"{PREFIX}{os.getpid()}-{self.tag}-{role}"
         _run("ip", "netns", "add", name)
         self.namespaces.append(name)
-        _run("ip", "-n", name, "link", "set", "lo", "up")
+        _run("ip", "-n", name, "link", "set", "dev", "lo", "up")
         return name
 
     def _public_ip(self) -> str:
@@ -222,9 +222,9 @@ class Lab:
         """A veth pair: ``interface`` in ``namespace`` (with ``address``), ``port`` on the internet's bridge."""
         _run("ip", "link", "add", interface, "netns", namespace, "type", "veth", "peer", "name", port, "netns",
              self.internet)
-        _run("ip", "-n", self.internet, "link", "set", port, "master", "br0", "up")
+        _run("ip", "-n", self.internet, "link", "set", "dev", port, "master", "br0", "up")
         _run("ip", "-n", namespace, "addr", "add", f"{address}/{INTERNET.prefixlen}", "dev", interface)
-        _run("ip", "-n", namespace, "link", "set", interface, "up")
+        _run("ip", "-n", namespace, "link", "set", "dev", interface, "up")
 
     def add_public(self, name: str) -> Host:
         """A host with a global address on the internet, reachable by everyone."""
@@ -256,9 +256,9 @@ class Lab:
         _run("ip", "link", "add", "eth0", "netns", namespace, "type", "veth", "peer", "name", "lan", "netns",
              router_namespace)
         _run("ip", "-n", router_namespace, "addr", "add", f"{lan[1]}/24", "dev", "lan")
-        _run("ip", "-n", router_namespace, "link", "set", "lan", "up")
+        _run("ip", "-n", router_namespace, "link", "set", "dev", "lan", "up")
         _run("ip", "-n", namespace, "addr", "add", f"{lan[2]}/24", "dev", "eth0")
-        _run("ip", "-n", namespace, "link", "set", "eth0", "up")
+        _run("ip", "-n", namespace, "link", "set", "dev", "eth0", "up")
         _run("ip", "-n", namespace, "route", "add", "default", "via", str(lan[1]))
         _run("ip", "netns", "exec", router_namespace, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         for rule in (
@@ -276,19 +276,30 @@ class Lab:
         self.hosts[name] = Host(name, namespace, str(lan[2]), public_address, router)
         return self.hosts[name]
 
-    def shape(self, home: str, upload_mbit: float, download_mbit: float | None = None, loss_pct: float = 0.0) -> None:
-        """Shape a home's line: ``upload_mbit`` (and ``download_mbit``) with ``tbf``, ``loss_pct`` percent
-        of forwarded packets dropped at random in each direction."""
-        router = self.hosts[home].router
-        for interface, mbit in (("wan", upload_mbit), ("lan", download_mbit)):
+    def shape(self, name: str, upload_mbit: float, download_mbit: float | None = None, loss_pct: float = 0.0) -> None:
+        """Shape a host's line to the internet: ``upload_mbit`` (and ``download_mbit``) with ``tbf``,
+        ``loss_pct`` percent of packets dropped at random in each direction (an iptables ``statistic``
+        match). A home's router shapes its ``wan`` (upload) and ``lan`` (download) interfaces; a host on
+        the internet its own ``eth0`` (upload) and its port on the internet's bridge (download)."""
+        host = self.hosts[name]
+        if host.router is not None:
+            links = ((host.router.namespace, "wan", upload_mbit), (host.router.namespace, "lan", download_mbit))
+        else:
+            links = ((host.namespace, "eth0", upload_mbit), (self.internet, name, download_mbit))
+        for namespace, interface, mbit in links:
             if mbit:
                 # a burst of ~10 ms at the rate, at least one jumbo frame; a queue of ~100 ms, like a home router's
                 burst = max(int(mbit * 1e6 / 8 / 100), 16384)
-                _run("ip", "netns", "exec", router.namespace, "tc", "qdisc", "replace", "dev", interface, "root",
+                _run("ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", interface, "root",
                      "tbf", "rate", f"{mbit}mbit", "burst", str(burst), "latency", "100ms")
         if loss_pct:
-            router.iptables("-I", "FORWARD", "3", "-m", "statistic", "--mode", "random", "--probability",
-                            f"{loss_pct / 100:.6f}", "-j", "DROP")
+            loss = ("-m", "statistic", "--mode", "random", "--probability", f"{loss_pct / 100:.6f}", "-j", "DROP")
+            if host.router is not None:
+                host.router.iptables("-I", "FORWARD", "3", *loss)
+            else:
+                for chain in ("INPUT", "OUTPUT"):
+                    _run("ip", "netns", "exec", host.namespace, "iptables", "-I", chain, "1", "-o" if chain == "OUTPUT"
+                         else "-i", "eth0", *loss)
 
     def teardown(self) -> None:
         """Kill every process in the lab's namespaces and delete them (never raises)."""
