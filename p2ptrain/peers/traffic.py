@@ -151,14 +151,17 @@ def _loopback(address: str) -> bool:
     return address.startswith(("127.", "[::1]", "[::ffff:127."))
 
 
-def socket_bytes(pid: int) -> dict[tuple[str, str], tuple[int, int]]:
+def socket_bytes(pid: int) -> dict[tuple[str, str], tuple[int, int]] | None:
     """``{(local, peer): (bytes sent, bytes received)}`` of the TCP sockets of process ``pid`` that
-    leave the machine (``ss -tinp``; loopback ones never reach the network); empty when ``ss`` is
+    leave the machine (``ss -tinp``; loopback ones never reach the network); None when ``ss`` is
     missing or fails."""
     try:
-        output = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=5).stdout
+        finished = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
-        return {}
+        return None
+    if finished.returncode != 0:
+        return None
+    output = finished.stdout
     sockets, key = {}, None
     for line in output.splitlines():
         if not line.startswith(("\t", " ")):
@@ -186,7 +189,7 @@ class SocketTotals:
 
     def sample(self) -> tuple[int, int]:
         """Take a sample; returns the running totals ``(sent, received)``."""
-        now = socket_bytes(self.pid)
+        now = socket_bytes(self.pid) or {}
         for key, (sent, received) in now.items():
             before_sent, before_received = self._last.get(key, (0, 0))
             self.sent += max(0, sent - before_sent)
@@ -221,14 +224,10 @@ class TrafficReporter:
     """
 
     def __init__(self, meter: TrafficMeter, dht, report, interval_s: float = 15.0, window_s: float = 60.0):
-        self.meter, self.report = meter, report
+        self.meter, self.report, self.dht = meter, report, dht
         self.interval_s, self.window_s = interval_s, window_s
         self._stopping = threading.Event()
-        try:
-            pid = dht.run_coroutine(_p2pd_pid)
-        except Exception:
-            pid = None
-        self.sockets = SocketTotals(pid) if pid and socket_bytes(pid) else None
+        self.sockets: SocketTotals | None = None
         self._samples: list[tuple[float, dict, tuple[int, int]]] = []
         self.since = time.time()
         self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
@@ -255,7 +254,18 @@ class TrafficReporter:
                 "sent_bytes": total[0], "received_bytes": total[1], "since": self.since,
                 "measured_at": "kernel" if self.sockets is not None else "messages"}
 
+    def _find_p2pd(self) -> None:
+        """Count p2pd's sockets from now on, if ``ss`` shows them (asked on this thread: with the averagers
+        running, the DHT process can take long to answer)."""
+        try:
+            pid = self.dht.run_coroutine(_p2pd_pid)
+        except Exception:
+            pid = None
+        if pid and socket_bytes(pid) is not None:
+            self.sockets = SocketTotals(pid)
+
     def _run(self) -> None:
+        self._find_p2pd()
         self.sample()
         while not self._stopping.wait(self.interval_s):
             try:

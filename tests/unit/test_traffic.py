@@ -11,7 +11,7 @@ import pytest
 
 from p2ptrain.daemon.policies import PolicyEngine, PolicySettings
 from p2ptrain.daemon.traffic_month import MonthlyTraffic, monthly_estimate_gb
-from p2ptrain.peers.traffic import SocketTotals, TrafficMeter, kind_of_key, kind_of_message, rates
+from p2ptrain.peers.traffic import SocketTotals, TrafficMeter, kind_of_key, kind_of_message, rates, socket_bytes
 
 
 @pytest.mark.parametrize(
@@ -83,8 +83,8 @@ def test_socket_totals_count_what_this_process_sends_through_tcp():
     client.close()
     thread.join(10)
     listener.close()
-    if sent == 0 and not totals._last:
-        pytest.skip("`ss` cannot show this process's sockets here")
+    if socket_bytes(os.getpid()) is None:
+        pytest.skip("`ss` (iproute2) is not installed")
     # both ends are this process: the client's 300 kB sent, and nothing sent back
     assert 300_000 <= sent < 320_000
 
