@@ -42,8 +42,9 @@ from swarm import run_cli, start_on  # noqa: E402
 from p2ptrain.paths import resolve_paths  # noqa: E402
 
 MODES = {
-    "sync": ["--mode", "sync", "--target-batch-size", "512"],
-    "diloco": ["--mode", "diloco", "--local-steps", "20", "--target-batch-size", "512"],
+    "sync": ["--mode", "sync", "--target-batch-size", "256"],
+    # an outer step waits for all 4 peers: 4 x 20 inner steps x 8 samples
+    "diloco": ["--mode", "diloco", "--local-steps", "20", "--target-batch-size", "640"],
 }
 
 
@@ -129,7 +130,7 @@ def main() -> int:
     parser.add_argument("--upload-mbit", type=float, default=20.0)
     parser.add_argument("--download-mbit", type=float, default=100.0)
     parser.add_argument("--loss-pct", type=float, default=0.5)
-    parser.add_argument("--target-loss", type=float, default=3.0, help="validation loss to reach (nats per byte)")
+    parser.add_argument("--target-loss", type=float, default=4.0, help="validation loss to reach (nats per byte)")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="give up on the target after this long")
     parser.add_argument("--settle-s", type=float, default=30.0, help="after pausing, wait this long before measuring")
     parser.add_argument("--pause-s", type=float, default=120.0, help="measure the paused background this long")

@@ -361,6 +361,9 @@ class SyncTrainer:
             scheduler=make_scheduler(warmup_epochs, lr_schedule, total_epochs),
             matchmaking_time=matchmaking_time,
             averaging_timeout=averaging_timeout,
+            # hivemind's default (the matchmaking time: 3 s on a LAN) drops a peer that is busy for 3 s
+            # between two parts of a round, and the round comes back partly unaveraged
+            next_chunk_timeout=averaging_timeout / 4,
             load_state_timeout=max(averaging_timeout, 30.0),
             grad_compression=compressor,
             state_averaging_compression=compressor,

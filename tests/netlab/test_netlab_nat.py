@@ -134,7 +134,8 @@ def outer_step_times(daemon) -> list[float]:
 def test_diloco_behind_nat_averages_every_outer_step_among_all_three(peers, record_property):
     leave_all(peers)
     load_before = os.getloadavg()[0]
-    join_run(peers, ["--mode", "diloco", "--local-steps", "20"], "nat-diloco")
+    # an outer step waits for 3 x 20 steps x 8 samples: all three peers, not the first two to finish
+    join_run(peers, ["--mode", "diloco", "--local-steps", "20", "--target-batch-size", "480"], "nat-diloco")
     for daemon in peers.values():
         daemon.wait_until(lambda s: s["state"] == "training" and (s.get("run") or {}).get("num_peers") == 3, 300,
                           what="3 peers in the DiLoCo run")
