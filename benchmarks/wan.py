@@ -17,6 +17,7 @@ netem, see the lab's docstring). For each mode it measures:
   each kind (``status.local.traffic``) while they trained.
 
     sudo .venv/bin/python benchmarks/wan.py --modes sync diloco --json wan.jsonl
+    sudo .venv/bin/python benchmarks/wan.py --modes sync --background-only   # the background alone
 
 Numbers depend on this machine's load: note ``uptime`` beside them.
 """
@@ -48,11 +49,25 @@ MODES = {
 }
 
 
-def line_bytes(lab: Lab, name: str) -> int:
-    """Bytes sent and received on host ``name``'s line to the internet so far."""
+def line_counts(lab: Lab, name: str) -> tuple[int, int]:
+    """Bytes (sent, received) on host ``name``'s line to the internet so far."""
     host = lab.hosts[name]
     counts = host.router.uplink_bytes() if host.router is not None else host.interface_bytes()
-    return counts["sent"] + counts["received"]
+    return counts["sent"], counts["received"]
+
+
+def line_bytes(lab: Lab, name: str) -> int:
+    return sum(line_counts(lab, name))
+
+
+def line_rates(lab: Lab, names, seconds: float) -> dict[str, dict[str, float]]:
+    """Each host's line rates ``{sent, received}`` in bytes per second over the next ``seconds``."""
+    before = {name: line_counts(lab, name) for name in names}
+    moment = time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - moment
+    return {name: {"sent": (line_counts(lab, name)[0] - before[name][0]) / elapsed,
+                   "received": (line_counts(lab, name)[1] - before[name][1]) / elapsed} for name in names}
 
 
 def contributed(daemons: dict) -> int:
@@ -87,7 +102,10 @@ def measure(mode: str, options, root: Path) -> dict:
                               900, interval=2, what="4 peers training")
         started, bytes_before, samples_before = time.monotonic(), sum(line_bytes(lab, h.name) for h in hosts), contributed(daemons)
         reached = None
-        while time.monotonic() - started < options.timeout_s:
+        while time.monotonic() - started < (options.train_s if options.background_only else options.timeout_s):
+            if options.background_only:
+                time.sleep(5)
+                continue
             loss = best_val_loss(daemons["pub"], run)
             if loss is not None and loss <= options.target_loss:
                 reached = time.monotonic() - started
@@ -101,18 +119,17 @@ def measure(mode: str, options, root: Path) -> dict:
             traffic = (daemon.status().get("local") or {}).get("traffic") or {}
             for kind, rate in (traffic.get("bytes_per_s") or {}).items():
                 kinds[kind] = kinds.get(kind, 0.0) + rate / len(daemons)
+        training_lines = line_rates(lab, daemons, options.sample_s)
         for daemon in daemons.values():
             run_cli(daemon, "pause")
         time.sleep(options.settle_s)
-        paused_before, moment = {h.name: line_bytes(lab, h.name) for h in hosts}, time.monotonic()
-        time.sleep(options.pause_s)
-        seconds = time.monotonic() - moment
-        paused = {h.name: (line_bytes(lab, h.name) - paused_before[h.name]) / seconds for h in hosts}
+        paused = line_rates(lab, daemons, options.pause_s)
         return {
             "mode": mode, "target_loss": options.target_loss, "reached_s": reached, "elapsed_s": elapsed,
             "best_val_loss": best_val_loss(daemons["pub"], run), "samples": samples, "wire_bytes": wire,
             "wire_bytes_per_sample": wire / samples if samples else None,
-            "training_kinds_bytes_per_s": kinds, "paused_line_bytes_per_s": paused,
+            "training_kinds_bytes_per_s": kinds, "training_line_bytes_per_s": training_lines,
+            "paused_line_bytes_per_s": paused,
             "shaping": {"upload_mbit": options.upload_mbit, "download_mbit": options.download_mbit,
                         "loss_pct": options.loss_pct},
             "load": os.getloadavg(),
@@ -134,6 +151,10 @@ def main() -> int:
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="give up on the target after this long")
     parser.add_argument("--settle-s", type=float, default=30.0, help="after pausing, wait this long before measuring")
     parser.add_argument("--pause-s", type=float, default=120.0, help="measure the paused background this long")
+    parser.add_argument("--sample-s", type=float, default=60.0, help="measure the lines while training this long")
+    parser.add_argument("--background-only", action="store_true",
+                        help="no target loss: train --train-s seconds, then measure the background")
+    parser.add_argument("--train-s", type=float, default=180.0, help="with --background-only: seconds of training")
     parser.add_argument("--json", type=Path, help="append one JSON line per mode here")
     options = parser.parse_args()
     reason = lab_unavailable()

@@ -21,7 +21,7 @@ import re
 import socket
 from pathlib import Path
 
-from p2ptrain.daemon.hardware import DEVICE_GROUPS_FIX, HardwareFacts, nvidia_device_files, probe
+from p2ptrain.daemon.hardware_probe import DEVICE_GROUPS_FIX, HardwareFacts, nvidia_device_files, probe
 from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
 from p2ptrain.daemon.plan import PlanError, PlanPolicy, make_plan
 
@@ -134,14 +134,14 @@ def _dht_port(config) -> int:
 
 def _plan_policy(config) -> PlanPolicy:
     """The volunteer's caps from the config's [policy] table (defaults when it is missing or invalid)."""
-    from p2ptrain.daemon.policies import PolicySettings
+    from p2ptrain.config import PolicySettings
 
     policy = getattr(config, "policy", None) or {}
     try:
         settings = policy if isinstance(policy, PolicySettings) else PolicySettings(**policy)
     except ValueError:
         settings = PolicySettings()
-    return settings.plan_policy()
+    return PlanPolicy.from_settings(settings)
 
 
 def check_dht_port(config) -> dict:

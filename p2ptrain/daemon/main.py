@@ -15,7 +15,7 @@ from p2ptrain.daemon.methods import ControlMethods
 from p2ptrain.daemon.notify import SystemdNotifier
 from p2ptrain.daemon.server import ControlServer
 from p2ptrain.daemon.supervisor import Daemon
-from p2ptrain.daemon.worker_handle import reap_leftover_groups
+from p2ptrain.daemon.worker_process import reap_leftover_groups
 from p2ptrain.paths import Paths, resolve_paths
 from p2ptrain.storage import Database, SchemaTooNewError, StorageError
 
@@ -94,7 +94,8 @@ def _socket_group(paths: Paths) -> str | None:
 async def _serve(paths: Paths, config: Config, database: Database) -> int:
     notifier = SystemdNotifier.from_environment()
     daemon = Daemon(paths, config, database, notifier)
-    server = ControlServer(paths.socket, ControlMethods(daemon).handlers(), daemon.broadcaster, group=_socket_group(paths))
+    methods = ControlMethods(daemon.status, daemon.control, daemon.run, database, daemon.config, daemon.events)
+    server = ControlServer(paths.socket, methods.handlers(), daemon.broadcaster, group=_socket_group(paths))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.request_stop)

@@ -26,6 +26,10 @@ from p2ptrain.daemon.memory import (
 )
 from p2ptrain.daemon.model_facts import ModelFacts, ModelFactsError, model_facts
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pydantic would slow down `p2ptrain plan`
+    from p2ptrain.config import PolicySettings
+
 QUANTIZATION_ORDER = ("none", "int8", "nf4")
 BF16_COMPUTE_CAPABILITY = (8, 0)
 
@@ -82,6 +86,12 @@ class PlanPolicy:
     max_cpu_threads: int | None = None
     quantize_below_micro_batch: int = 4
     max_micro_batch: int = 64
+
+    @classmethod
+    def from_settings(cls, settings: PolicySettings) -> PlanPolicy:
+        """The caps of the volunteer's ``[policy]`` table that shape the plan."""
+        return cls(memory_share=settings.max_vram_share, ram_share=settings.max_ram_share,
+                   max_cpu_threads=settings.max_cpu_threads)
 
 
 @dataclass
@@ -285,7 +295,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _device_from_arguments(options: argparse.Namespace) -> DeviceFacts:
-    from p2ptrain.daemon.hardware import probe
+    from p2ptrain.daemon.hardware_probe import probe
 
     hardware = probe()
     if options.gpu_memory or options.compute_capability:

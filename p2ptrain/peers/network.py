@@ -27,13 +27,13 @@ class PeerNetwork:
 
     Args:
         dht: the worker's running DHT.
-        report: sends a report to the daemon (``report("network", **fields)``, ``report("traffic", ...)``).
+        report: sends a report to the daemon (``worker_pipe.Network``, ``worker_pipe.Traffic``).
         client_mode: the DHT is a client (``dht.client_mode``): it averages as a client whatever it measures.
         meter: the ``traffic.TrafficMeter`` installed before the DHT started; its rates are
             reported from ``watch`` on.
     """
 
-    def __init__(self, dht, report: Callable[..., None], client_mode: bool = False, meter=None):
+    def __init__(self, dht, report: Callable[[object], None], client_mode: bool = False, meter=None):
         from p2ptrain.peers.dht import visible_addresses
         from p2ptrain.peers.dial_back import DialBack
 
@@ -89,11 +89,13 @@ class PeerNetwork:
         self._send()
 
     def _send(self) -> None:
+        from p2ptrain.worker_pipe import Network
+
         result = self._result
-        self._report("network", reachability=self.reachability, addresses=self.addresses,
-                     checked_at=result.get("checked_at"), asked=result.get("asked", 0),
-                     answered=result.get("answered", 0), reached=result.get("reached", []),
-                     averaging_client=self.averaging_client)
+        self._report(Network(reachability=self.reachability, addresses=self.addresses,
+                             checked_at=result.get("checked_at"), asked=result.get("asked", 0),
+                             answered=result.get("answered", 0), reached=result.get("reached", []),
+                             averaging_client=self.averaging_client))
 
     def shutdown(self) -> None:
         if self._traffic is not None:

@@ -31,6 +31,8 @@ import subprocess
 import threading
 import time
 
+from p2ptrain.worker_pipe import Traffic
+
 logger = logging.getLogger(__name__)
 
 KINDS = ("averaging", "matchmaking", "progress", "metrics", "dht", "other")
@@ -216,11 +218,7 @@ class TrafficReporter:
     Args:
         meter: the installed ``TrafficMeter``.
         dht: the worker's DHT (its p2pd's sockets give the total).
-        report: sends ``report("traffic", **fields)`` to the daemon: ``bytes_per_s`` by kind
-            (sent + received), ``sent_bytes_per_s``, ``received_bytes_per_s``, ``sent_bytes``
-            and ``received_bytes`` since ``since`` (when this reporter began counting), and
-            ``measured_at`` (``kernel`` when p2pd's sockets were read, ``messages`` when only
-            hivemind's messages were).
+        report: sends a ``worker_pipe.Traffic`` to the daemon (its fields are ``sample()``'s).
     """
 
     def __init__(self, meter: TrafficMeter, dht, report, interval_s: float = 15.0, window_s: float = 60.0):
@@ -236,7 +234,10 @@ class TrafficReporter:
         self._thread.start()
 
     def sample(self) -> dict:
-        """Take a sample and return the report's fields."""
+        """Take a sample and return the report's fields: ``bytes_per_s`` by kind (sent + received),
+        ``sent_bytes_per_s``, ``received_bytes_per_s``, ``sent_bytes`` and ``received_bytes`` since
+        ``since`` (when this reporter began counting), ``measured_at`` (``kernel`` when p2pd's sockets
+        were read, ``messages`` when only hivemind's messages were)."""
         moment, kinds = time.monotonic(), self.meter.totals()
         counted = (sum(sent for sent, _ in kinds.values()), sum(received for _, received in kinds.values()))
         total = self.sockets.sample() if self.sockets is not None else counted
@@ -269,7 +270,7 @@ class TrafficReporter:
         self.sample()
         while not self._stopping.wait(self.interval_s):
             try:
-                self.report("traffic", **self.sample())
+                self.report(Traffic(**self.sample()))
             except Exception:
                 logger.exception("Could not measure traffic")
 

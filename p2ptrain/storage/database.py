@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import sqlite_utils
 
+from p2ptrain.worker_pipe import PeerRow
+
 from .buffer import WriteBuffer
 from .disk_full import disk_full_message
 from .schema import PEER_COLUMNS, StorageError, connect
@@ -156,7 +158,7 @@ class Database:
             samples_per_second: the local throughput over the report.
             ts: Unix time of the report; now if None.
             worker: the reporting worker's name (``gpu1``, ``cpu``; see
-                ``daemon/workers.py``), so several workers' rows can be told
+                ``daemon/worker_slots.py``), so several workers' rows can be told
                 apart; None if unknown (rows written before schema version 3).
         """
         self._buffer.steps.append(
@@ -211,23 +213,23 @@ class Database:
         }
         self._buffered()
 
-    def record_peers(self, run_id: str, rows: list[dict], ts: float | None = None) -> None:
+    def record_peers(self, run_id: str, rows: list[PeerRow], ts: float | None = None) -> None:
         """Buffer a snapshot of the swarm: one row per peer.
 
         Args:
             run_id: the run the snapshot belongs to.
-            rows: PeerRow dicts (DEVELOPERS.md); keys outside the ``peers``
-                table (``contributed_samples``, ``is_local``...) are ignored,
-                missing ones are stored as NULL. ``peer_id`` is required.
+            rows: the peers; fields outside the ``peers`` table
+                (``contributed_samples``, ``is_local``...) are not stored.
+                Each needs a ``peer_id``.
             ts: Unix time of the snapshot; now if None.
         """
         ts = _now(ts)
         for row in rows:
-            if not row.get("peer_id"):
+            if not row.peer_id:
                 raise ValueError(f"peer row without a peer_id: {row!r}")
         for row in rows:
             stored = {"ts": ts, "run_id": run_id}
-            stored.update({column: row.get(column) for column in PEER_COLUMNS})
+            stored.update({column: getattr(row, column) for column in PEER_COLUMNS})
             for column in ("loss", "samples_per_second"):
                 stored[column] = _finite(stored[column])
             if stored["compatible"] is not None:

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from p2ptrain.peers.dht import rank_addresses, validate_multiaddr
+from p2ptrain.multiaddr import validate_multiaddr
+from p2ptrain.peers.dht import rank_addresses
 from p2ptrain.peers.manifest import (
     Manifest,
     ManifestError,

@@ -7,7 +7,9 @@ from datetime import datetime
 import pytest
 from pydantic import ValidationError
 
-from p2ptrain.daemon.policies import PolicyEngine, PolicySettings
+from p2ptrain.config import PolicySettings
+from p2ptrain.daemon.plan import PlanPolicy
+from p2ptrain.daemon.policies import PolicyEngine
 
 
 class FakeSensors:
@@ -178,7 +180,7 @@ def test_bad_settings_are_refused(bad):
 
 
 def test_settings_shape_the_plan():
-    policy = PolicySettings(max_vram_share=0.5, max_cpu_threads=3).plan_policy()
+    policy = PlanPolicy.from_settings(PolicySettings(max_vram_share=0.5, max_cpu_threads=3))
     assert (policy.memory_share, policy.max_cpu_threads) == (0.5, 3)
 
 
