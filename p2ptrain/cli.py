@@ -156,6 +156,11 @@ def format_status(status: dict) -> str:
         )
         if local.get("trained_samples"):
             lines.append(f"   Samples: {_samples_words(local)}" + (" (all workers)" if total else ""))
+        traffic = local.get("traffic")
+        if traffic:
+            kinds = ", ".join(f"{kind} {rate / 1000:.1f}" for kind, rate in traffic["bytes_per_s"].items() if rate >= 50)
+            lines.append(f"   Traffic: {sum(traffic['bytes_per_s'].values()) / 1000:.1f} KB/s ({kinds or 'idle'}),"
+                         f" ~{traffic['month_gb']:.1f} GB a month at this rate, {traffic['month_used_gb']:.2f} GB this month")
         for address in (local.get("addresses") or [])[:2]:
             lines.append(f"   Address: {address}")
     for health in status.get("health") or []:

@@ -2,8 +2,8 @@
 
 The daemon starts a worker with a ``WorkerSpec`` and then talks to it over a
 ``multiprocessing`` pipe: commands down (``Pause``, ``Resume``, ``Finish``,
-``Leave``, ``Unban``), reports up (``Joined``, ``Step``, ``Epoch``, ``Swarm``,
-``StateChanged``, ``Event``, ``Error``, ``Left``). Both sides import this
+``Leave``, ``Unban``), reports up (``Joined``, ``Network``, ``Traffic``, ``Step``,
+``Epoch``, ``Swarm``, ``StateChanged``, ``Event``, ``Error``, ``Left``). Both sides import this
 module, and nothing else of each other.
 
 Messages cross the pipe as plain dicts of builtins: a report as
@@ -332,8 +332,12 @@ class Joined(Report, kind="joined"):
     All fields but the manifest are ``status.local`` (``daemon/run_view.py``).
 
     Attributes:
-        addresses: multiaddrs others can dial it at, best first.
-        reachability: ``direct``, ``relayed`` or ``unknown``.
+        addresses: multiaddrs others can dial it at, best first (the one peers reached first).
+        reachability: ``direct``, ``relayed``, ``unreachable`` or ``unknown``, as peers
+            measured it by dialing back (``peers/dial_back.py``) when it joined.
+        reachability_checked_at: when that check ended; None when nobody could be asked.
+        averaging_client: it averages as a client (sends its share, never reduces):
+            peers could not dial it directly.
         micro_batch, grad_accum: what it trains with, confirmed by real steps
             (halved from the plan's if that ran out of memory).
         parameters, trainable_parameters: the model's sizes.
@@ -363,6 +367,50 @@ class Joined(Report, kind="joined"):
     contributed_samples: int = 0
     unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
     calibrated_samples_per_second: float | None = None
+    reachability_checked_at: float | None = None
+    averaging_client: bool = False
+
+
+@dataclasses.dataclass
+class Network(Report, kind="network"):
+    """A reachability check ended (after ``Joined``, then every few minutes; ``peers/network.py``).
+
+    Attributes:
+        reachability: ``direct``, ``relayed``, ``unreachable`` or ``unknown`` (nobody answered).
+        addresses: this peer's addresses, those peers reached first.
+        checked_at: Unix time the check ended; ``asked`` and ``answered``: how many peers.
+        reached: the addresses the answering peers reached.
+        averaging_client: it averages as a client (fixed when it joined).
+    """
+
+    reachability: str
+    addresses: list[str]
+    checked_at: float | None = None
+    asked: int = 0
+    answered: int = 0
+    reached: list[str] = dataclasses.field(default_factory=list)
+    averaging_client: bool = False
+
+
+@dataclasses.dataclass
+class Traffic(Report, kind="traffic"):
+    """What this peer sent and received (every 15 s; ``peers/traffic.py``).
+
+    Attributes:
+        bytes_per_s: by kind (``averaging``, ``matchmaking``, ``progress``, ``metrics``,
+            ``dht``, ``other``), sent + received, over the last minute.
+        sent_bytes_per_s, received_bytes_per_s: the totals over the same minute.
+        sent_bytes, received_bytes: since ``since`` (Unix time this worker began counting).
+        measured_at: ``kernel`` (totals from p2pd's TCP sockets) or ``messages`` (hivemind's messages only).
+    """
+
+    bytes_per_s: dict[str, float]
+    sent_bytes_per_s: float
+    received_bytes_per_s: float
+    sent_bytes: float
+    received_bytes: float
+    since: float
+    measured_at: str
 
 
 @dataclasses.dataclass

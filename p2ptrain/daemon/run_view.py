@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields, replace
+from datetime import datetime
 from typing import Any
 
-from p2ptrain.worker_pipe import Epoch, Joined, PeerRow, PortMove, Step, Swarm, UnusedSamples
+from p2ptrain.daemon.traffic_month import monthly_estimate_gb
+from p2ptrain.peers.reachability import RELAYED, UNREACHABLE, fix_for
+from p2ptrain.worker_pipe import Epoch, Joined, Network, PeerRow, PortMove, Step, Swarm, Traffic, UnusedSamples
 
 # what status.local shows of a worker's Joined report: all of it but the run's manifest, the
 # port moves (health lines) and the sample totals (kept in the view, updated by every Step)
@@ -74,6 +77,7 @@ class WorkerView:
     contributed_samples: int = 0
     unused_samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNUSED_REASONS, 0))
     port_moves: list[PortMove] = field(default_factory=list)
+    traffic: dict[str, Any] = field(default_factory=dict)
 
     def apply_joined(self, report: Joined) -> None:
         self.joined = True
@@ -88,6 +92,13 @@ class WorkerView:
         self.contributed_samples = max(self.contributed_samples, report.contributed_samples)
         reported = report.unused_samples.to_dict()
         self.unused_samples = {reason: max(self.unused_samples[reason], reported[reason]) for reason in UNUSED_REASONS}
+
+    def apply_network(self, report: Network) -> None:
+        """A reachability check's result: the measured reachability and addresses."""
+        self.local["reachability"] = report.reachability
+        self.local["addresses"] = list(report.addresses or self.local.get("addresses") or [])
+        self.local["averaging_client"] = report.averaging_client
+        self.local["reachability_checked_at"] = report.checked_at
 
     def apply_step(self, report: Step) -> None:
         self.take_totals(report)
@@ -157,6 +168,32 @@ class RunView:
         self.target_batch_size = self.manifest.get("target_batch_size", self.target_batch_size)
         self.workers[name].apply_joined(report)
         self.reported_at = time.time()
+
+    def apply_network(self, name: str, report: Network) -> None:
+        self.workers[name].apply_network(report)
+
+    def apply_traffic(self, name: str, report: Traffic) -> None:
+        self.workers[name].traffic = {"bytes_per_s": report.bytes_per_s, "sent_bytes_per_s": report.sent_bytes_per_s,
+                                      "received_bytes_per_s": report.received_bytes_per_s,
+                                      "measured_at": report.measured_at}
+
+    def traffic_status(self, month_used_gb: float, moment: datetime) -> dict | None:
+        """DESIGN's ``local.traffic``, summed over the running workers: bytes per second by kind (sent +
+        received), ``month_gb`` (that rate over this whole month) and ``month_used_gb`` (counted so far)."""
+        measured = [view.traffic for view in self.workers.values() if view.joined and view.traffic]
+        if not measured:
+            return None
+        kinds = {kind: sum(traffic["bytes_per_s"].get(kind, 0.0) for traffic in measured)
+                 for kind in measured[0]["bytes_per_s"]}
+        total = sum(kinds.values())
+        return {
+            "bytes_per_s": kinds,
+            "sent_bytes_per_s": sum(traffic.get("sent_bytes_per_s") or 0.0 for traffic in measured),
+            "received_bytes_per_s": sum(traffic.get("received_bytes_per_s") or 0.0 for traffic in measured),
+            "month_gb": monthly_estimate_gb(total, moment),
+            "month_used_gb": month_used_gb,
+            "measured_at": measured[0].get("measured_at"),
+        }
 
     def apply_step(self, name: str, report: Step) -> None:
         self.workers[name].apply_step(report)
@@ -256,13 +293,18 @@ class RunView:
             view.contributed_samples = worker["contributed_samples"]
             view.unused_samples.update(worker.get("unused_samples") or {})
 
-    def reachability_health(self) -> list[dict]:
-        if not any(view.local.get("reachability") == "relayed" for view in self.workers.values()):
+    def reachability_health(self, host_maddrs: list[str], announce_maddrs: list[str]) -> list[dict]:
+        """A warning with its fix when peers could not dial the first joined worker directly
+        (``dht.host_maddrs`` and ``dht.announce_maddrs`` from the config name the port)."""
+        local = next((view.local for view in self.workers.values() if view.joined), None)
+        reachability = (local or {}).get("reachability")
+        fix = fix_for(reachability, host_maddrs, announce_maddrs, (local or {}).get("addresses") or [])
+        if fix is None:
             return []
-        return [
-            {
-                "level": "warning",
-                "message": "this peer is reachable only through a relay, which slows averaging",
-                "fix": "forward the TCP port of dht.host_maddrs in your router, or set dht.announce_maddrs to your public address",
-            }
-        ]
+        message = {
+            RELAYED: "other peers reach this one only through a relay",
+            UNREACHABLE: "other peers cannot dial this one (behind NAT or a firewall)",
+        }[reachability]
+        if local.get("averaging_client"):
+            message += "; it averages as a client (sends its share, never reduces)"
+        return [{"level": "warning", "message": message, "fix": fix}]

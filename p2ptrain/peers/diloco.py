@@ -49,7 +49,6 @@ from typing import Sequence
 import hivemind
 import torch
 from hivemind.compression import CompressionInfo, TensorRole
-from hivemind.optim.progress_tracker import ProgressTracker
 
 from p2ptrain.peers.diloco_math import (
     apply_outer_step,
@@ -63,13 +62,15 @@ from p2ptrain.peers.diloco_math import (
 from p2ptrain.peers.compression import make_compression
 from p2ptrain.peers.robust_reduce import RobustOptions, plausible_weight
 from p2ptrain.peers.sample_account import SampleAccount
+from p2ptrain.peers.progress import QuietProgressTracker
+from p2ptrain.peers.round_loss import CountsLostParts, found_no_group
 from p2ptrain.peers.sync import MAX_ROUNDS_BEHIND, CheckedStateMixin, StepOutcome, all_finite
 from p2ptrain.peers.trust import Trust
 
 logger = logging.getLogger(__name__)
 
 
-class PseudoGradientAverager(CheckedStateMixin):
+class PseudoGradientAverager(CountsLostParts, CheckedStateMixin):
     """Averages pseudo-gradients and shares the outer state (global parameters,
     momentum, epoch) with peers that download it."""
 
@@ -147,7 +148,7 @@ class DiLoCoTrainer:
         self.global_parameters = [parameter.detach().to("cpu", torch.float32).clone() for parameter in self.parameters]
         self.inner_optimizer = torch.optim.AdamW(self.parameters, lr=inner_lr)
         self.outer_optimizer = make_outer_optimizer(self.global_parameters, outer_lr, outer_momentum)
-        self.tracker = ProgressTracker(dht=dht, prefix=prefix, target_batch_size=target_batch_size, client_mode=client_mode, start=True)
+        self.tracker = QuietProgressTracker(dht=dht, prefix=prefix, target_batch_size=target_batch_size, client_mode=client_mode, start=True)
         self.averager = PseudoGradientAverager(
             state_provider=self._shared_state,
             averaged_tensors=[torch.zeros_like(parameter) for parameter in self.global_parameters],
@@ -250,20 +251,21 @@ class DiLoCoTrainer:
         with self.averager.get_tensors() as buffers:
             for buffer, pseudo_gradient in zip(buffers, local_pseudo_gradients):
                 buffer.copy_(pseudo_gradient)
+        exchange_failed = False
         try:
             group = self.averager.step(
                 weight=float(max(self.pending_samples, 1)), gather=self.local_epoch, timeout=self.averaging_timeout
             )
         except Exception as error:
             logger.info("Outer averaging failed: %r", error)
-            group = None
+            group, exchange_failed = None, not found_no_group(error)
         if not group:
             # a lone outer step would split this peer from the others: its local progress goes
             # into the next round instead, re-based if the others averaged without it
             loaded = self.load_state_from_peers()
             if not loaded:
                 self._carry_into_next_round()
-            return StepOutcome(loaded_state=loaded, failed_rounds=1)
+            return StepOutcome(loaded_state=loaded, failed_rounds=int(not exchange_failed), failed_exchanges=int(exchange_failed))
         return self._adopt_group_average(group, local_pseudo_gradients)
 
     def _adopt_group_average(self, group: dict, local_pseudo_gradients: list[torch.Tensor], sent_from=None) -> StepOutcome:
@@ -305,7 +307,9 @@ class DiLoCoTrainer:
         else:
             self.account.add_unused("rejected", weight)
         self._start_epoch()
-        return StepOutcome(epoch_advanced=True, averaged_with=averaged_with, non_finite_average=rejected_from)
+        share = self.averager.received_share() if averaged_with and averaged_with > 1 else 1.0
+        return StepOutcome(epoch_advanced=True, averaged_with=averaged_with, non_finite_average=rejected_from,
+                           averaged_share=share)
 
     def _joined_a_later_round(self, group_size: int, sent_from) -> StepOutcome:
         """This peer was behind the peers it averaged with (it ended its round as theirs formed):

@@ -68,6 +68,7 @@ from hivemind.utils import get_dht_time
 
 from p2ptrain.peers.diloco import DiLoCoTrainer
 from p2ptrain.peers.diloco_math import pseudo_gradients
+from p2ptrain.peers.round_loss import found_no_group
 from p2ptrain.peers.sync import StepOutcome, all_finite
 
 logger = logging.getLogger(__name__)
@@ -233,17 +234,18 @@ class SwarmRoundTrainer(DiLoCoTrainer):
 
     def _finish_round(self) -> StepOutcome:
         finished, self._round = self._round, None
+        exchange_failed = False
         try:
             group = finished.control.result(0)
         except BaseException as error:  # hivemind ends a round that found no group with an exception
             logger.info("Outer averaging failed: %r", error)
-            group = None
+            group, exchange_failed = None, not found_no_group(error)
         if not group:
             # keep the local progress: the samples of this round and those trained since go into the next
             # attempt (re-based by the worker's download if the others averaged without us)
             self._retry_after = time.monotonic() + self.matchmaking_time
             self._count_fresh_samples(finished.trained_since)
-            return StepOutcome(failed_rounds=1)
+            return StepOutcome(failed_rounds=int(not exchange_failed), failed_exchanges=int(exchange_failed))
         outcome = self._adopt_group_average(group, pseudo_gradients(self.global_parameters, finished.sent_from), finished.sent_from)
         self._round_started = time.monotonic()
         self._count_fresh_samples(finished.trained_since)

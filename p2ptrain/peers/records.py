@@ -18,7 +18,7 @@ import pydantic
 
 logger = logging.getLogger(__name__)
 
-METRICS_EXPIRATION_S = 60.0
+METRICS_EXPIRATION_S = 90.0  # the worker writes its record every 30 s
 
 
 def metrics_key(run_id: str) -> str:
@@ -39,7 +39,8 @@ class LocalMetrics(pydantic.BaseModel):
     those that entered an adopted average or optimizer step
     (``p2ptrain.peers.sample_account``).
     ``manifest_hash`` identifies the settings it trains with, ``version`` the
-    p2ptrain version, ``reachability`` whether others dial it directly, and
+    p2ptrain version, ``reachability`` whether others dial it directly (measured,
+    ``peers.reachability``), and
     ``time`` is the DHT time of the measurement.
     """
 
@@ -58,7 +59,7 @@ class LocalMetrics(pydantic.BaseModel):
     contributed_samples: int = pydantic.Field(0, ge=0)
     manifest_hash: str = pydantic.Field("", max_length=64)
     version: str = pydantic.Field("", max_length=32)
-    reachability: Literal["direct", "relayed", "unknown"] = "unknown"
+    reachability: Literal["direct", "relayed", "unreachable", "unknown"] = "unknown"
     time: float = pydantic.Field(0.0, ge=0)
 
     @pydantic.field_validator("loss", mode="before")

@@ -154,7 +154,8 @@ def load_data(manifest, tokenizer, micro_batch: int, peer_id: str, cache_dir: Pa
     return batches, validation
 
 
-def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_step: int) -> Trainer:
+def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_step: int,
+                 averaging_client: bool = False) -> Trainer:
     """The manifest's trainer: ``SyncTrainer``, or in ``diloco`` mode ``SwarmRoundTrainer``
     (``round_end: samples``) or ``DiLoCoTrainer`` (``round_end: local_steps``).
 
@@ -166,17 +167,22 @@ def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_ste
         dht: the worker's running DHT.
         parameters: the trainable parameters.
         batch_size_per_step: samples of one step (micro-batch times gradient accumulation).
+        averaging_client: average as a client (send our share, never reduce), as a DHT
+            client always does: other peers cannot dial this one directly (``peers.network``).
     """
     from p2ptrain.peers.manifest import averaging_prefix
+    from p2ptrain.peers.matchmaking import pace_leader_search
     from p2ptrain.peers.sync import averaging_timings
     from p2ptrain.peers.trust import Trust
+
+    pace_leader_search()  # before the averager processes fork
 
     common = dict(
         trust=Trust(banned=spec.banned_peers),
         dht=dht, prefix=averaging_prefix(manifest), parameters=parameters,
         target_batch_size=manifest.target_batch_size, batch_size_per_step=batch_size_per_step,
         inner_lr=manifest.inner_lr, compression=manifest.compression,
-        client_mode=spec.dht.client_mode,
+        client_mode=spec.dht.client_mode or averaging_client,
         **averaging_timings(spec.averaging.to_dict() if spec.averaging else None, spec.dht.host_maddrs),
     )
     schedule = dict(warmup_epochs=manifest.warmup_epochs, lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs)

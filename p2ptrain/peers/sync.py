@@ -36,8 +36,10 @@ from hivemind.optim.state_averager import TrainingStateAverager
 
 from p2ptrain.peers.compression import make_compression
 from p2ptrain.peers.optimizers import make_optimizer, make_scheduler
+from p2ptrain.peers.progress import QuietProgressTracker
 from p2ptrain.peers.robust_averager import GradientAverager, RobustAverager
 from p2ptrain.peers.robust_reduce import RobustOptions, plausible_weight
+from p2ptrain.peers.round_loss import CountsLostParts, found_no_group
 from p2ptrain.peers.sample_account import SampleAccount
 from p2ptrain.peers.trust import Trust
 
@@ -65,6 +67,10 @@ class StepOutcome:
     failed_rounds: averaging rounds that formed no group in time since the last outcome.
     waited_s: seconds the call spent on rounds rather than on training (averaging, waiting
         for the swarm, state downloads), for the worker's idle time.
+    averaged_share: the share of the ``averaged_with`` round's values that were really averaged
+        (below 1.0 when a peer dropped out mid-round: the rest kept this peer's own values;
+        ``peers.round_loss``).
+    failed_exchanges: rounds since the last outcome whose group formed but whose data exchange failed.
     """
 
     epoch_advanced: bool = False
@@ -73,6 +79,8 @@ class StepOutcome:
     non_finite_average: int | None = None
     failed_rounds: int = 0
     waited_s: float = 0.0
+    averaged_share: float = 1.0
+    failed_exchanges: int = 0
 
     def non_finite_message(self) -> str | None:
         """The event message for a rejected round, or None if there was none."""
@@ -123,6 +131,10 @@ class CheckedTrainingStateAverager(TrainingStateAverager, CheckedStateMixin):
         super()._apply_averaging_results_()
 
 
+class CountingGradientAverager(CountsLostParts, GradientAverager):
+    """The robust GradientAverager (``robust_averager``) that knows how much of its last round was averaged."""
+
+
 class SyncOptimizer(hivemind.Optimizer):
     """hivemind.Optimizer whose averagers are robust (``robust_averager``), that checks
     downloaded state, remembers the size of each finished gradient-averaging round,
@@ -132,20 +144,32 @@ class SyncOptimizer(hivemind.Optimizer):
     ``trust``: this peer's ``Trust`` (bans, suspects); ``account``: its ``SampleAccount``;
     the rest as hivemind.Optimizer."""
 
-    def __init__(self, *, trust: Trust, account: SampleAccount, **kwargs):
+    def __init__(self, *, trust: Trust, account: SampleAccount, client_mode: bool = False, **kwargs):
         self._trust = trust
         self._parameter_count = len(list(kwargs["params"]))
         kwargs["grad_averager_factory"] = functools.partial(
-            GradientAverager, trust=trust, robust=RobustOptions.for_gradients(plausible_weight(kwargs["target_batch_size"])))
+            CountingGradientAverager, trust=trust, robust=RobustOptions.for_gradients(plausible_weight(kwargs["target_batch_size"])))
         self.account = account
         self._batch_in_hand = 0
+        self._averaging_client = client_mode
         self._finished_groups: list[int] = []
         self._rejected_groups: list[int] = []
-        self._failed_rounds = 0
+        self._failed_rounds = self._failed_exchanges = 0
+        self._last_share = 1.0
         self._groups_lock = threading.Lock()
         self._loading_local_gradients = False
         self._round_rejected = False
-        super().__init__(**kwargs)
+        super().__init__(client_mode=client_mode, **kwargs)
+
+    def _make_progress_tracker(self, target_batch_size: int, **kwargs):
+        # hivemind 1.1's Optimizer replaces a given client_mode with the DHT's (`client_mode if
+        # client_mode is None else dht.client_mode`); the tracker is made right after that line and
+        # before the averagers, which read self.client_mode: a peer nobody dials directly averages
+        # as a client while its DHT still serves
+        self.client_mode = self._averaging_client
+        return QuietProgressTracker(dht=self.dht, prefix=self.run_id, target_batch_size=target_batch_size,
+                                    client_mode=self.client_mode, status_loglevel=self.status_loglevel, start=True,
+                                    **kwargs)
 
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
         return CheckedTrainingStateAverager(
@@ -211,15 +235,18 @@ class SyncOptimizer(hivemind.Optimizer):
         # the real group size comes from hivemind's round result (GroupInfo-keyed dict)
         if maybe_step_control is None:
             return  # no other peer: nothing was attempted
-        group = None
+        group, error = None, None
         if maybe_step_control.done() and not maybe_step_control.cancelled():
             try:
                 group = maybe_step_control.result(0)
-            except BaseException:  # hivemind already fell back to the local gradients
-                group = None
+            except BaseException as raised:  # hivemind already fell back to the local gradients
+                error = raised
         with self._groups_lock:
             if group:
                 (self._rejected_groups if self._round_rejected else self._finished_groups).append(len(group))
+                self._last_share = self.grad_averager.received_share()
+            elif error is not None and not found_no_group(error):
+                self._failed_exchanges += 1
             else:
                 self._failed_rounds += 1
 
@@ -250,6 +277,13 @@ class SyncOptimizer(hivemind.Optimizer):
             rejected, self._rejected_groups = self._rejected_groups, []
             failed, self._failed_rounds = self._failed_rounds, 0
         return groups, rejected, failed
+
+    def pop_exchange_outcome(self) -> tuple[float, int]:
+        """The averaged share of the last finished round, and the rounds since the last call
+        whose group formed but whose data exchange failed."""
+        with self._groups_lock:
+            failed, self._failed_exchanges = self._failed_exchanges, 0
+            return self._last_share, failed
 
 
 class SyncTrainer:
@@ -311,6 +345,9 @@ class SyncTrainer:
             scheduler=make_scheduler(warmup_epochs, lr_schedule, total_epochs),
             matchmaking_time=matchmaking_time,
             averaging_timeout=averaging_timeout,
+            # hivemind's default (the matchmaking time: 3 s on a LAN) drops a peer that is busy for 3 s
+            # between two parts of a round, and the round comes back partly unaveraged
+            next_chunk_timeout=averaging_timeout / 4,
             load_state_timeout=max(averaging_timeout, 30.0),
             grad_compression=compressor,
             state_averaging_compression=compressor,
@@ -358,12 +395,15 @@ class SyncTrainer:
             # hivemind does not hand out the state round's group: the peers in the run bound it
             rejected = [max(self.tracker.global_progress.num_peers, 2)]
         self._state_rejections_seen = state_rejections
+        share, failed_exchanges = self.optimizer.pop_exchange_outcome()
         return StepOutcome(
             epoch_advanced=self.local_epoch > epoch_before,
             averaged_with=groups[-1] if groups else None,
             loaded_state=self.local_epoch > epoch_before + 1,
             non_finite_average=rejected[-1] if rejected else None,
             failed_rounds=failed,
+            averaged_share=share if groups else 1.0,
+            failed_exchanges=failed_exchanges,
         )
 
     def skip_batch(self) -> None:

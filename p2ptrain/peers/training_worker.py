@@ -39,7 +39,10 @@ from p2ptrain.worker_pipe import (
 logger = logging.getLogger(__name__)
 
 STEP_REPORT_INTERVAL_S = 1.0
-SWARM_REPORT_INTERVAL_S = 5.0
+# each publish and read is DHT traffic on a volunteer's metered line (peers/progress.py has the numbers):
+# the swarm view is read every 15 s, our metrics record (expiring after 90 s) written every 30 s
+SWARM_REPORT_INTERVAL_S = 15.0
+METRICS_INTERVAL_S = 30.0
 GOODBYE_EXPIRATION_S = 1.0
 
 
@@ -120,7 +123,7 @@ class Worker:
         self.send_lock = threading.Lock()
         self.stop_requested = False
         self.interruptible = True  # a signal may interrupt setup, never a training step
-        self.dht = self.loaded = self.batches = None
+        self.dht = self.network = self.loaded = self.batches = None
         self.trainer: Trainer | None = None
         self.state = "joining"
         self.finish_at_epoch: int | None = None
@@ -188,18 +191,23 @@ class Worker:
         """Join the run: DHT, manifest, model, data, trainer (``run_setup``), the checkpoint, then report ``joined``."""
         import torch
 
-        from p2ptrain.peers.dht import port_moves, reachability, visible_addresses
+        from p2ptrain.peers.network import PeerNetwork
+        from p2ptrain.peers.traffic import TrafficMeter
+        from p2ptrain.peers.dht import port_moves
 
         spec, plan = self.spec, self.spec.plan
         if plan.cpu_threads:
             torch.set_num_threads(plan.cpu_threads)
+        meter = TrafficMeter()
+        meter.install()  # before the DHT and averager processes fork: they count into it
         self.dht = join_dht(spec, peers_file(self._checkpoint_file()))
         self.port_moves = port_moves(self.dht)
         for move in self.port_moves:
             details = {name: value for name, value in move.to_dict().items() if name != "message"}
             self.event("port-taken", move.message, **details)
-        # ask now: once the averagers are up, hivemind can stall this query for minutes
-        self.addresses, self.reachability = visible_addresses(self.dht), reachability(self.dht)
+        # measured before the averagers start: they take their role (reducer or client) from it
+        self.network = PeerNetwork(self.dht, self.report, client_mode=spec.dht.client_mode, meter=meter)
+        self.network.join()
         self.manifest = manifest = run_manifest(spec, self.dht)
 
         self.device, self.precision, self.quantization = plan.device, plan.precision, plan.quantization
@@ -218,7 +226,8 @@ class Worker:
             except (KeyError, ValueError) as error:
                 self.event("checkpoint-ignored", f"checkpoint not used: {error}")
                 checkpoint = None
-        self.trainer = make_trainer(spec, manifest, self.dht, self.loaded.trainable(), self.micro_batch * self.grad_accum)
+        self.trainer = make_trainer(spec, manifest, self.dht, self.loaded.trainable(), self.micro_batch * self.grad_accum,
+                                    averaging_client=self.network.averaging_client)
         # hivemind's averagers set SIGINT to ignored when they start
         processes.install_stop_handlers(self.on_signal)
         if checkpoint:
@@ -228,7 +237,8 @@ class Worker:
         self.late_reported = self.trainer.account.unused["late"]
         self._catch_up()
         self.report(Joined(
-            peer_id=self.peer_id, addresses=self.addresses, reachability=self.reachability,
+            peer_id=self.peer_id, addresses=self.network.addresses, reachability=self.network.reachability,
+            reachability_checked_at=self.network.checked_at, averaging_client=self.network.averaging_client,
             manifest=manifest.model_dump(mode="json"), manifest_hash=self.manifest_hash, device=self.device,
             precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             grad_accum=self.grad_accum, parameters=self.loaded.parameters,
@@ -236,6 +246,7 @@ class Worker:
             port_moves=self.port_moves,
             calibrated_samples_per_second=self.calibration.samples_per_second, **self.trainer.account.totals(),
         ))
+        self.network.watch()
 
     def _confirm_micro_batch(self):
         """Real forward/backward passes at the planned micro-batch, halved until they fit (``calibration``);
@@ -406,12 +417,12 @@ class Worker:
         """Say goodbye and shut the trainer and the DHT down; the loop ends and the process exits 0."""
         self.left = True
         self.goodbye()
-        for closing in (self.trainer, self.dht):
+        for closing in (self.network, self.trainer, self.dht):
             try:
                 closing.shutdown()
             except Exception:
                 logger.exception("Error while shutting down %s", type(closing).__name__)
-        self.trainer = self.dht = None
+        self.network = self.trainer = self.dht = None
 
     def train_one_step(self) -> None:
         """Accumulate ``grad_accum`` micro-batches and hand them to the trainer,
@@ -494,12 +505,21 @@ class Worker:
             self.event(trust_event.kind, trust_event.message, **trust_event.data)
         if outcome.averaged_with is not None:
             self.last_group = outcome.averaged_with
-            self.event("averaged", f"averaged with {outcome.averaged_with} peers", peers=outcome.averaged_with, epoch=self.trainer.local_epoch)
+            if outcome.averaged_share < 1.0:
+                self.event("averaging-incomplete", f"averaged with {outcome.averaged_with} peers, but only "
+                           f"{outcome.averaged_share:.0%} of the values: a peer dropped out mid-round, the rest kept "
+                           "this peer's own values", peers=outcome.averaged_with, share=outcome.averaged_share,
+                           epoch=self.trainer.local_epoch)
+            else:
+                self.event("averaged", f"averaged with {outcome.averaged_with} peers", peers=outcome.averaged_with, epoch=self.trainer.local_epoch)
         if outcome.non_finite_average is not None:
             self.event("non-finite-average", outcome.non_finite_message(), peers=outcome.non_finite_average, epoch=self.trainer.local_epoch)
         if outcome.failed_rounds:
             self.event("averaging-failed", "an averaging round formed no group in time; trained on without it",
-                       rounds=outcome.failed_rounds, epoch=self.trainer.local_epoch)
+                       rounds=outcome.failed_rounds, epoch=self.trainer.local_epoch, reason="no-group")
+        if outcome.failed_exchanges:
+            self.event("averaging-failed", "an averaging group formed but its data exchange failed; trained on without it",
+                       rounds=outcome.failed_exchanges, epoch=self.trainer.local_epoch, reason="exchange")
         if outcome.loaded_state:
             self.state_downloaded()
         if outcome.epoch_advanced:
@@ -537,19 +557,22 @@ class Worker:
             samples_per_second=samples_per_second, loss=self.last_loss, epoch=self.trainer.local_epoch,
             contributed_samples=self.trainer.account.contributed, trained_samples=self.trainer.account.trained,
             manifest_hash=self.manifest_hash,
-            version=__version__, reachability=self.reachability, time=get_dht_time(),
+            version=__version__, reachability=self.network.reachability, time=get_dht_time(),
         )
 
     def _report_swarm_forever(self) -> None:
         from p2ptrain.peers.records import publish_metrics
         from p2ptrain.peers.swarm import read_swarm
 
+        published_state, published_at = None, -METRICS_INTERVAL_S
         while not self.left and not self.stop_requested:
             if self.trainer is None:
                 return
             try:
                 training = self.state == "training"
-                publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(self.samples_per_second if training else 0.0))
+                if time.monotonic() - published_at >= METRICS_INTERVAL_S or self.state != published_state:
+                    publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(self.samples_per_second if training else 0.0))
+                    published_state, published_at = self.state, time.monotonic()
                 self.report(read_swarm(self.dht, self.manifest.run_id, self.manifest_hash, self.manifest.target_batch_size))
             except Exception:
                 logger.exception("Could not publish metrics or read the swarm")
@@ -575,7 +598,7 @@ class Worker:
                 logger.exception("Could not checkpoint while stopping")
         if self.daemon_gone():
             return  # no one to say goodbye to in order: main() ends the whole group now
-        for closing in (self.trainer, self.dht):
+        for closing in (self.network, self.trainer, self.dht):
             if closing is None:
                 continue
             try:

@@ -101,6 +101,9 @@ def test_three_daemons_reach_epoch_3_together_through_the_cli(sync_swarm):
                 break
             time.sleep(3)
         assert any(event["data"]["peers"] >= 2 for event in averaged), averaged[-3:]
+        # every peer reachable: no round may lose a peer's share (hivemind's "received <100% results")
+        incomplete = [event for event in events(daemon.home) if event["kind"] == "averaging-incomplete"]
+        assert incomplete == [], incomplete
     for daemon in daemons:
         val_losses = validation_losses(daemon.home)
         assert len(val_losses) >= 3 and val_losses[-1] < val_losses[0], val_losses

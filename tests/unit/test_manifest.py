@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from p2ptrain.multiaddr import validate_multiaddr
-from p2ptrain.peers.dht import rank_addresses, reachability_of
+from p2ptrain.peers.dht import rank_addresses
 from p2ptrain.peers.manifest import (
     Manifest,
     ManifestError,
@@ -223,21 +223,6 @@ def test_addresses_are_ranked_public_first_loopback_last():
     relayed = f"/ip4/198.51.100.1/tcp/1/p2p/{PEER_ID}/p2p-circuit/p2p/{PEER_ID}"
     assert rank_addresses([loopback, relayed, private, public, loopback]) == [public, private, relayed, loopback]
     assert rank_addresses([loopback]) == [loopback]
-
-
-@pytest.mark.parametrize(
-    ("addresses", "client_mode", "expected"),
-    [
-        (["/ip4/8.8.4.4/tcp/31337"], False, "direct"),
-        (["/dns4/boot.example.org/tcp/31337"], False, "direct"),
-        (["/ip4/127.0.0.1/tcp/1", "/ip4/192.168.1.7/tcp/1"], False, "unknown"),
-        ([f"/ip4/8.8.4.4/tcp/1/p2p/{PEER_ID}/p2p-circuit/p2p/{PEER_ID}"], False, "relayed"),
-        (["/ip4/8.8.4.4/tcp/31337"], True, "unknown"),
-        ([], False, "unknown"),
-    ],
-)
-def test_reachability_is_read_from_announced_addresses(addresses, client_mode, expected):
-    assert reachability_of(addresses, client_mode) == expected
 
 
 def test_a_manifest_from_a_newer_p2ptrain_asks_for_an_upgrade_not_about_unknown_fields():
