@@ -35,7 +35,9 @@ from pathlib import Path
 
 import pytest
 
+from p2ptrain.peers.diloco import PseudoGradientAverager
 from p2ptrain.peers.manifest import averaging_prefix, parse_manifest
+from p2ptrain.peers.sync import CheckedTrainingStateAverager, CountingGradientAverager
 from p2ptrain.peers.trust import REASON_WORDS
 from test_worker_swarm import SHARED_CACHE, WorkerHandle, run_manifest, stop_all
 
@@ -293,7 +295,7 @@ def attack_catalogue(tmp_path: Path, manifest: dict, prefixes: list[tuple[str, s
 def test_a_rogue_cannot_wreck_a_diloco_run_and_is_named(tmp_path):
     manifest = run_manifest("rogue-diloco", mode="diloco", local_steps=8, target_batch_size=64, inner_lr=2e-3)
     prefix = f"{averaging_prefix(parse_manifest(manifest))}_diloco"
-    attack_catalogue(tmp_path, manifest, [(prefix, "PseudoGradientAverager", False, "pseudo-gradient")])
+    attack_catalogue(tmp_path, manifest, [(prefix, PseudoGradientAverager.__name__, False, "pseudo-gradient")])
 
 
 @pytest.mark.timeout(900)
@@ -301,5 +303,5 @@ def test_a_rogue_cannot_wreck_a_sync_run_and_is_named(tmp_path):
     manifest = run_manifest("rogue-sync", target_batch_size=64)
     prefix = averaging_prefix(parse_manifest(manifest))
     # hivemind.Optimizer averages gradients, then parameters (which require grad), each epoch
-    attack_catalogue(tmp_path, manifest, [(f"{prefix}_grad_averager", "GradientAverager", False, "gradient"),
-                                          (f"{prefix}_state_averager", "CheckedTrainingStateAverager", True, "parameters")])
+    attack_catalogue(tmp_path, manifest, [(f"{prefix}_grad_averager", CountingGradientAverager.__name__, False, "gradient"),
+                                          (f"{prefix}_state_averager", CheckedTrainingStateAverager.__name__, True, "parameters")])
