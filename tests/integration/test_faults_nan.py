@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from p2ptrain.peers.checkpoint import checkpoint_path, load_checkpoint
+from p2ptrain.peers.diloco import PseudoGradientAverager
+from p2ptrain.peers.sync import CheckedTrainingStateAverager, CountingGradientAverager
 from p2ptrain.peers.manifest import averaging_prefix, parse_manifest
 from test_worker_swarm import WorkerHandle, run_manifest, stop_all
 
@@ -172,7 +174,7 @@ def test_a_peer_that_averages_nan_poisons_nobody_in_diloco(tmp_path, capfd):
     prefix = f"{averaging_prefix(parse_manifest(manifest))}_diloco"
     workers: list[WorkerHandle] = []
     try:
-        rogue = poisoned_and_trained_on(tmp_path, manifest, [(prefix, "PseudoGradientAverager", False)], workers)
+        rogue = poisoned_and_trained_on(tmp_path, manifest, [(prefix, PseudoGradientAverager.__name__, False)], workers)
         rogue.kill()
         for worker, state in zip(workers, leave_and_read_checkpoints(workers, manifest["run_id"])):
             assert_finite_tensors(list(state["trainable"].values()) + state["trainer"]["global_parameters"]
@@ -189,8 +191,9 @@ def test_a_peer_that_averages_nan_poisons_nobody_in_sync_mode(tmp_path, capfd):
     manifest = run_manifest("nan-sync", target_batch_size=128)
     prefix = averaging_prefix(parse_manifest(manifest))
     # hivemind.Optimizer averages gradients, then parameters (which require grad), each epoch
-    prefixes = [(f"{prefix}_grad_averager", "GradientAverager", False),
-                (f"{prefix}_state_averager", "CheckedTrainingStateAverager", True)]
+    # hivemind names an averager's RPC handlers after its class: the rogue's must be named as ours
+    prefixes = [(f"{prefix}_grad_averager", CountingGradientAverager.__name__, False),
+                (f"{prefix}_state_averager", CheckedTrainingStateAverager.__name__, True)]
     workers: list[WorkerHandle] = []
     try:
         rogue = poisoned_and_trained_on(tmp_path, manifest, prefixes, workers)
