@@ -171,7 +171,7 @@ class Daemon(WorkerReports):
 
     def _plan(self, slot: WorkerSlot, manifest: dict | None) -> dict | None:
         """The hardware plan of one worker, sized from its device's free memory now."""
-        plan, failure = worker_plan(slot, manifest, self.config.policy.plan_policy())
+        plan, failure = worker_plan(slot, manifest, self.config.policy.plan_policy(), self.config.training.uplink_mbit_s)
         if failure:
             self.record_event("plan-failed", f"no hardware plan for {slot.name}: {failure}", {"worker": slot.name})
         for line in (plan or {}).get("rationale") or ():

@@ -18,7 +18,7 @@ torch, no processes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from p2ptrain.config import Config
@@ -151,7 +151,8 @@ def leftover_pgid_files(state_dir: Path) -> list[Path]:
     return sorted(state_dir.glob("worker*.pgid"))
 
 
-def worker_plan(slot: WorkerSlot, manifest: dict | None, policy: PlanPolicy) -> tuple[dict | None, str | None]:
+def worker_plan(slot: WorkerSlot, manifest: dict | None, policy: PlanPolicy,
+                uplink_mbit_s: float | None = None) -> tuple[dict | None, str | None]:
     """The hardware plan for one worker, as the worker reads it.
 
     Args:
@@ -159,6 +160,7 @@ def worker_plan(slot: WorkerSlot, manifest: dict | None, policy: PlanPolicy) -> 
         manifest: the run manifest (None while joining an existing run: the
             worker then reads it from the DHT and uses its hints).
         policy: the volunteer's caps.
+        uplink_mbit_s: the configured upload bandwidth, which picks the compression rung.
 
     Returns:
         (plan dict or None, why there is no plan or None). A GPU worker without
@@ -170,7 +172,7 @@ def worker_plan(slot: WorkerSlot, manifest: dict | None, policy: PlanPolicy) -> 
         return fallback, None
     try:
         facts = model_facts(manifest["model"], manifest.get("lora"))
-        plan = make_plan(facts, manifest, slot.device, policy)
+        plan = make_plan(facts, manifest, replace(slot.device, uplink_mbit_s=uplink_mbit_s), policy)
     except (ModelFactsError, PlanError) as error:
         return fallback, str(error)
     return {**plan.to_dict(), "device": slot.worker_device}, None
@@ -235,6 +237,7 @@ def worker_spec(
         "dht": dht,
         "nickname": f"{config.nickname}-{slot.name}" if workers > 1 else config.nickname,
         "plan": plan,
+        "uplink_mbit_s": config.training.uplink_mbit_s,
         "torch_threads": plan.get("cpu_threads") if plan else None,
         "start_paused": start_paused,
         "checkpoint_interval_s": config.training.checkpoint_interval_s,

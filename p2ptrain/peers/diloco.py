@@ -36,8 +36,11 @@ import torch
 from hivemind.compression import CompressionInfo, TensorRole
 from hivemind.optim.progress_tracker import ProgressTracker
 
+from p2ptrain.peers.compression_ladder import parse_rung, rung_for_peer
+from p2ptrain.peers.compression_sparse import COUNTERS, allow_rungs, rung_compression
+from p2ptrain.peers.error_feedback import ErrorFeedback
 from p2ptrain.peers.optimizers import learning_rate_factor
-from p2ptrain.peers.sync import CheckedStateMixin, StepOutcome, all_finite, make_compression
+from p2ptrain.peers.sync import CheckedStateMixin, StepOutcome, all_finite
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +125,11 @@ class DiLoCoTrainer:
         warmup_epochs, lr_schedule, total_epochs: the inner learning rate's
             warm-up and schedule, in epochs of H inner steps (see the module doc).
         outer_lr, outer_momentum: the outer Nesterov SGD (0.7 and 0.9 in DiLoCo).
-        compression: manifest compression name for the pseudo-gradients.
+        compression: the rung this peer sends pseudo-gradients with (``compression_ladder``).
+        allowed_compression: the rungs the run allows (None: only ``compression``); this
+            peer's reducers refuse parts of any other rung.
+        error_feedback_decay: on a sparse rung, the share of what was not sent that is
+            carried into the next round (``error_feedback``).
         matchmaking_time: seconds peers spend forming an averaging group.
         averaging_timeout: seconds before a stuck averaging round is abandoned.
         client_mode: this peer cannot accept connections.
@@ -147,6 +154,8 @@ class DiLoCoTrainer:
         lr_schedule: str = "constant",
         total_epochs: int | None = None,
         client_mode: bool = False,
+        allowed_compression: Sequence[str] | None = None,
+        error_feedback_decay: float = 1.0,
     ):
         self.parameters = list(parameters)
         self.local_steps = local_steps
@@ -163,6 +172,10 @@ class DiLoCoTrainer:
         self.global_parameters = [parameter.detach().to("cpu", torch.float32).clone() for parameter in self.parameters]
         self.inner_optimizer = torch.optim.AdamW(self.parameters, lr=inner_lr)
         self.outer_optimizer = make_outer_optimizer(self.global_parameters, outer_lr, outer_momentum)
+        rung = rung_for_peer(compression, [parse_rung(name) for name in allowed_compression or [compression]])
+        allow_rungs(allowed_compression or [compression])  # before the averager forks: its reducers check
+        self.error_feedback = ErrorFeedback(rung, self.global_parameters, error_feedback_decay)
+        self._payload_bytes_before = 0  # sparse payload sent before the last restore
         self.tracker = ProgressTracker(dht=dht, prefix=prefix, target_batch_size=target_batch_size, client_mode=client_mode, start=True)
         self.averager = PseudoGradientAverager(
             state_provider=self._shared_state,
@@ -172,7 +185,7 @@ class DiLoCoTrainer:
             min_matchmaking_time=matchmaking_time,
             request_timeout=min(3.0, matchmaking_time / 2),
             allreduce_timeout=averaging_timeout,
-            compression=make_compression(compression, self.global_parameters),
+            compression=rung_compression(rung, self.global_parameters),
             client_mode=client_mode,
             start=True,
         )
@@ -232,10 +245,12 @@ class DiLoCoTrainer:
             return StepOutcome()
 
         averaged_with, rejected_from = 1, None
-        averaged = local_pseudo_gradients
-        if self.tracker.global_progress.num_peers > 1:
+        if self.tracker.global_progress.num_peers <= 1:
+            averaged = self.error_feedback.everything(local_pseudo_gradients)
+        else:
+            outgoing = self.error_feedback.outgoing(local_pseudo_gradients)
             with self.averager.get_tensors() as buffers:
-                for buffer, pseudo_gradient in zip(buffers, local_pseudo_gradients):
+                for buffer, pseudo_gradient in zip(buffers, outgoing):
                     buffer.copy_(pseudo_gradient)
             try:
                 group = self.averager.step(
@@ -245,6 +260,7 @@ class DiLoCoTrainer:
                 logger.info("Outer averaging failed: %r", error)
                 group = None
             if not group:
+                self.error_feedback.not_sent()
                 # others train in this run: a lone outer step would split this peer from them
                 self._reset_local()
                 return StepOutcome(loaded_state=self.load_state_from_peers(), failed_rounds=1)
@@ -263,7 +279,8 @@ class DiLoCoTrainer:
                                "outer step with this peer's own", len(group))
                 self.rejected_averages += 1
                 rejected_from = len(group)
-                averaged, averaged_with = local_pseudo_gradients, None
+                averaged, averaged_with = outgoing, None
+            self.error_feedback.sent()
 
         with self._lock:
             apply_outer_step(self.global_parameters, averaged, self.outer_optimizer, self.parameters)
@@ -316,7 +333,13 @@ class DiLoCoTrainer:
                 "global_parameters": [tensor.clone() for tensor in self.global_parameters],
                 "outer_momentum": [tensor.clone() for tensor in momentum_buffers(self.outer_optimizer)],
                 "inner_optimizer": self.inner_optimizer.state_dict(),
+                "error_feedback": self.error_feedback.state_dict(),
+                "sparse_payload_bytes": self.sparse_payload_bytes(),
             }
+
+    def sparse_payload_bytes(self) -> int:
+        """Bytes of sparse parts and answers this peer's averager sent in this run (``compression_sparse``)."""
+        return self._payload_bytes_before + COUNTERS.parts_bytes + COUNTERS.answers_bytes
 
     def load_state_dict(self, state: dict) -> None:
         with self._lock, torch.no_grad():
@@ -326,6 +349,8 @@ class DiLoCoTrainer:
                 target.copy_(source)
             self.inner_optimizer.load_state_dict(state["inner_optimizer"])
             self.local_epoch = int(state["epoch"])
+        self.error_feedback.load_state_dict(state.get("error_feedback"))
+        self._payload_bytes_before = int(state.get("sparse_payload_bytes", 0))
         self._reset_local()
         self._start_epoch()
 

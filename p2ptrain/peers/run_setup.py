@@ -132,6 +132,19 @@ def build_model_and_data(manifest, device: str, precision: str, quantization: st
     return loaded, batches, validation
 
 
+def peer_compression(spec: dict, manifest, trainable_parameters: int) -> str:
+    """The rung this peer sends pseudo-gradients with: its plan's, or (a plan made without the
+    run's manifest, when joining) chosen now from the spec's ``uplink_mbit_s`` (``plan.choose_compression``)."""
+    from p2ptrain.daemon.plan import choose_compression
+
+    planned = (spec.get("plan") or {}).get("compression")
+    if planned:
+        return planned
+    name, reason = choose_compression(manifest.model_dump(), trainable_parameters, spec.get("uplink_mbit_s"))
+    logger.info("%s", reason)
+    return name
+
+
 def make_trainer(spec: dict, manifest, dht, parameters, batch_size_per_step: int):
     """The manifest's trainer (``SyncTrainer``, or ``DiLoCoTrainer`` in ``diloco`` mode).
 
@@ -157,10 +170,17 @@ def make_trainer(spec: dict, manifest, dht, parameters, batch_size_per_step: int
     )
     schedule = dict(warmup_epochs=manifest.warmup_epochs, lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs)
     if manifest.mode == "diloco":
+        from p2ptrain.peers.compression_ladder import RungNotAllowed, allowed_rungs
         from p2ptrain.peers.diloco import DiLoCoTrainer
 
-        return DiLoCoTrainer(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr,
-                             outer_momentum=manifest.outer_momentum, **schedule, **common)
+        allowed = [rung.name for rung in allowed_rungs(manifest.compression, manifest.compression_rungs)]
+        common["compression"] = peer_compression(spec, manifest, sum(parameter.numel() for parameter in parameters))
+        try:
+            return DiLoCoTrainer(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr,
+                                 outer_momentum=manifest.outer_momentum, allowed_compression=allowed,
+                                 error_feedback_decay=manifest.error_feedback_decay, **schedule, **common)
+        except RungNotAllowed as error:
+            raise WorkerFailure(error.message, error.fix) from error
     from p2ptrain.peers.sync import SyncTrainer
 
     return SyncTrainer(optimizer=manifest.optimizer, **schedule, **common)

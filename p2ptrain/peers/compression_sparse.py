@@ -1,0 +1,406 @@
+"""Sparse rungs on the wire: top-k per chunk with 2- or 4-bit codes, as hivemind codecs.
+
+How a sparse round is averaged (hivemind's butterfly all-reduce: every member
+reduces one part of the tensors, ``hivemind/averaging/allreduce.py``):
+
+1. Each peer picks what it sends *before* the round (``error_feedback.py``):
+   in every chunk of ``chunk`` values of a tensor, the ``k`` largest in
+   magnitude of (pseudo-gradient + what it did not send before), each
+   quantized to a sign and one of ``2**(bits-1)`` magnitude levels of that
+   chunk (:func:`sparsify`). Its averaged tensors hold exactly those values
+   (zeros elsewhere), so hivemind's compression of them is lossless:
+   :func:`sparsify` of a sparsified tensor returns it unchanged, bit for bit.
+2. A sender's part (:class:`SparseTopK`): per chunk the magnitude levels
+   (float32), then every selected entry's index in its chunk
+   (``log2(chunk)`` bits) and its code (``bits`` bits), bit-packed. Chunks
+   start at multiples of ``chunk`` in each tensor; hivemind cuts tensors into
+   parts of 2**20 values (:meth:`SparseTopK.estimate_compression_ratio`), a
+   multiple of every chunk size, so chunks never straddle parts.
+3. The reducer of a part adds the decoded tensors, weighted by the samples
+   behind each (hivemind's ``TensorPartReducer``): the result is the weighted
+   mean of the dequantized sparse tensors, and an entry a peer did not send
+   counts as 0 in its contribution (as SparseLoCo averages).
+4. The reducer answers each sender with the average minus what that sender
+   sent (hivemind's delta protocol), in the sender's compression type, so
+   through :class:`SparseWire` here: the entries of the union of every
+   sender's entries, as 12-bit indices in chunks of 4096 and fp16 values scaled
+   by each chunk's largest magnitude; dense scaled fp16 where that is smaller.
+   Peers' results agree to that fp16 rounding of the answer (relative 2**-11 of
+   the chunk's largest entry); today's 8-bit rungs differ by up to 1/127 of it.
+
+Bytes a peer uploads per round, for N averaged values in a group of g peers
+whose chosen entries are a share d = k/chunk of the values and whose union is a
+share u <= min(1, g*d) (``compression_ladder.upload_bytes_per_value``):
+(g-1)/g * N * [d*(log2(chunk)+bits)/8 + 4*2**(bits-1)/chunk]  (its parts)
++ (g-1)/g * N * [u*(12+16)/8 + 6/4096]                          (its answers).
+With sparse2bit-64of4096 and 4 peers that is at most 0.75 * (0.029 + 0.220) =
+0.19 bytes a value, against 6 for the fp32 all-reduce of one step.
+
+hivemind names the codec of every tensor by a protobuf enum it cannot extend;
+the sparse formats travel under ``MEANSTD_16BIT`` (which p2ptrain never
+sends otherwise), tagged by a magic prefix, and :class:`SparseWire` replaces
+that entry of hivemind's registry at import (the averager processes are
+forked after it), still decoding hivemind's own mean-std fp16 format.
+
+A reducer refuses a part whose rung the run does not allow (:func:`allow_rungs`):
+it logs one line and raises, and hivemind excludes that sender from the round.
+That sender still reduces its own part (no codec sees its own values), a limit
+shared with every other misbehaviour of a reducer (robust aggregation's
+concern). Uncompressed parts (``none``) cannot be refused: state downloads
+travel in the same format.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import multiprocessing
+import struct
+from typing import Iterable
+
+import numpy as np
+import torch
+from hivemind.compression import CompressionBase, CompressionInfo, ScaledFloat16Compression
+from hivemind.compression import serialization as hivemind_serialization
+from hivemind.proto import runtime_pb2
+
+from p2ptrain.peers.compression_ladder import UNION_CHUNK, Rung, parse_rung
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"p2s"
+KIND_TOP_K, KIND_UNION, KIND_DENSE = 1, 2, 3
+# magic, kind, bits, log2(chunk), reserved, k
+_TOP_K_HEADER = struct.Struct("<3sBBBHI")
+# magic, kind, reserved
+_UNION_HEADER = struct.Struct("<3sB")
+_UNION_INDEX_BITS = int(math.log2(UNION_CHUNK))
+# hivemind cuts each tensor into parts of part_size_bytes / (element size * this ratio)
+# values: 2**19 / (4 * 1/8) = 2**20 for float32, a multiple of every chunk size
+PART_RATIO = 1 / 8
+FP16_MAX = float(torch.finfo(torch.float16).max)
+
+
+class RungRefused(ValueError):
+    """A sender's part was compressed with a rung this run does not allow."""
+
+
+class WireCounters:
+    """Payload bytes this process's averagers sent in sparse formats, and parts refused.
+
+    Shared memory, allocated at import: the averager processes are forked from
+    the worker afterwards, and their counts are what the worker reads.
+    """
+
+    def __init__(self):
+        self._values = multiprocessing.RawArray(ctypes.c_uint64, 3)
+
+    def add(self, which: int, amount: int) -> None:
+        self._values[which] += amount
+
+    @property
+    def parts_bytes(self) -> int:
+        """Bytes of sparse parts sent to reducers."""
+        return int(self._values[0])
+
+    @property
+    def answers_bytes(self) -> int:
+        """Bytes of answers sent to senders, as a reducer of sparse parts."""
+        return int(self._values[1])
+
+    @property
+    def refused_parts(self) -> int:
+        return int(self._values[2])
+
+
+COUNTERS = WireCounters()
+_PARTS, _ANSWERS, _REFUSED = 0, 1, 2
+_allowed: set[str] | None = None
+# the registry names of the dense rungs a reducer can tell apart on the wire ("none" it cannot)
+_DENSE_TYPES = {"FLOAT16": "fp16", "UNIFORM_8BIT": "uniform8bit", "BLOCKWISE_8BIT": "blockwise8bit",
+                "QUANTILE_8BIT": "quantile8bit"}
+
+
+def _refuse(rung_name: str) -> None:
+    COUNTERS.add(_REFUSED, 1)
+    message = (f"refused an averaging part sent with compression {rung_name}: this run allows "
+               f"{', '.join(sorted(_allowed or ()))}; the sender is left out of this round")
+    logger.warning(message)
+    raise RungRefused(message)
+
+
+class _RefusingDense(CompressionBase):
+    """A registry entry of a dense rung that refuses parts when the run does not allow that rung."""
+
+    def __init__(self, inner: CompressionBase, rung_name: str):
+        self.inner, self.rung_name = inner, rung_name
+        self.compression_type = inner.compression_type
+
+    def compress(self, tensor, info, allow_inplace=False):
+        return self.inner.compress(tensor, info, allow_inplace)
+
+    def extract(self, serialized_tensor):
+        if _allowed is not None and self.rung_name not in _allowed:
+            _refuse(self.rung_name)
+        return self.inner.extract(serialized_tensor)
+
+    def estimate_compression_ratio(self, info):
+        return self.inner.estimate_compression_ratio(info)
+
+
+def allow_rungs(names: Iterable[str] | None) -> None:
+    """The rungs this process's reducers accept (None: any); call before the averager starts.
+
+    Sparse rungs are checked when their parts are decoded; fp16 and the 8-bit rungs by
+    wrapping hivemind's registry entries. ``none`` is always accepted (see the module doc).
+    """
+    global _allowed
+    _allowed = None if names is None else {parse_rung(name).name for name in names}
+    registry = hivemind_serialization._BASE_COMPRESSION_TYPES
+    for type_name, rung_name in _DENSE_TYPES.items():
+        entry = registry[type_name]
+        if not isinstance(entry, _RefusingDense):
+            registry[type_name] = _RefusingDense(entry, rung_name)
+
+
+def _pack(values: np.ndarray, width: int) -> bytes:
+    """Non-negative integers below 2**width, ``width`` bits each, most significant first."""
+    shifts = np.arange(width - 1, -1, -1, dtype=np.int64)
+    bits = ((values.astype(np.int64)[:, None] >> shifts) & 1).astype(np.uint8)
+    return np.packbits(bits.reshape(-1)).tobytes()
+
+
+def _unpack(buffer: bytes, offset: int, count: int, width: int) -> tuple[np.ndarray, int]:
+    """``count`` integers of ``width`` bits from ``buffer`` at ``offset``; and the offset after them."""
+    size = (count * width + 7) // 8
+    raw = np.frombuffer(buffer, dtype=np.uint8, count=size, offset=offset)
+    bits = np.unpackbits(raw, count=count * width).reshape(count, width).astype(np.int64)
+    return bits @ (1 << np.arange(width - 1, -1, -1, dtype=np.int64)), offset + size
+
+
+def chunk_k(length: int, rung: Rung) -> int:
+    """Entries sent from a chunk of ``length`` values (a tensor's last chunk may be short)."""
+    return max(1, min(length, math.ceil(rung.k * length / rung.chunk)))
+
+
+def _rows(flat: torch.Tensor, rung: Rung) -> list[tuple[torch.Tensor, int]]:
+    """The tensor's chunks as (rows of equal length, start offset): the full chunks, then the short last one."""
+    full = flat.numel() // rung.chunk * rung.chunk
+    rows = [(flat[:full].view(-1, rung.chunk), 0)] if full else []
+    if full < flat.numel():
+        rows.append((flat[full:].view(1, -1), full))
+    return rows
+
+
+def _quantize(values: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes (sign bit, then magnitude level) and each row's magnitude levels (float32).
+
+    The levels come from splitting the row's magnitudes at their mean, ``bits - 1``
+    times (each group at its own mean), and are the groups' means: values that
+    already sit on a row's levels split into the same groups, so quantizing
+    dequantized values gives them back exactly. Means are taken in float64.
+    """
+    magnitudes = values.abs().double()
+    group = torch.zeros(values.shape, dtype=torch.int64)
+    ones = torch.ones_like(magnitudes)
+    for level in range(bits - 1):
+        groups = 1 << level
+        sums = torch.zeros(values.shape[0], groups, dtype=torch.float64).scatter_add_(1, group, magnitudes)
+        counts = torch.zeros(values.shape[0], groups, dtype=torch.float64).scatter_add_(1, group, ones)
+        threshold = (sums / counts.clamp_min(1)).gather(1, group)
+        group = group * 2 + (magnitudes > threshold).long()
+    levels = 1 << (bits - 1)
+    sums = torch.zeros(values.shape[0], levels, dtype=torch.float64).scatter_add_(1, group, magnitudes)
+    counts = torch.zeros(values.shape[0], levels, dtype=torch.float64).scatter_add_(1, group, ones)
+    codebook = (sums / counts.clamp_min(1)).float()
+    codes = ((values < 0).long() << (bits - 1)) | group
+    return codes, codebook
+
+
+def _dequantize(codes: torch.Tensor, codebook: torch.Tensor, bits: int) -> torch.Tensor:
+    magnitude = codebook.gather(1, codes & ((1 << (bits - 1)) - 1))
+    return torch.where((codes >> (bits - 1)).bool(), -magnitude, magnitude)
+
+
+def _select(flat: torch.Tensor, rung: Rung) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
+    """Per group of equal chunks: (indices in chunk, codes, codebook, start offset)."""
+    selected = []
+    for rows, start in _rows(flat, rung):
+        k = chunk_k(rows.shape[1], rung)
+        indices = rows.abs().topk(k, dim=1, sorted=False).indices.sort(dim=1).values
+        codes, codebook = _quantize(rows.gather(1, indices), rung.bits)
+        selected.append((indices, codes, codebook, start))
+    return selected
+
+
+def _scatter(numel: int, rung: Rung, selected) -> torch.Tensor:
+    flat = torch.zeros(numel, dtype=torch.float32)
+    for indices, codes, codebook, start in selected:
+        positions = indices + start + torch.arange(indices.shape[0]).unsqueeze(1) * rung.chunk
+        flat[positions.reshape(-1)] = _dequantize(codes, codebook, rung.bits).reshape(-1)
+    return flat
+
+
+@torch.no_grad()
+def sparsify(tensor: torch.Tensor, rung: Rung) -> torch.Tensor:
+    """What a peer sends of ``tensor`` on a sparse rung, dequantized (float32, zeros elsewhere)."""
+    flat = tensor.detach().reshape(-1).float().cpu()
+    return _scatter(flat.numel(), rung, _select(flat, rung)).reshape(tensor.shape)
+
+
+def _tensor_message(kind_buffer: bytes, tensor: torch.Tensor) -> runtime_pb2.Tensor:
+    return runtime_pb2.Tensor(compression=runtime_pb2.CompressionType.MEANSTD_16BIT, buffer=kind_buffer,
+                              size=tensor.shape, dtype="float32", requires_grad=False)
+
+
+def encode_top_k(tensor: torch.Tensor, rung: Rung) -> runtime_pb2.Tensor:
+    """A sender's part in the sparse top-k format (see the module doc)."""
+    flat = tensor.detach().reshape(-1).float().cpu()
+    selected = _select(flat, rung)
+    codebooks = b"".join(codebook.numpy().tobytes() for _, _, codebook, _ in selected)
+    indices = np.concatenate([indices.reshape(-1).numpy() for indices, _, _, _ in selected]) if selected else np.zeros(0)
+    codes = np.concatenate([codes.reshape(-1).numpy() for _, codes, _, _ in selected]) if selected else np.zeros(0)
+    header = _TOP_K_HEADER.pack(MAGIC, KIND_TOP_K, rung.bits, rung.index_bits, 0, rung.k)
+    return _tensor_message(header + codebooks + _pack(indices, rung.index_bits) + _pack(codes, rung.bits), tensor)
+
+
+def _decode_top_k(buffer: bytes, numel: int) -> tuple[torch.Tensor, str]:
+    _, _, bits, index_bits, _, k = _TOP_K_HEADER.unpack_from(buffer)
+    rung = parse_rung(f"sparse{bits}bit-{k}of{1 << index_bits}")
+    offset = _TOP_K_HEADER.size
+    shapes = []  # (rows, k per row, start) of each group of equal chunks
+    full = numel // rung.chunk
+    if full:
+        shapes.append((full, chunk_k(rung.chunk, rung), 0))
+    if numel % rung.chunk:
+        shapes.append((1, chunk_k(numel % rung.chunk, rung), full * rung.chunk))
+    codebooks = []
+    for rows, _, _ in shapes:
+        count = rows * rung.levels
+        codebooks.append(torch.from_numpy(np.frombuffer(buffer, np.float32, count, offset).copy()).view(rows, rung.levels))
+        offset += count * 4
+    entries = sum(rows * k for rows, k, _ in shapes)
+    indices, offset = _unpack(buffer, offset, entries, rung.index_bits)
+    codes, offset = _unpack(buffer, offset, entries, rung.bits)
+    selected, used = [], 0
+    for (rows, k, start), codebook in zip(shapes, codebooks):
+        take = slice(used, used + rows * k)
+        selected.append((torch.from_numpy(indices[take]).view(rows, k), torch.from_numpy(codes[take]).view(rows, k),
+                         codebook, start))
+        used += rows * k
+    return _scatter(numel, rung, selected), rung.name
+
+
+def encode_union(tensor: torch.Tensor) -> runtime_pb2.Tensor:
+    """A reducer's answer: the nonzero entries, or every entry where that is smaller, as
+    fp16 scaled by each chunk's largest magnitude (see the module doc)."""
+    flat = tensor.detach().reshape(-1).float().cpu()
+    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % UNION_CHUNK)).view(-1, UNION_CHUNK)
+    scales = padded.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+    scaled = (padded / scales.unsqueeze(1)).clamp(-FP16_MAX, FP16_MAX).half()
+    nonzero = scaled != 0
+    entries = int(nonzero.sum())
+    sparse_bytes = entries * (_UNION_INDEX_BITS + 16) / 8 + 2 * padded.shape[0]
+    if sparse_bytes < 2 * flat.numel():
+        counts = nonzero.sum(dim=1).to(torch.int16).numpy().tobytes()  # at most 4096: fits
+        positions = nonzero.nonzero()[:, 1].numpy()
+        body = counts + _pack(positions, _UNION_INDEX_BITS) + scaled[nonzero].numpy().tobytes()
+        kind = KIND_UNION
+    else:
+        body, kind = scaled.reshape(-1)[:flat.numel()].numpy().tobytes(), KIND_DENSE
+    return _tensor_message(_UNION_HEADER.pack(MAGIC, kind) + scales.numpy().tobytes() + body, tensor)
+
+
+def _decode_union(buffer: bytes, numel: int, kind: int) -> torch.Tensor:
+    chunks = -(-numel // UNION_CHUNK)
+    offset = _UNION_HEADER.size
+    scales = torch.from_numpy(np.frombuffer(buffer, np.float32, chunks, offset).copy())
+    offset += 4 * chunks
+    if kind == KIND_DENSE:
+        values = torch.from_numpy(np.frombuffer(buffer, np.float16, numel, offset).copy()).float()
+        padded = torch.nn.functional.pad(values, (0, chunks * UNION_CHUNK - numel)).view(chunks, UNION_CHUNK)
+        return (padded * scales.unsqueeze(1)).reshape(-1)[:numel]
+    counts = torch.from_numpy(np.frombuffer(buffer, np.int16, chunks, offset).astype(np.int64))
+    offset += 2 * chunks
+    entries = int(counts.sum())
+    positions, offset = _unpack(buffer, offset, entries, _UNION_INDEX_BITS)
+    values = torch.from_numpy(np.frombuffer(buffer, np.float16, entries, offset).copy()).float()
+    rows = torch.repeat_interleave(torch.arange(chunks), counts)
+    flat = torch.zeros(chunks * UNION_CHUNK, dtype=torch.float32)
+    flat[rows * UNION_CHUNK + torch.from_numpy(positions)] = values * scales[rows]
+    return flat[:numel]
+
+
+def decode(serialized: runtime_pb2.Tensor) -> torch.Tensor:
+    """A tensor in any of the sparse formats; a top-k part of a rung this run refuses raises :class:`RungRefused`."""
+    buffer, shape = serialized.buffer, tuple(serialized.size)
+    numel = math.prod(shape)
+    kind = buffer[3]
+    if kind == KIND_TOP_K:
+        tensor, rung_name = _decode_top_k(buffer, numel)
+        if _allowed is not None and rung_name not in _allowed:
+            _refuse(rung_name)
+    elif kind in (KIND_UNION, KIND_DENSE):
+        tensor = _decode_union(buffer, numel, kind)
+    else:
+        raise ValueError(f"unknown sparse format {kind}")
+    return tensor.reshape(shape).to(getattr(torch, serialized.dtype or "float32"))
+
+
+class SparseWire(ScaledFloat16Compression):
+    """hivemind's registry entry for ``MEANSTD_16BIT``: decodes every sparse format (and
+    hivemind's own mean-std fp16); compresses a reducer's answers in the union format."""
+
+    def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> runtime_pb2.Tensor:
+        # hivemind serializes only a reducer's answers through the registry; a sender's
+        # parts go through the averager's own codec (SparseTopK)
+        message = encode_union(tensor)
+        COUNTERS.add(_ANSWERS, message.ByteSize())
+        return message
+
+    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
+        if serialized_tensor.buffer[:3] == MAGIC:
+            return decode(serialized_tensor)
+        return super().extract(serialized_tensor)
+
+
+class SparseTopK(CompressionBase):
+    """The averager's codec for a sparse rung: a sender's parts in the top-k format.
+
+    Args:
+        rung: the sparse rung (``compression_ladder.parse_rung``).
+    """
+
+    compression_type = runtime_pb2.CompressionType.MEANSTD_16BIT
+
+    def __init__(self, rung: Rung):
+        if not rung.sparse:
+            raise ValueError(f"{rung.name} is not a sparse rung")
+        self.rung = rung
+
+    def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> runtime_pb2.Tensor:
+        message = encode_top_k(tensor, self.rung)
+        COUNTERS.add(_PARTS, message.ByteSize())
+        return message
+
+    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
+        return SparseWire().extract(serialized_tensor)
+
+    def estimate_compression_ratio(self, info: CompressionInfo) -> float:
+        return PART_RATIO
+
+    def __repr__(self) -> str:
+        return f"SparseTopK({self.rung.name})"
+
+
+def rung_compression(rung: Rung, tensors) -> CompressionBase:
+    """The averager's codec for ``rung``: :class:`SparseTopK` for a sparse rung, else the dense codec."""
+    if rung.sparse:
+        return SparseTopK(rung)
+    from p2ptrain.peers.sync import make_compression
+
+    return make_compression(rung.name, tensors)
+
+
+hivemind_serialization._BASE_COMPRESSION_TYPES["MEANSTD_16BIT"] = SparseWire()
