@@ -7,9 +7,9 @@ named in the manifest's ``compression``:
   ``blockwise8bit`` (about 1): dense, every value is sent;
 - ``sparse{bits}bit-{k}of{chunk}``, e.g. ``sparse2bit-64of4096``: in every
   chunk of ``chunk`` consecutive values (a power of two) only the ``k`` largest
-  in magnitude are sent, each as a ``log2(chunk)``-bit index in its chunk and a
-  ``bits``-bit code (a sign and a magnitude level of the chunk's codebook), as
-  SparseLoCo does (Sarfi et al. 2025). What is not sent is kept by the peer and
+  in magnitude are sent, each as a ``bits``-bit code (a sign and a magnitude
+  level of the chunk's codebook), as SparseLoCo does (Sarfi et al. 2025); their
+  positions are Elias-Fano coded, about ``2 + log2(chunk / k)`` bits each. What is not sent is kept by the peer and
   added to its next pseudo-gradient (error feedback, ``error_feedback.py``).
   ``bits`` is 2 or 4; the wire format is in ``compression_sparse.py``.
 
@@ -41,10 +41,10 @@ DENSE_BYTES_PER_VALUE = {
 SPARSE_BITS = (2, 4)
 CHUNK_RANGE = (64, 1 << 20)
 # a reducer sends each sender the average minus what that sender sent, on the union of
-# the group's entries: a log2(UNION_CHUNK)-bit index and an fp16 value per entry, plus a
-# 16-bit count and a float32 scale per chunk; dense fp16 where that is smaller (``compression_sparse``)
+# the group's entries: Elias-Fano coded positions and an 8-bit value per entry, a float32
+# scale per UNION_CHUNK values; dense 8-bit where that is smaller (``compression_sparse``)
 UNION_CHUNK = 4096
-UNION_VALUE_BITS = 16
+UNION_VALUE_BITS = 8
 # the group size rungs are compared and planned for: what a peer uploads in a round
 # grows with its group (a reducer's answers cover the union of every sender's entries)
 PLANNING_GROUP_SIZE = 4
@@ -87,17 +87,23 @@ class Rung:
         """Bytes a sender's part takes per value of the tensors (full chunks)."""
         if not self.sparse:
             return DENSE_BYTES_PER_VALUE[self.name]
-        bits_per_chunk = self.k * (self.index_bits + self.bits) + 32 * self.levels
-        return bits_per_chunk / 8 / self.chunk
+        return (position_bits_per_value(self.density) + self.density * self.bits + 32 * self.levels / self.chunk) / 8
 
     def return_bytes_per_value(self, group_size: int) -> float:
         """Bytes per value of a reducer's answer to one sender: for sparse rungs at most the
-        union of ``group_size`` senders' entries (no overlap), never more than dense fp16."""
+        union of ``group_size`` senders' entries (no overlap), never more than dense 8-bit."""
         if not self.sparse:
             return DENSE_BYTES_PER_VALUE[self.name]
         union = min(1.0, group_size * self.density)
-        sparse = union * (math.log2(UNION_CHUNK) + UNION_VALUE_BITS) / 8 + 6 / UNION_CHUNK
-        return min(sparse, DENSE_BYTES_PER_VALUE["fp16"])
+        sparse = (position_bits_per_value(union) + union * UNION_VALUE_BITS) / 8
+        return min(sparse, UNION_VALUE_BITS / 8) + 4 / UNION_CHUNK
+
+
+def position_bits_per_value(density: float) -> float:
+    """Bits per value of Elias-Fano coded positions of a share ``density`` of the values
+    (``compression_sparse.pack_positions``): ``low + 1`` bits a position and ``2**-low`` a value."""
+    low = max(0, math.floor(math.log2(1 / density)))
+    return density * (low + 1) + 2.0**-low
 
 
 def parse_rung(name: str) -> Rung:

@@ -11,11 +11,13 @@ reduces one part of the tensors, ``hivemind/averaging/allreduce.py``):
    (zeros elsewhere), so hivemind's compression of them is lossless:
    :func:`sparsify` of a sparsified tensor returns it unchanged, bit for bit.
 2. A sender's part (:class:`SparseTopK`): per chunk the magnitude levels
-   (float32), then every selected entry's index in its chunk
-   (``log2(chunk)`` bits) and its code (``bits`` bits), bit-packed. Chunks
-   start at multiples of ``chunk`` in each tensor; hivemind cuts tensors into
-   parts of 2**20 values (:meth:`SparseTopK.estimate_compression_ratio`), a
-   multiple of every chunk size, so chunks never straddle parts.
+   (float32), then the positions of the selected entries in the part,
+   Elias-Fano coded (:func:`pack_positions`: ``low = floor(log2(chunk/k))``
+   bits each plus a unary bitmap, about ``2 + log2(chunk/k)`` bits a position
+   instead of ``log2(chunk)``), then their ``bits``-bit codes. Chunks start at
+   multiples of ``chunk`` in each tensor; hivemind cuts tensors into parts of
+   2**20 values (:meth:`SparseTopK.estimate_compression_ratio`), a multiple of
+   every chunk size, so chunks never straddle parts.
 3. The reducer of a part adds the decoded tensors, weighted by the samples
    behind each (hivemind's ``TensorPartReducer``): the result is the weighted
    mean of the dequantized sparse tensors, and an entry a peer did not send
@@ -23,18 +25,22 @@ reduces one part of the tensors, ``hivemind/averaging/allreduce.py``):
 4. The reducer answers each sender with the average minus what that sender
    sent (hivemind's delta protocol), in the sender's compression type, so
    through :class:`SparseWire` here: the entries of the union of every
-   sender's entries, as 12-bit indices in chunks of 4096 and fp16 values scaled
-   by each chunk's largest magnitude; dense scaled fp16 where that is smaller.
-   Peers' results agree to that fp16 rounding of the answer (relative 2**-11 of
-   the chunk's largest entry); today's 8-bit rungs differ by up to 1/127 of it.
+   sender's entries (Elias-Fano coded positions), each an 8-bit integer scaled
+   by the largest magnitude of its chunk of 4096; every entry in 8 bits where
+   that is smaller. A nonzero entry is never rounded to 0, so a peer's result
+   has exactly the union's entries. Peers' results agree to within 1/254 of
+   the chunk's largest answer, as with today's 8-bit rungs, whose answers
+   pass through the same delta protocol.
 
 Bytes a peer uploads per round, for N averaged values in a group of g peers
 whose chosen entries are a share d = k/chunk of the values and whose union is a
-share u <= min(1, g*d) (``compression_ladder.upload_bytes_per_value``):
-(g-1)/g * N * [d*(log2(chunk)+bits)/8 + 4*2**(bits-1)/chunk]  (its parts)
-+ (g-1)/g * N * [u*(12+16)/8 + 6/4096]                          (its answers).
-With sparse2bit-64of4096 and 4 peers that is at most 0.75 * (0.029 + 0.220) =
-0.19 bytes a value, against 6 for the fp32 all-reduce of one step.
+share u <= min(1, g*d), with p(x) = x*(floor(log2(1/x)) + 1) + 2**-floor(log2(1/x))
+bits of positions per value (``compression_ladder.upload_bytes_per_value``):
+(g-1)/g * N * [p(d) + d*bits + 32*2**(bits-1)/chunk] / 8   (its parts)
++ (g-1)/g * N * [p(u) + 8*u + 32/4096] / 8                 (its answers).
+With sparse2bit-64of4096 and 4 peers that is at most 0.75 * (0.021 + 0.111) =
+0.099 bytes a value, against 6 for the fp32 all-reduce of one step: the answers
+on the union, not the parts, are most of it.
 
 hivemind names the codec of every tensor by a protobuf enum it cannot extend;
 the sparse formats travel under ``MEANSTD_16BIT`` (which p2ptrain never
@@ -75,11 +81,9 @@ KIND_TOP_K, KIND_UNION, KIND_DENSE = 1, 2, 3
 _TOP_K_HEADER = struct.Struct("<3sBBBHI")
 # magic, kind, reserved
 _UNION_HEADER = struct.Struct("<3sB")
-_UNION_INDEX_BITS = int(math.log2(UNION_CHUNK))
 # hivemind cuts each tensor into parts of part_size_bytes / (element size * this ratio)
 # values: 2**19 / (4 * 1/8) = 2**20 for float32, a multiple of every chunk size
 PART_RATIO = 1 / 8
-FP16_MAX = float(torch.finfo(torch.float16).max)
 
 
 class RungRefused(ValueError):
@@ -179,6 +183,29 @@ def _unpack(buffer: bytes, offset: int, count: int, width: int) -> tuple[np.ndar
     return bits @ (1 << np.arange(width - 1, -1, -1, dtype=np.int64)), offset + size
 
 
+def _low_bits(universe: int, count: int) -> int:
+    return max(0, int(math.log2(universe / count))) if count else 0
+
+
+def pack_positions(positions: np.ndarray, universe: int) -> bytes:
+    """Ascending distinct positions below ``universe``, Elias-Fano coded: each position's low
+    ``floor(log2(universe / count))`` bits, then its high part as unary gaps in a bitmap of
+    ``count + (universe >> low) + 1`` bits: about ``2 + log2(universe / count)`` bits a position."""
+    low = _low_bits(universe, len(positions))
+    high = np.zeros(len(positions) + (universe >> low) + 1, dtype=np.uint8)
+    high[(positions >> low) + np.arange(len(positions))] = 1
+    return _pack(positions & ((1 << low) - 1), low) + np.packbits(high).tobytes()
+
+
+def unpack_positions(buffer: bytes, offset: int, count: int, universe: int) -> tuple[np.ndarray, int]:
+    """``count`` positions written by :func:`pack_positions`; and the offset after them."""
+    low = _low_bits(universe, count)
+    lows, offset = _unpack(buffer, offset, count, low)
+    size = count + (universe >> low) + 1
+    high = np.unpackbits(np.frombuffer(buffer, dtype=np.uint8, count=(size + 7) // 8, offset=offset), count=size)
+    return ((np.flatnonzero(high)[:count] - np.arange(count)) << low) | lows, offset + (size + 7) // 8
+
+
 def chunk_k(length: int, rung: Rung) -> int:
     """Entries sent from a chunk of ``length`` values (a tensor's last chunk may be short)."""
     return max(1, min(length, math.ceil(rung.k * length / rung.chunk)))
@@ -254,82 +281,74 @@ def _tensor_message(kind_buffer: bytes, tensor: torch.Tensor) -> runtime_pb2.Ten
                               size=tensor.shape, dtype="float32", requires_grad=False)
 
 
+def _positions(selected, rung: Rung) -> torch.Tensor:
+    """The selected entries' positions in the flat tensor, ascending."""
+    return torch.cat([(indices + start + torch.arange(indices.shape[0]).unsqueeze(1) * rung.chunk).reshape(-1)
+                      for indices, _, _, start in selected])
+
+
 def encode_top_k(tensor: torch.Tensor, rung: Rung) -> runtime_pb2.Tensor:
     """A sender's part in the sparse top-k format (see the module doc)."""
     flat = tensor.detach().reshape(-1).float().cpu()
     selected = _select(flat, rung)
     codebooks = b"".join(codebook.numpy().tobytes() for _, _, codebook, _ in selected)
-    indices = np.concatenate([indices.reshape(-1).numpy() for indices, _, _, _ in selected]) if selected else np.zeros(0)
-    codes = np.concatenate([codes.reshape(-1).numpy() for _, codes, _, _ in selected]) if selected else np.zeros(0)
+    codes = torch.cat([codes.reshape(-1) for _, codes, _, _ in selected]).numpy()
     header = _TOP_K_HEADER.pack(MAGIC, KIND_TOP_K, rung.bits, rung.index_bits, 0, rung.k)
-    return _tensor_message(header + codebooks + _pack(indices, rung.index_bits) + _pack(codes, rung.bits), tensor)
+    positions = pack_positions(_positions(selected, rung).numpy(), flat.numel())
+    return _tensor_message(header + codebooks + positions + _pack(codes, rung.bits), tensor)
 
 
 def _decode_top_k(buffer: bytes, numel: int) -> tuple[torch.Tensor, str]:
     _, _, bits, index_bits, _, k = _TOP_K_HEADER.unpack_from(buffer)
     rung = parse_rung(f"sparse{bits}bit-{k}of{1 << index_bits}")
+    full, tail = divmod(numel, rung.chunk)
+    rows = full + (tail > 0)
+    entries = full * chunk_k(rung.chunk, rung) + (chunk_k(tail, rung) if tail else 0)
     offset = _TOP_K_HEADER.size
-    shapes = []  # (rows, k per row, start) of each group of equal chunks
-    full = numel // rung.chunk
-    if full:
-        shapes.append((full, chunk_k(rung.chunk, rung), 0))
-    if numel % rung.chunk:
-        shapes.append((1, chunk_k(numel % rung.chunk, rung), full * rung.chunk))
-    codebooks = []
-    for rows, _, _ in shapes:
-        count = rows * rung.levels
-        codebooks.append(torch.from_numpy(np.frombuffer(buffer, np.float32, count, offset).copy()).view(rows, rung.levels))
-        offset += count * 4
-    entries = sum(rows * k for rows, k, _ in shapes)
-    indices, offset = _unpack(buffer, offset, entries, rung.index_bits)
+    codebook = torch.from_numpy(np.frombuffer(buffer, np.float32, rows * rung.levels, offset).copy()).view(rows, rung.levels)
+    positions, offset = unpack_positions(buffer, offset + rows * rung.levels * 4, entries, numel)
     codes, offset = _unpack(buffer, offset, entries, rung.bits)
-    selected, used = [], 0
-    for (rows, k, start), codebook in zip(shapes, codebooks):
-        take = slice(used, used + rows * k)
-        selected.append((torch.from_numpy(indices[take]).view(rows, k), torch.from_numpy(codes[take]).view(rows, k),
-                         codebook, start))
-        used += rows * k
-    return _scatter(numel, rung, selected), rung.name
+    positions, codes = torch.from_numpy(positions), torch.from_numpy(codes)
+    # the chunk of a position is its codebook's row (a short last chunk is the last row)
+    values = _dequantize(codes.unsqueeze(1), codebook[positions // rung.chunk], rung.bits)
+    flat = torch.zeros(numel, dtype=torch.float32)
+    flat[positions] = values.squeeze(1)
+    return flat, rung.name
 
 
 def encode_union(tensor: torch.Tensor) -> runtime_pb2.Tensor:
     """A reducer's answer: the nonzero entries, or every entry where that is smaller, as
-    fp16 scaled by each chunk's largest magnitude (see the module doc)."""
+    8-bit integers scaled by each chunk's largest magnitude (see the module doc)."""
     flat = tensor.detach().reshape(-1).float().cpu()
     padded = torch.nn.functional.pad(flat, (0, -flat.numel() % UNION_CHUNK)).view(-1, UNION_CHUNK)
     scales = padded.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
-    scaled = (padded / scales.unsqueeze(1)).clamp(-FP16_MAX, FP16_MAX).half()
-    nonzero = scaled != 0
-    entries = int(nonzero.sum())
-    sparse_bytes = entries * (_UNION_INDEX_BITS + 16) / 8 + 2 * padded.shape[0]
-    if sparse_bytes < 2 * flat.numel():
-        counts = nonzero.sum(dim=1).to(torch.int16).numpy().tobytes()  # at most 4096: fits
-        positions = nonzero.nonzero()[:, 1].numpy()
-        body = counts + _pack(positions, _UNION_INDEX_BITS) + scaled[nonzero].numpy().tobytes()
-        kind = KIND_UNION
+    scaled = padded / scales.unsqueeze(1) * 127
+    # a nonzero entry stays nonzero: the answer keeps which entries the group sent
+    codes = (torch.sign(scaled) * scaled.abs().round().clamp(1, 127)).to(torch.int8).reshape(-1)[:flat.numel()]
+    positions = flat.nonzero().view(-1).numpy()
+    packed = pack_positions(positions, flat.numel())
+    if len(packed) + len(positions) < flat.numel():
+        body, kind = struct.pack("<I", len(positions)) + packed + codes[positions].numpy().tobytes(), KIND_UNION
     else:
-        body, kind = scaled.reshape(-1)[:flat.numel()].numpy().tobytes(), KIND_DENSE
+        body, kind = codes.numpy().tobytes(), KIND_DENSE
     return _tensor_message(_UNION_HEADER.pack(MAGIC, kind) + scales.numpy().tobytes() + body, tensor)
 
 
 def _decode_union(buffer: bytes, numel: int, kind: int) -> torch.Tensor:
     chunks = -(-numel // UNION_CHUNK)
     offset = _UNION_HEADER.size
-    scales = torch.from_numpy(np.frombuffer(buffer, np.float32, chunks, offset).copy())
+    scales = torch.from_numpy(np.frombuffer(buffer, np.float32, chunks, offset).copy()) / 127
     offset += 4 * chunks
     if kind == KIND_DENSE:
-        values = torch.from_numpy(np.frombuffer(buffer, np.float16, numel, offset).copy()).float()
-        padded = torch.nn.functional.pad(values, (0, chunks * UNION_CHUNK - numel)).view(chunks, UNION_CHUNK)
-        return (padded * scales.unsqueeze(1)).reshape(-1)[:numel]
-    counts = torch.from_numpy(np.frombuffer(buffer, np.int16, chunks, offset).astype(np.int64))
-    offset += 2 * chunks
-    entries = int(counts.sum())
-    positions, offset = _unpack(buffer, offset, entries, _UNION_INDEX_BITS)
-    values = torch.from_numpy(np.frombuffer(buffer, np.float16, entries, offset).copy()).float()
-    rows = torch.repeat_interleave(torch.arange(chunks), counts)
-    flat = torch.zeros(chunks * UNION_CHUNK, dtype=torch.float32)
-    flat[rows * UNION_CHUNK + torch.from_numpy(positions)] = values * scales[rows]
-    return flat[:numel]
+        codes = torch.from_numpy(np.frombuffer(buffer, np.int8, numel, offset).astype(np.float32))
+        return codes * scales.repeat_interleave(UNION_CHUNK)[:numel]
+    (entries,) = struct.unpack_from("<I", buffer, offset)
+    positions, offset = unpack_positions(buffer, offset + 4, entries, numel)
+    positions = torch.from_numpy(positions)
+    codes = torch.from_numpy(np.frombuffer(buffer, np.int8, entries, offset).astype(np.float32))
+    flat = torch.zeros(numel, dtype=torch.float32)
+    flat[positions] = codes * scales[positions // UNION_CHUNK]
+    return flat
 
 
 def decode(serialized: runtime_pb2.Tensor) -> torch.Tensor:

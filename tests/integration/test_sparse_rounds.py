@@ -114,10 +114,11 @@ def run_round(peers: dict) -> dict:
     return results
 
 
-def assert_close_to(result: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
-    for got, want in zip(result, expected):
-        # a reducer's answer is fp16 scaled by its chunk's largest entry
-        assert torch.allclose(got, want, rtol=0, atol=float(want.abs().max()) * 2**-9)
+def assert_close_to(result: list[torch.Tensor], expected: list[torch.Tensor], sent: list[list[torch.Tensor]]) -> None:
+    """``result`` is ``expected`` up to a reducer's answer, 8 bits scaled by its largest entry."""
+    for got, want, *senders in zip(result, expected, *sent):
+        answer_scale = max(float((want - tensor).abs().max()) for tensor in senders)
+        assert torch.allclose(got, want, rtol=0, atol=answer_scale / 127)
         assert torch.equal(got == 0, want == 0), "entries nobody sent stay 0"
 
 
@@ -136,7 +137,7 @@ def test_a_sparse_round_averages_what_peers_sent_and_a_peer_on_a_forbidden_rung_
         assert [first[name]["group"] for name in "abc"] == [3, 3, 3]
         expected = weighted_mean(first, ["a", "b", "c"])
         for name in "abc":
-            assert_close_to(first[name]["result"], expected)
+            assert_close_to(first[name]["result"], expected, [first[peer]["sent"] for peer in "abc"])
         assert [first[name]["refused"] for name in "abc"] == [0, 0, 0]
 
         second = run_round(peers)  # c came back with another rung
@@ -144,7 +145,7 @@ def test_a_sparse_round_averages_what_peers_sent_and_a_peer_on_a_forbidden_rung_
         without_c = weighted_mean(second, ["a", "b"])
         for name in "ab":
             assert second[name]["refused"] >= 1
-            assert_close_to(second[name]["result"], without_c)
+            assert_close_to(second[name]["result"], without_c, [second[peer]["sent"] for peer in "ab"])
             log = (tmp_path / name / "peer.log").read_text()
             assert (f"refused an averaging part sent with compression {OTHER_RUNG}: this run allows {ALLOWED}; "
                     "the sender is left out of this round") in log
