@@ -146,11 +146,20 @@ def plan_name(setup: Setup, mode: str, local_steps: int, compression: str) -> st
     return f"4 peers, diloco H={local_steps}, {compression}{decay}"
 
 
-def pretrain(samples: int, batch: int, seq_len: int, lr: float, cache_dir: Path, directory: Path) -> float:
-    """Train the tiny preset from scratch on ``samples`` samples (AdamW at ``lr``, its own data
-    stream) and save it with its byte tokenizer into ``directory``, as ``p2ptrain export`` would:
-    the pretrained start every configuration fine-tunes (``--model DIRECTORY``), like the
-    DiLoCo paper's runs start from a pretrained checkpoint. Returns its eval loss."""
+def pretrained_model(samples: int, batch: int, seq_len: int, lr: float, cache_dir: Path) -> Path:
+    """The tiny preset trained from scratch on ``samples`` samples (AdamW at ``lr``, its own data
+    stream) and saved with its byte tokenizer, as ``p2ptrain export`` would: the pretrained start
+    every configuration fine-tunes (``--model DIRECTORY``), like the DiLoCo paper's runs start
+    from a pretrained checkpoint. Made once and kept in ``cache_dir`` (this and ``diloco_study.py``
+    share it)."""
+    directory = cache_dir / f"pretrained-{samples}-b{batch}-s{seq_len}-lr{lr:g}"
+    if not (directory / "config.json").is_file():
+        pretrain(samples, batch, seq_len, lr, cache_dir, directory)
+    return directory
+
+
+def pretrain(samples: int, batch: int, seq_len: int, lr: float, cache_dir: Path, directory: Path) -> None:
+    """Train the tiny preset from scratch and save it into ``directory`` (see ``pretrained_model``)."""
     loaded = build_model("tiny", seed=SEED)
     optimizer = torch.optim.AdamW(loaded.trainable(), lr=lr)
     batches = train_batches(DATASET, loaded.tokenizer, seq_len, batch, stream_seed(SEED, "pretrain"), cache_dir)
@@ -160,7 +169,6 @@ def pretrain(samples: int, batch: int, seq_len: int, lr: float, cache_dir: Path,
         optimizer.zero_grad(set_to_none=True)
     loaded.model.save_pretrained(directory)
     ByteTokenizer().save_pretrained(directory)
-    return mean_loss(loaded.model, validation_batches(DATASET, loaded.tokenizer, seq_len, EVAL_BATCH, cache_dir, FINAL_EVAL_BATCHES))
 
 
 def run_single(setup: Setup, batch: int) -> Result:
@@ -608,8 +616,10 @@ def main() -> None:
         model, pretrained_loss = "tiny", None
         if pretrain_samples:
             print(f"pretraining the tiny preset on {pretrain_samples} samples", file=sys.stderr, flush=True)
-            model = str(Path(temp) / "pretrained")
-            pretrained_loss = pretrain(pretrain_samples, 2 * args.micro_batch, seq_len, args.inner_lr, cache_dir, Path(model))
+            model = str(pretrained_model(pretrain_samples, 2 * args.micro_batch, seq_len, args.inner_lr, cache_dir))
+            pretrained = build_model(model, seed=SEED)
+            pretrained_loss = mean_loss(pretrained.model, validation_batches(DATASET, pretrained.tokenizer, seq_len, EVAL_BATCH,
+                                                                              cache_dir, FINAL_EVAL_BATCHES))
         setup = Setup(total, args.micro_batch, seq_len, args.inner_lr, args.lr_schedule, args.outer_lr, args.outer_momentum,
                       cache_dir, Path(temp) / "peers", args.timeout, model, pretrained_loss, pretrain_samples,
                       args.error_feedback_decay)

@@ -46,7 +46,7 @@ from p2ptrain.peers.optimizers import learning_rate_factor
 from p2ptrain.peers.sync import Blockwise8Bit
 from p2ptrain.peers.run_setup import stream_seed
 
-from convergence import pretrain  # benchmarks/convergence.py, beside this script
+from convergence import pretrained_model  # benchmarks/convergence.py, beside this script
 
 HERE = Path(__file__).resolve().parent
 DATASET = {"kind": "stdlib"}
@@ -92,13 +92,10 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 def pretrained_start(args) -> str:
     """The model every configuration starts from: "tiny" (random weights) or, with
-    ``--pretrain-samples``, the directory ``convergence.pretrain`` writes (made once, kept in the cache)."""
+    ``--pretrain-samples``, ``convergence.pretrained_model`` (made once, kept in the cache)."""
     if not args.pretrain_samples:
         return "tiny"
-    directory = args.cache_dir / f"pretrained-{args.pretrain_samples}-b{2 * args.micro_batch}-s{args.seq_len}"
-    if not (directory / "config.json").is_file():
-        pretrain(args.pretrain_samples, 2 * args.micro_batch, args.seq_len, 3e-3, args.cache_dir, directory)
-    return str(directory)
+    return str(pretrained_model(args.pretrain_samples, 2 * args.micro_batch, args.seq_len, 3e-3, args.cache_dir))
 
 
 def start_model(args):
