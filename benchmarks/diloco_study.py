@@ -226,10 +226,16 @@ def parse_config(name: str) -> Config:
 
 
 
+def reference_bytes_per_sample(parameters: int, micro_batch: int) -> float:
+    """Bytes a sample of an fp32 all-reduce after every step of all replicas (B samples each)."""
+    return 2 * (REPLICAS - 1) / REPLICAS * parameters * 4 / micro_batch
+
+
 def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> str:
     """The study's markdown from JSONL run files; ``baseline_loss``: base-4B's eval loss when no
     run file has it (``convergence.py``'s 4B baseline is the same computation, so the same number)."""
     rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    parameters = build_model("tiny", seed=SEED).trainable_parameters
     by_budget: dict[tuple, list] = {}
     for row in rows:
         key = (row.get("pretrain_samples", 0), row["total_samples"], row["micro_batch"], row["seq_len"])
@@ -240,7 +246,10 @@ def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> 
              "`.venv/bin/python benchmarks/diloco_study.py --report benchmarks/diloco_study_runs.jsonl`.", "",
              "Eval loss: mean cross-entropy (nats/byte) on 256 fixed validation windows. Δ is against `base-4B` "
              "(1 replica at batch 4B, same lr and schedule kind as its row's note says). Unless named, DiLoCo rows use "
-             "inner AdamW lr 3e-3 constant, outer Nesterov SGD lr 0.7 momentum 0.9, blockwise 8-bit pseudo-gradients.", ""]
+             "inner AdamW lr 3e-3 constant, outer Nesterov SGD lr 0.7 momentum 0.9, blockwise 8-bit pseudo-gradients. "
+             "Bytes/sample: what all replicas send ÷ samples trained (dense: the butterfly all-reduce's formula; sparse: "
+             "the encoded parts and answers, see the docstring); the reduction is against an fp32 all-reduce after "
+             f"every step ({reference_bytes_per_sample(parameters, 4):,.0f} bytes a sample at B = 4).", ""]
     for (pretrain_samples, total, micro_batch, seq_len), group in sorted(by_budget.items()):
         reference = {row["config"]["name"]: row["eval_loss"] for row in group}
         if baseline_loss is not None:
@@ -249,8 +258,9 @@ def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> 
                  else "from random weights")
         lines += [f"## {start}: {total:,} total samples, B = {micro_batch}, seq_len {seq_len} "
                   f"({total // (REPLICAS * micro_batch)} inner steps per replica)", "",
-                  "| config | H | outer steps | inner lr | schedule | outer lr | momentum | eval loss | Δ vs base-4B | Δ vs base-4B-cos |",
-                  "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+                  "| config | H | outer steps | inner lr | schedule | outer lr | momentum | compression | eval loss | "
+                  "Δ vs base-4B | Δ vs base-4B-cos | bytes/sample | reduction |",
+                  "|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
         for row in sorted(group, key=lambda r: (r["config"]["kind"], r["config"]["local_steps"], r["config"]["name"])):
             config = row["config"]
             deltas = [f"{100 * (row['eval_loss'] - reference[key]) / reference[key]:+.2f} %" if key in reference else ""
@@ -258,10 +268,19 @@ def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> 
             outer_steps = total // (REPLICAS * micro_batch) // config["local_steps"] if config["kind"] == "diloco" else ""
             diloco = config["kind"] == "diloco"
             warmup = f" (warm-up {config['warmup_steps']})" if config["warmup_steps"] else ""
+            compression, communication = "", " | "
+            if diloco:
+                compression = config["compression"] + (f", decay {config['error_feedback_decay']:g}"
+                                                       if config.get("error_feedback_decay", 1) != 1 else "")
+                sent = row.get("averaging_bytes")
+                if sent is None:  # runs from before the study counted bytes: the dense all-reduce's formula
+                    sent = outer_steps * REPLICAS * 2 * (REPLICAS - 1) / REPLICAS * parameters * parse_rung(config["compression"]).send_bytes_per_value()
+                per_sample = sent / total
+                communication = f"{per_sample:,.0f} | {reference_bytes_per_sample(parameters, micro_batch) / per_sample:,.0f}x"
             lines.append(f"| {config['name']} | {config['local_steps'] or ''} | {outer_steps} | {config['inner_lr']:g} | "
                          f"{config['schedule']}{warmup} | "
                          f"{config['outer_lr'] if diloco else ''} | {config['outer_momentum'] if diloco else ''} | "
-                         f"{row['eval_loss']:.4f} | {deltas[0]} | {deltas[1]} |")
+                         f"{compression} | {row['eval_loss']:.4f} | {deltas[0]} | {deltas[1]} | {communication} |")
         lines.append("")
     text = "\n".join(lines) + "\n"
     out.write_text(text)
