@@ -16,6 +16,9 @@ A ``decay`` below 1 forgets old residuals geometrically (SparseLoCo's beta,
 which stands in for DiLoCo's outer momentum); it is the manifest's
 ``error_feedback_decay``.
 
+The residuals are one float32 copy of the trainable parameters, in RAM (beside
+DiLoCo's global parameters), and go into the peer's checkpoint.
+
 A round that fails (no group, or the average is not adopted because others
 averaged without this peer) sent nothing that counts: :meth:`ErrorFeedback.not_sent`
 puts the residual back as it was, so the round's pseudo-gradient is neither lost
