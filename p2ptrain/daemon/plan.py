@@ -155,8 +155,9 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
     Args:
         facts: the model's shape, with the run's LoRA settings (`model_facts(model, lora)`).
         manifest: the run manifest as a dict; uses `seq_len` (default 128),
-            `micro_batch_hint` (samples per step, default 8) and, when it has
-            one, `compression` with `compression_rungs` (`choose_compression`).
+            `micro_batch_hint` (samples per step, default 8) and, for a `diloco`
+            run that names one, `compression` with `compression_rungs`
+            (`choose_compression`; sync mode sends the manifest's compression).
         device: the device to train on, with its free memory now.
         policy: the volunteer's caps; defaults to `PlanPolicy()`.
 
@@ -205,7 +206,7 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
         _threads_reason(device, policy, cpu_threads),
     ]
     compression = None
-    if "compression" in manifest:
+    if "compression" in manifest and manifest.get("mode") == "diloco":
         compression, reason = choose_compression(manifest, facts.trainable_parameters, device.uplink_mbit_s, policy)
         rationale.append(reason)
     return Plan(
@@ -372,9 +373,9 @@ def _compression_arguments(options: argparse.Namespace) -> dict:
     """The manifest's compression fields for `p2ptrain plan`: by default the whole ladder below the top rung."""
     top = parse_rung(options.compression or "none")
     if options.compression_rungs is not None:
-        return {"compression": top.name, "compression_rungs": options.compression_rungs}
+        return {"mode": "diloco", "compression": top.name, "compression_rungs": options.compression_rungs}
     cheaper = [name for name in LADDER if upload_bytes_per_value(parse_rung(name)) < upload_bytes_per_value(top)]
-    return {"compression": top.name, "compression_rungs": cheaper}
+    return {"mode": "diloco", "compression": top.name, "compression_rungs": cheaper}
 
 
 def plan_main(argv: list[str]) -> int:
@@ -405,7 +406,8 @@ def plan_main(argv: list[str]) -> int:
         return 0
     print(f"{plan.model} on {plan.device_name} ({plan.device}): {plan.precision}, quantization "
           f"{plan.quantization}, micro-batch {plan.micro_batch} x {plan.grad_accum}, {plan.cpu_threads} CPU threads, "
-          f"~{plan.memory_estimate_gib} GiB of {plan.memory_allowed_gib} GiB allowed")
+          f"~{plan.memory_estimate_gib} GiB of {plan.memory_allowed_gib} GiB allowed"
+          f"{f', sends {plan.compression}' if plan.compression else ''}")
     for line in plan.rationale:
         print(f"  - {line}")
     return 0

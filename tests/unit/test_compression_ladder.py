@@ -99,11 +99,14 @@ def test_a_peer_never_sends_more_than_the_manifest_says_however_fast_its_uplink(
 
 def test_make_plan_adds_the_rung_and_its_reason_when_it_has_the_manifest():
     facts = model_facts("tiny", None)
-    manifest = {"seq_len": 64, "micro_batch_hint": 4, "compression": "blockwise8bit", "compression_rungs": ["sparse2bit-16of4096"]}
+    manifest = {"seq_len": 64, "micro_batch_hint": 4, "mode": "diloco", "compression": "blockwise8bit",
+                "compression_rungs": ["sparse2bit-16of4096"]}
     slow = make_plan(facts, manifest, DeviceFacts(**{**CPU.__dict__, "uplink_mbit_s": 0.1}))
     assert slow.compression == "sparse2bit-16of4096"
     assert slow.rationale[-1].startswith("compression sparse2bit-16of4096: blockwise8bit would take")
     assert make_plan(facts, {"seq_len": 64}, CPU).compression is None, "no manifest, no rung"
+    assert make_plan(facts, {**manifest, "mode": "sync", "compression_rungs": []}, CPU).compression is None, \
+        "sync mode sends the manifest's compression"
 
 
 @pytest.mark.parametrize(("text", "mbit"), [("20Mbit", 20.0), ("20 Mbit/s", 20.0), ("1Gbit", 1000.0),
