@@ -2,10 +2,14 @@
 
 Standard library only at import time: ``p2ptrain status`` runs often (scripts,
 prompts, monitoring) and must stay fast. Commands that need more (``daemon``,
-``plan``, ``doctor``, ``demo``, ``service``) import it inside their function.
+``demo``, ``service``) import it inside their function; ``plan``, ``doctor``,
+``tui`` and ``export`` take their arguments from the module that runs them
+(its ``add_arguments`` and ``run``), imported only when the command is given.
 
 Exit codes: 0 ok (``status``: training), 1 error (``status``: error state),
-2 usage error, 3 no daemon, 5 paused or idle (``status`` only).
+2 usage error, 3 no daemon, 5 paused or idle (``status`` only), 141 the
+reader of the output went away (``p2ptrain events | head -1``), as a shell
+reports a command ended by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -13,16 +17,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 
+from p2ptrain.durations import parse_duration
 from p2ptrain.paths import control_socket
 from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_DAEMON, EXIT_NOT_TRAINING = 0, 1, 2, 3, 5
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$")
-_DURATION_UNITS = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+EXIT_OUTPUT_CLOSED = 141
+
+# Commands whose arguments are defined by the module that implements them, as
+# ``add_arguments(parser)`` and ``run(args) -> exit code``; each is imported
+# only when its command is on the command line (they import much more).
+MODULE_COMMANDS = {
+    "plan": ("p2ptrain.daemon.plan", "what a device would do with a model"),
+    "doctor": ("p2ptrain.daemon.doctor", "check this machine: hardware, plan, NVML, CUDA, ports"),
+    "tui": ("p2ptrain.tui.app", "open the dashboard (same as p2ptrain-tui)"),
+    "export": ("p2ptrain.peers.export", "write the trained adapters or model in the Hugging Face format"),
+}
 
 
 class UsageError(Exception):
@@ -47,12 +60,12 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def parse_duration(text: str) -> float:
-    """'90', '90s', '15m', '2h', '1d' -> seconds."""
-    match = _DURATION.match(text)
-    if not match or float(match.group(1)) <= 0:
-        raise UsageError(f"{text!r} is not a duration; use e.g. 30m, 2h or 1d")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+def duration(text: str) -> float:
+    """``pause --for``: a duration with units (``p2ptrain.durations``), in seconds."""
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _start_hint(home: str | None) -> str:
@@ -226,7 +239,7 @@ def _verb(method: str, done: str):
     def command(args) -> int:
         params = {}
         if method == "pause" and args.for_:
-            params["for_s"] = parse_duration(args.for_)
+            params["for_s"] = args.for_
         status = _call(args, method, **params)
         until = f" until {time.strftime('%H:%M', time.localtime(status['paused_until']))}" if status.get("paused_until") else ""
         print(f"{done}{until}; now {status['state']}" + (f" ({status['pause_reason']})" if status.get("pause_reason") else ""))
@@ -315,41 +328,21 @@ def cmd_service(args) -> int:
     return EXIT_OK
 
 
-def cmd_plan(args, rest: list[str]) -> int:
-    from p2ptrain.daemon.plan import plan_main
-
-    return plan_main(rest)
-
-
-def cmd_doctor(args, rest: list[str]) -> int:
-    import subprocess
-
-    home = ["--home", args.home] if args.home else []
-    return subprocess.call([sys.executable, "-m", "p2ptrain.daemon.doctor", *home, *rest])
-
-
-def cmd_export(args, rest: list[str]) -> int:
-    import subprocess
-
-    home = ["--home", args.home] if args.home else []
-    return subprocess.call([sys.executable, "-m", "p2ptrain.peers.export", *home, *rest])
-
-
 def cmd_demo(args) -> int:
     from p2ptrain.demo import run_demo
 
     return run_demo(peers=args.peers, mode=args.mode, base_dir=args.dir, duration_s=args.duration, ui=args.ui)
 
 
-def cmd_tui(args, rest: list[str]) -> int:
-    from p2ptrain.tui.app import main as tui_main
-
-    return tui_main((["--home", args.home] if args.home else []) + rest)
-
-
 # ----- argument parsing -------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; ``--home`` and ``--timeout`` go before or after the command.
+
+    Args:
+        command: the command given on the command line; when it is one of
+            ``MODULE_COMMANDS``, its module is imported to add its arguments.
+    """
     common = OneLineParser(add_help=False)
     common.add_argument("--home", default=argparse.SUPPRESS, help="keep config, state, database, socket and logs under this directory (or set P2PTRAIN_HOME)")
     common.add_argument("--timeout", type=positive_seconds, default=argparse.SUPPRESS, help="seconds to wait for the daemon (default 10)")
@@ -402,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     new_run.add_argument("--lora-targets", help="comma-separated module names, e.g. q_proj,v_proj")
 
     sub = add("pause", "stop contributing (frees the GPU); --for 2h resumes by itself", _verb("pause", "paused"))
-    sub.add_argument("--for", dest="for_", metavar="DURATION", help="e.g. 30m, 2h, 1d")
+    sub.add_argument("--for", dest="for_", type=duration, metavar="DURATION", help="e.g. 90s, 45m, 2h, 1h30m, 1d")
     add("resume", "resume training", _verb("resume", "resumed"))
     add("finish", "complete the current epoch, then pause", _verb("finish", "finishing the epoch"))
     add("leave", "checkpoint and leave the run", _verb("leave", "leaving"))
@@ -434,32 +427,61 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
     sub.add_argument("--ui", choices=["auto", "tui", "text"], default="auto", help="how to show progress")
 
-    # These pass their own arguments through to the module that implements them.
-    add("plan", "what a device would do with a model (p2ptrain plan --help)", cmd_plan, add_help=False)
-    add("doctor", "check this machine: hardware, plan, NVML, CUDA, ports (p2ptrain doctor --help)", cmd_doctor, add_help=False)
-    add("tui", "open the dashboard (same as p2ptrain-tui)", cmd_tui, add_help=False)
-    add("export", "write the trained adapters or model in the Hugging Face format (p2ptrain export PATH)", cmd_export, add_help=False)
+    for name, (module, help_text) in MODULE_COMMANDS.items():
+        sub = add(name, help_text, _module_command(module))
+        if name == command:
+            _import(module).add_arguments(sub)
     return parser
 
 
-PASSTHROUGH = {"plan", "doctor", "tui", "export"}
+def _import(module: str):
+    return __import__(module, fromlist=["run"])
+
+
+def _module_command(module: str):
+    """The handler of a command of ``MODULE_COMMANDS``: its module's ``run(args)``."""
+
+    def command(args) -> int:
+        return _import(module).run(args)
+
+    return command
+
+
+def given_command(argv: list[str]) -> str | None:
+    """The command on a command line: its first word that is neither a global option nor the value of one."""
+    words = iter(argv)
+    for word in words:
+        if word in ("--home", "--timeout"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    if argv and argv[0] in PASSTHROUGH:
-        args, rest = parser.parse_known_args(argv)
-    else:
-        args, rest = parser.parse_args(argv), []
+    """Run one ``p2ptrain`` command line; returns its exit code (see the module's docstring)."""
+    try:
+        try:
+            return _run(sys.argv[1:] if argv is None else argv)
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`p2ptrain events | head -1`): end quietly, and send what is
+        # still buffered to /dev/null, or the interpreter's flush at exit fails on the pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OUTPUT_CLOSED
+
+
+def _run(argv: list[str]) -> int:
+    parser = build_parser(given_command(argv))
+    args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
     args.home = getattr(args, "home", None) or os.environ.get("P2PTRAIN_HOME") or None
     args.timeout = getattr(args, "timeout", 10.0)
     try:
-        if args.command in PASSTHROUGH:
-            return args.handler(args, rest)
         return args.handler(args)
     except UsageError as error:
         print(f"p2ptrain {args.command}: {error}", file=sys.stderr)

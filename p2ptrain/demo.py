@@ -9,6 +9,7 @@ never imports torch or hivemind itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -160,7 +161,9 @@ def run_demo(peers: int = 3, mode: str = "sync", base_dir: str | None = None, du
         print(f"p2ptrain demo: {message}", file=sys.stderr)
         return 1
     finally:
-        print("stopping the demo's daemons ...", flush=True)
+        # Stop the daemons even when nobody reads the output any more (`p2ptrain demo | head -2`).
+        with contextlib.suppress(BrokenPipeError):
+            print("stopping the demo's daemons ...", flush=True)
         for peer in swarm:
             peer.stop()
         if not base_dir:

@@ -98,6 +98,7 @@ class ControlClient:
         self.socket_path = str(socket_path)
         self.timeout = timeout
         self._next_id = 0
+        self._subscription: socket.socket | None = None
 
     def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -139,21 +140,37 @@ class ControlClient:
     def subscribe(self, timeout: float | None = None) -> Iterator[dict]:
         """Yield pushed ``{"event", "data"}`` messages: a snapshot first, then changes.
 
+        The snapshot must come within the client's ``timeout``; ``close`` (from
+        any thread) ends the iteration.
+
         Args:
-            timeout: seconds to wait for each message (None waits forever).
+            timeout: seconds to wait for each message after the snapshot (None waits forever).
         """
         sock, line = self._request("subscribe", {})
-        with sock:
-            sock.sendall(line)
-            sock.settimeout(timeout)
-            reader = sock.makefile("rb")
-            while True:
-                raw = reader.readline(MAX_LINE_BYTES * 8)
-                if not raw:
-                    return
-                message = json.loads(raw)
-                if "error" in message:
-                    error = message["error"]
-                    raise DaemonError(error.get("code", INTERNAL), error.get("message", ""), error.get("fix", ""))
-                if "event" in message:
-                    yield message
+        self._subscription = sock
+        try:
+            with sock:
+                sock.sendall(line)
+                reader = sock.makefile("rb")
+                while True:
+                    raw = reader.readline(MAX_LINE_BYTES * 8)
+                    sock.settimeout(timeout)
+                    if not raw:
+                        return
+                    message = json.loads(raw)
+                    if "error" in message:
+                        error = message["error"]
+                        raise DaemonError(error.get("code", INTERNAL), error.get("message", ""), error.get("fix", ""))
+                    if "event" in message:
+                        yield message
+        finally:
+            self._subscription = None
+
+    def close(self) -> None:
+        """End the subscription being read, from any thread: its iterator stops as if the daemon hung up."""
+        sock = self._subscription
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed

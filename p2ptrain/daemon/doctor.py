@@ -1,8 +1,8 @@
 """`p2ptrain doctor`: the real hardware, the plan it gets, and checks that each say how to fix a failure.
 
-The CLI runs this module in a subprocess (`python -m p2ptrain.daemon.doctor`)
-so the CLI itself never imports torch. On a machine without a GPU it never
-imports torch either (the CUDA check reads torch's build facts from its
+The CLI imports this module only for `p2ptrain doctor` (its `add_arguments`
+and `run`), so other commands never pay for it. On a machine without a GPU it never
+imports torch (the CUDA check reads torch's build facts from its
 files), which keeps it within a few seconds.
 """
 
@@ -19,7 +19,6 @@ import json
 import os
 import re
 import socket
-import sys
 from pathlib import Path
 
 from p2ptrain.daemon.hardware import DEVICE_GROUPS_FIX, HardwareFacts, nvidia_device_files, probe
@@ -235,13 +234,14 @@ def _print_report(report: dict) -> None:
             print(f"       fix: {item['fix']}")
 
 
-def doctor_main(argv: list[str]) -> int:
-    """`p2ptrain doctor [--json] [--home DIR] [--model M]`; exit 1 when a check failed with level error."""
-    parser = argparse.ArgumentParser(prog="p2ptrain doctor", description="Check this machine for p2ptrain.")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `p2ptrain doctor` (the CLI adds its global options, `--home` among them)."""
     parser.add_argument("--json", action="store_true", help="print {hardware, plan, plans, checks} as JSON")
-    parser.add_argument("--home", help="the daemon's home directory (for its config)")
     parser.add_argument("--model", default="tiny", help="the model to plan for (default tiny)")
-    options = parser.parse_args(argv)
+
+
+def run(options: argparse.Namespace) -> int:
+    """`p2ptrain doctor [--json] [--home DIR] [--model M]`; exit 1 when a check failed with level error."""
     report = diagnose(options.home, options.model)
     if options.json:
         print(json.dumps(report, indent=2))
@@ -249,6 +249,3 @@ def doctor_main(argv: list[str]) -> int:
         _print_report(report)
     return 1 if any(item["level"] == "error" for item in report["checks"]) else 0
 
-
-if __name__ == "__main__":
-    sys.exit(doctor_main(sys.argv[1:]))

@@ -4,7 +4,7 @@
 policy). It sizes from the memory that is *free* now (a desktop's browser and
 compositor hold VRAM too), not from the card's total, and says why it chose
 each value in one line. `calibrate.calibrate` then confirms it with a real
-step. `plan_main` is `p2ptrain plan`: the same answer for a hypothetical
+step. `run` is `p2ptrain plan` (its arguments: `add_arguments`): the same answer for a hypothetical
 device, so a run organiser sees what a T4, a 4090 or an A100 would do.
 """
 
@@ -325,12 +325,8 @@ def parse_compute_capability(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def _arguments() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="p2ptrain plan",
-        description="Show the training plan (precision, quantization, micro-batch) for this machine or a "
-                    "hypothetical device.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `p2ptrain plan` (the CLI adds its global options)."""
     parser.add_argument("--model", required=True, help="built-in name (tiny, gemma-2b, ...), hub id or local dir")
     parser.add_argument("--gpu-memory", help="plan for a GPU with this much free memory, e.g. 16GiB")
     parser.add_argument("--compute-capability", help="that GPU's compute capability, e.g. 7.5 (T4), 8.0 (A100)")
@@ -347,7 +343,6 @@ def _arguments() -> argparse.ArgumentParser:
     parser.add_argument("--compression-rungs", nargs="*",
                         help="cheaper rungs the run allows (default: every rung of the ladder below --compression)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    return parser
 
 
 def _device_from_arguments(options: argparse.Namespace) -> DeviceFacts:
@@ -378,10 +373,8 @@ def _compression_arguments(options: argparse.Namespace) -> dict:
     return {"mode": "diloco", "compression": top.name, "compression_rungs": cheaper}
 
 
-def plan_main(argv: list[str]) -> int:
+def run(options: argparse.Namespace) -> int:
     """`p2ptrain plan`: print the plan; exit 0, or 2 with a one-line error for bad input or no fit."""
-    parser = _arguments()
-    options = parser.parse_args(argv)
     tiny = options.model.lower() == "tiny"
     lora = None if tiny or options.full_training else {"r": options.lora_r}
     manifest = {"seq_len": options.seq_len or (128 if tiny else 512), "micro_batch_hint": options.micro_batch_hint}
@@ -412,6 +405,3 @@ def plan_main(argv: list[str]) -> int:
         print(f"  - {line}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(plan_main(sys.argv[1:]))

@@ -79,6 +79,7 @@ class Daemon(WorkerReports):
         self.restarts: dict[str, WorkerRestarts] = {}
         self.policy = PolicyEngine(config.policy, SystemSensors(gpu_index=self._gpu_index(), own_pids=self._worker_pids))
         self.broadcaster = Broadcaster(self.status)
+        self._published_status: dict | None = None
         self._notified_status = ""
         self._stopping = asyncio.Event()
 
@@ -131,6 +132,8 @@ class Daemon(WorkerReports):
         self.hardware.refresh_if_due()
         self._apply_policies()
         self.db.maybe_flush()
+        if self.broadcaster.subscribers:
+            self._publish_status()
         line = self.one_line_status()
         if line != self._notified_status:
             self.notifier.status(line)
@@ -363,7 +366,15 @@ class Daemon(WorkerReports):
     def _enter(self, state: str, pause_reason: str | None = None, error: dict | None = None) -> None:
         if self.lifecycle.enter(state, pause_reason, error):
             log.info("state: %s%s", state, f" ({pause_reason})" if pause_reason else "")
-            self.broadcaster.publish("status", self.status())
+            self._publish_status()
+
+    def _publish_status(self) -> None:
+        """Push the status to subscribers when it changed since the last push: the state at once,
+        progress, loss and hardware readings at the next tick (so at most about once a second)."""
+        status = self.status()
+        if status != self._published_status:
+            self._published_status = status
+            self.broadcaster.publish("status", status)
 
     def _save_desired(self) -> None:
         self.db.set_setting(DESIRED_STATE_KEY, self.desired.to_dict())

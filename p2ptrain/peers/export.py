@@ -14,8 +14,9 @@ checkpoint carries, loads the trained state and writes:
 - ``p2ptrain-export.json``: run id, epoch, manifest.
 
 The weights are the swarm's: DiLoCo's averaged global parameters, not this
-peer's unfinished inner steps. Run as ``python -m p2ptrain.peers.export``
-(the CLI does, so that ``p2ptrain`` itself never imports torch).
+peer's unfinished inner steps. ``p2ptrain export`` imports this module
+(its ``add_arguments`` and ``run``) only for that command; torch and
+transformers are imported inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -115,13 +116,14 @@ def export_checkpoint(checkpoint: Path, output: Path) -> dict:
     return info
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="p2ptrain export", description="write the trained adapters or model in the Hugging Face format")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `p2ptrain export` (the CLI adds its global options, `--home` among them)."""
     parser.add_argument("path", help="a new directory to write into")
-    parser.add_argument("--home", help="the daemon's home (as given to p2ptrain daemon --home)")
     parser.add_argument("--run", help="export this run's checkpoint (default: the newest checkpoint)")
-    args = parser.parse_args(argv)
 
+
+def run(args: argparse.Namespace) -> int:
+    """`p2ptrain export PATH [--run RUN]`: exit 0, or 1 with a one-line error."""
     from p2ptrain.paths import resolve_paths
 
     try:
@@ -133,6 +135,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"exported {info['format']} of run {info['run_id']!r} at epoch {info['epoch']} to {args.path}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

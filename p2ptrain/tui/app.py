@@ -1,10 +1,12 @@
 """``p2ptrain-tui``: the dashboard a volunteer leaves open all day.
 
-A thin client of the daemon's control socket: a thread worker polls the
-daemon (never two polls at once) and posts what it got as a message; the
-widgets only show what the message carries. A second worker follows the
-daemon's ``subscribe`` stream and starts a poll at once when it pushes a
-change. Quitting leaves the daemon running.
+A thin client of the daemon's control socket, fed by what the daemon pushes:
+a thread worker follows its ``subscribe`` stream (``feed.DaemonFeed``: the
+history once, then each update) and posts what it got as messages; the app
+keeps it in a ``DaemonView`` and redraws only the parts updates changed, once
+a second with the ages on screen (a training daemon pushes a step and a status
+every second), or at once when the state changes. Quitting leaves the daemon
+running.
 """
 
 from __future__ import annotations
@@ -12,28 +14,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from textual import work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Grid
+from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer
-from textual.worker import get_current_worker
 
 from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
-from p2ptrain.tui.changes import follow_changes
 from p2ptrain.tui.connection import DaemonTarget, find_daemon, start_daemon
+from p2ptrain.tui.daemon_view import EPOCHS, EVENTS, PEERS, STATUS, STEPS, DaemonView
+from p2ptrain.tui.feed import RETRY_DELAYS_S, DaemonFeed
 from p2ptrain.tui.formatting import format_duration
-from p2ptrain.tui.messages import ActionFinished, DaemonUnreachable, DaemonUpdated
+from p2ptrain.tui.messages import ActionFinished, DaemonPushed, DaemonUnreachable, HistoryLoaded
 from p2ptrain.tui.screens.confirm_dialog import ConfirmDialog
 from p2ptrain.tui.screens.join_dialog import JoinDialog
 from p2ptrain.tui.screens.pause_dialog import PauseDialog
-from p2ptrain.tui.snapshot import DaemonSnapshot, History, fetch_snapshot
 from p2ptrain.tui.widgets.chart_slot import ChartSlot
 from p2ptrain.tui.widgets.event_log import EventLog
 from p2ptrain.tui.widgets.hardware_panel import HardwarePanel
@@ -42,10 +43,9 @@ from p2ptrain.tui.widgets.status_header import StatusHeader
 from p2ptrain.tui.widgets.swarm_panel import SwarmPanel
 from p2ptrain.tui.widgets.unreachable_panel import UnreachablePanel
 
-# Seconds between attempts while no daemon answers: quick at first (it may be
-# starting), then gentle on a machine where it is simply not running.
-RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 5.0)
 ACTIVE_STATES = ("joining", "training", "paused", "finishing", "leaving")
+# Seconds between redraws of what was pushed meanwhile, and of the ages on screen ("up 2h 05m").
+REDRAW_EVERY_S = 1.0
 
 
 class P2PTrainApp(App):
@@ -55,7 +55,6 @@ class P2PTrainApp(App):
         target: the daemon to show (see :func:`p2ptrain.tui.connection.find_daemon`).
         clock: returns the current time as a Unix timestamp; tests pass a frozen
             one so that ages and uptimes are the same in every snapshot.
-        poll_interval_s: seconds between polls while the daemon answers.
         request_timeout_s: seconds to wait for each reply.
         daemon_command: the ``p2ptrain`` executable as an argument list, for
             the "start a user daemon" button.
@@ -71,7 +70,10 @@ class P2PTrainApp(App):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     BINDINGS = [
         Binding("j", "join", "Join"),
-        Binding("p", "pause_or_resume", "Pause/Resume"),
+        # One key, its label following the state: "Pause" while training, "Resume" while paused.
+        Binding("p", "pause", "Pause"),
+        Binding("p", "resume", "Resume"),
+        Binding("t", "timed_pause", "Pause for…"),
         Binding("f", "finish", "Finish"),
         Binding("l", "leave", "Leave"),
         Binding("question_mark", "help", "Help", key_display="?"),
@@ -82,7 +84,6 @@ class P2PTrainApp(App):
         self,
         target: DaemonTarget,
         clock: Callable[[], float] = time.time,
-        poll_interval_s: float = 1.0,
         request_timeout_s: float = 3.0,
         daemon_command: list[str] | None = None,
         theme_name: str = "textual-dark",
@@ -91,15 +92,22 @@ class P2PTrainApp(App):
         super().__init__()
         self.target = target
         self.clock = clock
-        self.poll_interval_s = poll_interval_s
         self.request_timeout_s = request_timeout_s
         self.daemon_command = daemon_command
-        self.retry_delays_s = retry_delays_s
         self.theme = theme_name
-        self.snapshot: DaemonSnapshot | None = None
+        self.view: DaemonView | None = None
         self.started_daemon = None
-        self._poll_now = threading.Event()
+        self.feed = DaemonFeed(target.socket, self.post_message, request_timeout_s, retry_delays_s)
         self._charts_requested = False
+        self._changed: set[str] = set()  # parts of the view changed since the last redraw
+        # What each part of the view shows in (see DaemonView.apply).
+        self._show_part = {
+            STATUS: self._show_status,
+            PEERS: self._show_peers,
+            STEPS: self._show_steps,
+            EPOCHS: self._show_epochs,
+            EVENTS: self._show_events,
+        }
 
     def compose(self) -> ComposeResult:
         yield StatusHeader(id="status-header")
@@ -118,12 +126,20 @@ class P2PTrainApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.poll_daemon()
-        self.follow_daemon_changes()
+        self.follow_daemon()
+        self.set_interval(REDRAW_EVERY_S, self._redraw)
+
+    def on_unmount(self) -> None:
+        self.feed.stop()
+
+    @work(thread=True, exclusive=True, group="feed")
+    def follow_daemon(self) -> None:
+        """Follow the daemon until the app exits (``on_unmount`` stops the feed)."""
+        self.feed.run()
 
     @property
     def _exiting(self) -> bool:
-        # A poll's message can arrive while the app tears its screen down on quit
+        # A message from the feed can arrive while the app tears its screen down on quit
         # (or, under the test driver, shuts down without a quit: not running any more).
         return self._exit or not self.is_running or not self.screen_stack
 
@@ -133,89 +149,42 @@ class P2PTrainApp(App):
 
     @property
     def state(self) -> str | None:
-        """The daemon's state as of the last poll (None before one succeeded)."""
-        return self.snapshot.status.get("state") if self.snapshot else None
+        """The daemon's state as last pushed (None while it is unreachable)."""
+        return self.view.status.get("state") if self.view else None
 
     def _client(self) -> ControlClient:
         return ControlClient(str(self.target.socket), timeout=self.request_timeout_s)
 
-    @work(thread=True, exclusive=True, group="poll")
-    def poll_daemon(self) -> None:
-        """Poll until the app exits; the next poll starts only after this one ended."""
-        worker = get_current_worker()
-        client = self._client()
-        history = History()
-        failures = 0
-        answered = False
-        while not worker.is_cancelled:
-            delay = self.poll_interval_s
-            try:
-                # Until the daemon first answered, the status alone: the first frame shows it
-                # three round trips sooner, and the history follows at once.
-                snapshot = fetch_snapshot(client, history, with_history=answered)
-            except DaemonNotRunning:
-                delay = self.retry_delays_s[min(failures, len(self.retry_delays_s) - 1)]
-                failures += 1
-                self.post_message(DaemonUnreachable("nothing listens on the control socket", delay))
-            except DaemonError as error:
-                delay = self.retry_delays_s[-1]
-                self.post_message(DaemonUnreachable(error.one_line(), delay))
-            except (OSError, ValueError) as error:
-                # A timeout, a reset connection or a garbled reply: the daemon is there but unwell.
-                delay = self.retry_delays_s[min(failures, len(self.retry_delays_s) - 1)]
-                failures += 1
-                self.post_message(DaemonUnreachable(f"the daemon did not answer properly: {error}", delay))
-            else:
-                failures = 0
-                self.post_message(DaemonUpdated(snapshot))
-                if not answered:
-                    answered = True
-                    continue
-            self._wait_for_next_poll(worker, delay)
+    # ----- what the feed posts -----------------------------------------------------
 
-    @work(exclusive=True, group="changes")
-    async def follow_daemon_changes(self) -> None:
-        """Poll at once whenever the daemon pushes a change (its ``subscribe`` stream)."""
-        await follow_changes(self.target.socket, self._poll_now.set)
-
-    def _wait_for_next_poll(self, worker, delay: float) -> None:
-        # Short waits so that quitting (worker cancelled) and actions (poll now) are noticed at once.
-        deadline = time.monotonic() + delay
-        while not worker.is_cancelled and time.monotonic() < deadline:
-            if self._poll_now.wait(0.05):
-                self._poll_now.clear()
-                return
-
-    def on_daemon_updated(self, message: DaemonUpdated) -> None:
+    def on_daemon_pushed(self, message: DaemonPushed) -> None:
         if self._exiting:
             return
-        snapshot = message.snapshot
-        self.snapshot = snapshot
-        now = self.clock()
-        status = snapshot.status
-        header = self._dashboard(StatusHeader)
-        header.status = status
-        header.now = now
-        swarm = self._dashboard(SwarmPanel)
-        swarm.run = status.get("run")
-        finished = [row for row in snapshot.epochs if row.get("ended_at")]
-        swarm.last_averaging = finished[-1]["ended_at"] if finished else None
-        swarm.now = now
-        hardware = self._dashboard(HardwarePanel)
-        hardware.local = status.get("local")
-        hardware.hardware = status.get("hardware")
-        peers = self._dashboard(PeersTable)
-        peers.peers = snapshot.peers
-        peers.now = now
-        self._show_history_in_charts(snapshot)
-        self._dashboard(EventLog).events = snapshot.events
-        self._dashboard(ContentSwitcher).current = "dashboard"
-        self._load_charts_after_this_frame()
+        if self.view is None:
+            if message.event not in ("snapshot", "status") or not isinstance(message.data, dict):
+                return
+            self.view = DaemonView(message.data)
+            self._changed.update(self._show_part)
+            self._redraw()
+            self._dashboard(ContentSwitcher).current = "dashboard"
+            self._load_charts_after_this_frame()
+            return
+        shown_state = (self._dashboard(StatusHeader).status or {}).get("state")
+        self._changed.update(self.view.apply(message.event, message.data))
+        if self.state != shown_state:
+            self._redraw()  # a pause, a resume, an error: at once
+
+    def on_history_loaded(self, message: HistoryLoaded) -> None:
+        if self._exiting or self.view is None:
+            return
+        self._changed.update(self.view.load(message.history))
+        self._redraw()
 
     def on_daemon_unreachable(self, message: DaemonUnreachable) -> None:
         if self._exiting:
             return
-        self.snapshot = None
+        self.view = None
+        self.refresh_bindings()
         self._dashboard(StatusHeader).status = None
         self._dashboard(StatusHeader).connection = f"{message.reason} · retrying in {message.retry_in_s:g}s"
         panel = self._dashboard(UnreachablePanel)
@@ -224,14 +193,50 @@ class P2PTrainApp(App):
         self._dashboard(ContentSwitcher).current = "unreachable"
         self._load_charts_after_this_frame()
 
-    def _show_history_in_charts(self, snapshot: DaemonSnapshot) -> None:
+    # ----- showing the view ---------------------------------------------------------
+
+    def _redraw(self) -> None:
+        """Show the parts changed since the last redraw, and the ages as of now."""
+        if self._exiting or self.view is None:
+            return
+        changed, self._changed = self._changed, set()
+        for part in changed:
+            self._show_part[part]()
+        now = self.clock()
+        for widget in (StatusHeader, SwarmPanel, PeersTable):
+            self._dashboard(widget).now = now
+
+    def _show_status(self) -> None:
+        status = self.view.status
+        header = self._dashboard(StatusHeader)
+        if (header.status or {}).get("state") != status.get("state"):
+            self.refresh_bindings()  # p: Pause or Resume
+        header.status = status
+        self._dashboard(SwarmPanel).run = status.get("run")
+        hardware = self._dashboard(HardwarePanel)
+        hardware.local = status.get("local")
+        hardware.hardware = status.get("hardware")
+
+    def _show_peers(self) -> None:
+        self._dashboard(PeersTable).peers = self.view.peers
+
+    def _show_steps(self) -> None:
         loss = self._dashboard("#loss-chart").chart
         if loss is not None:
-            loss.steps = snapshot.steps
-            loss.epochs = snapshot.epochs
+            loss.steps = tuple(self.view.steps)
+
+    def _show_epochs(self) -> None:
+        self._dashboard(SwarmPanel).last_averaging = self.view.last_averaging
+        epochs = tuple(self.view.epochs)
+        loss = self._dashboard("#loss-chart").chart
+        if loss is not None:
+            loss.epochs = epochs
         durations = self._dashboard("#epoch-chart").chart
         if durations is not None:
-            durations.epochs = snapshot.epochs
+            durations.epochs = epochs
+
+    def _show_events(self) -> None:
+        self._dashboard(EventLog).events = tuple(self.view.events)
 
     @property
     def charts_ready(self) -> bool:
@@ -255,10 +260,15 @@ class P2PTrainApp(App):
         loss_chart_class, epoch_chart_class = await asyncio.to_thread(_import_charts)
         if self._exiting:
             return
-        await self._dashboard("#loss-chart").mount(loss_chart_class())
-        await self._dashboard("#epoch-chart").mount(epoch_chart_class())
-        if self.snapshot is not None:
-            self._show_history_in_charts(self.snapshot)
+        loss_chart, epoch_chart = loss_chart_class(), epoch_chart_class()
+        if self.view is not None:
+            # Their data before they are mounted: each draws once, with it.
+            loss_chart.steps = tuple(self.view.steps)
+            loss_chart.epochs = epoch_chart.epochs = tuple(self.view.epochs)
+        await self._dashboard("#loss-chart").mount(loss_chart)
+        await self._dashboard("#epoch-chart").mount(epoch_chart)
+
+    # ----- what the user does -------------------------------------------------------
 
     def on_unreachable_panel_start_requested(self) -> None:
         try:
@@ -268,11 +278,11 @@ class P2PTrainApp(App):
             return
         log = self.target.paths.log_dir / "daemon-start.log"
         self.notify(f"Started the daemon (pid {self.started_daemon.pid}); its output goes to {log}")
-        self._poll_now.set()
+        self.feed.retry_now()
 
     @work(thread=True, group="actions")
     def call_daemon(self, method: str, params: dict[str, Any], done: str) -> None:
-        """Send one control request and report its outcome.
+        """Send one control request and report its outcome; the daemon pushes the change it makes.
 
         Args:
             method: the protocol method (``pause``, ``join``, ...).
@@ -289,14 +299,20 @@ class P2PTrainApp(App):
             self.post_message(ActionFinished(method, f"{method} failed: {error}", failed=True))
         else:
             self.post_message(ActionFinished(method, done, failed=False))
-        self._poll_now.set()
 
     def on_action_finished(self, message: ActionFinished) -> None:
         self.notify(message.outcome, severity="error" if message.failed else "information", markup=False)
 
+    def _in_a_run(self, verb: str) -> bool:
+        """True when the daemon is in a run; otherwise says so (nothing to ``verb``)."""
+        if self.state in ACTIVE_STATES:
+            return True
+        self.notify(f"Nothing to {verb}: not in a run (press j to join one)", severity="warning")
+        return False
+
     def action_join(self) -> None:
         if self.state in ACTIVE_STATES:
-            run = (self.snapshot.status.get("run") or {}).get("id", "a run")
+            run = self.view.run_id or "a run"
             self.notify(f"Already in {run}: press l to leave it first", severity="warning")
             return
 
@@ -306,18 +322,31 @@ class P2PTrainApp(App):
 
         self.push_screen(JoinDialog(), join)
 
-    def action_pause_or_resume(self) -> None:
-        if self.state == "paused":
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """``p`` pauses unless paused, and resumes while paused (the footer shows the one that applies)."""
+        if action == "pause":
+            return self.state != "paused"
+        if action == "resume":
+            return self.state == "paused"
+        return True
+
+    def action_pause(self) -> None:
+        """``p``: pause at once, until resumed."""
+        if self._in_a_run("pause"):
+            self.call_daemon("pause", {}, "Paused until you resume (p)")
+
+    def action_resume(self) -> None:
+        if self._in_a_run("resume"):
             self.call_daemon("resume", {}, "Resumed training")
-            return
-        if self.state not in ACTIVE_STATES:
-            self.notify("Nothing to pause: not in a run (press j to join one)", severity="warning")
+
+    def action_timed_pause(self) -> None:
+        """``t``: ask how long, then pause for that long (the daemon resumes by itself)."""
+        if not self._in_a_run("pause"):
             return
 
         def pause(params: dict | None) -> None:
             if params is not None:
-                until = f" for {format_duration(params['for_s'])}" if "for_s" in params else " until you resume (p)"
-                self.call_daemon("pause", params, f"Paused{until}")
+                self.call_daemon("pause", params, f"Paused for {format_duration(params['for_s'])}")
 
         self.push_screen(PauseDialog(), pause)
 
@@ -325,7 +354,7 @@ class P2PTrainApp(App):
         self.call_daemon("finish", {}, "Finishing the current epoch, then pausing")
 
     def action_leave(self) -> None:
-        run = ((self.snapshot.status.get("run") or {}).get("id") if self.snapshot else None) or "the run"
+        run = (self.view.run_id if self.view else None) or "the run"
 
         def leave(confirmed: bool | None) -> None:
             if confirmed:
@@ -339,6 +368,16 @@ class P2PTrainApp(App):
 
         self.push_screen(HelpScreen())
 
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The command palette (ctrl+p): Textual's commands, then the daemon's verbs."""
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Pause", "Stop training until you resume (p)", self.action_pause)
+        yield SystemCommand("Pause for a while", "Stop training for e.g. 2h; it resumes by itself (t)", self.action_timed_pause)
+        yield SystemCommand("Resume", "Go on training (p while paused)", self.action_resume)
+        yield SystemCommand("Finish the epoch", "Complete the current epoch, then pause (f)", self.action_finish)
+        yield SystemCommand("Leave the run", "Checkpoint and leave; asks first (l)", self.action_leave)
+        yield SystemCommand("Join a run", "Join a run or start a new one (j)", self.action_join)
+
 
 def _import_charts() -> tuple[type, type]:
     """The chart widget classes; importing them imports textual-plotext and plotext."""
@@ -348,25 +387,16 @@ def _import_charts() -> tuple[type, type]:
     return LossChart, EpochChart
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="p2ptrain-tui", description="Watch and control the p2ptrain daemon on this machine."
-    )
-    parser.add_argument("--home", help="the daemon's directory (as given to `p2ptrain daemon --home`)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``p2ptrain tui`` (the CLI adds ``--home``) and of ``p2ptrain-tui``."""
     parser.add_argument(
         "--theme", default="textual-dark", help="a Textual theme, e.g. textual-dark (default) or textual-light"
     )
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between updates (default 1)")
-    args = parser.parse_args(argv)
-    if args.interval <= 0:
-        parser.error("--interval must be more than 0 seconds, e.g. --interval 2")
-    return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the TUI until the user quits; the daemon keeps running."""
-    args = parse_args(argv)
-    app = P2PTrainApp(find_daemon(args.home), poll_interval_s=args.interval)
+def run(args: argparse.Namespace) -> int:
+    """Run the TUI on the daemon of ``args.home`` until the user quits; the daemon keeps running."""
+    app = P2PTrainApp(find_daemon(args.home))
     if args.theme not in app.available_themes:
         print(
             f"p2ptrain-tui: unknown theme {args.theme!r}; choose one of: {', '.join(sorted(app.available_themes))}",
@@ -376,6 +406,16 @@ def main(argv: list[str] | None = None) -> int:
     app.theme = args.theme
     app.run()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``p2ptrain-tui [--home DIR] [--theme NAME]``, the same as ``p2ptrain tui``."""
+    parser = argparse.ArgumentParser(
+        prog="p2ptrain-tui", description="Watch and control the p2ptrain daemon on this machine."
+    )
+    parser.add_argument("--home", help="the daemon's directory (as given to `p2ptrain daemon --home`)")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-
 
 def format_duration(seconds: float | None) -> str:
     """``3h 05m``, ``4m 10s``, ``12s``; an em dash when unknown."""
@@ -46,22 +41,3 @@ def format_number(value: float | None, digits: int = 2) -> str:
     """A float with ``digits`` decimals; an em dash when unknown."""
     return "—" if value is None else f"{value:.{digits}f}"
 
-
-def parse_duration(text: str) -> float | None:
-    """Seconds in ``2h``, ``1h30m``, ``45m``, ``90s`` or a bare number of minutes.
-
-    Returns None for an empty text (an open-ended pause); raises ValueError
-    with a one-line hint for anything else it cannot read.
-    """
-    text = text.strip().lower().replace(" ", "")
-    if not text:
-        return None
-    if re.fullmatch(r"\d+(?:\.\d+)?", text):
-        seconds = float(text) * 60
-    elif _DURATION_PART.sub("", text) == "":
-        seconds = sum(float(amount) * _DURATION_UNITS[unit] for amount, unit in _DURATION_PART.findall(text))
-    else:
-        raise ValueError(f"cannot read {text!r} as a duration; write e.g. 2h, 1h30m, 45m or 90s")
-    if seconds <= 0:
-        raise ValueError("a pause must last longer than 0 seconds; leave the field empty to pause until resumed")
-    return seconds

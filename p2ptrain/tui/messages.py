@@ -2,25 +2,42 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual.message import Message
 
-from p2ptrain.tui.snapshot import DaemonSnapshot
+from p2ptrain.tui.daemon_view import History
 
 
-class DaemonUpdated(Message):
-    """A poll of the daemon succeeded.
+class DaemonPushed(Message):
+    """The daemon pushed an update (its ``subscribe`` stream).
 
     Args:
-        snapshot: everything the dashboard shows.
+        event: what kind: ``snapshot`` (the status, first on every
+            subscription), ``status``, ``step``, ``epoch``, ``event`` or ``peers``.
+        data: what the daemon sent with it (DEVELOPERS.md, ``subscribe``).
     """
 
-    def __init__(self, snapshot: DaemonSnapshot) -> None:
+    def __init__(self, event: str, data: Any) -> None:
         super().__init__()
-        self.snapshot = snapshot
+        self.event = event
+        self.data = data
+
+
+class HistoryLoaded(Message):
+    """The history was fetched: after a (re)connection, or when the daemon entered another run.
+
+    Args:
+        history: the run's peers, steps and epochs, and the latest events.
+    """
+
+    def __init__(self, history: History) -> None:
+        super().__init__()
+        self.history = history
 
 
 class DaemonUnreachable(Message):
-    """A poll failed: no daemon listens, or it refused.
+    """The daemon cannot be followed: no daemon listens, it refused, or it went away.
 
     Args:
         reason: one line saying what happened and how to fix it.

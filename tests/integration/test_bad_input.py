@@ -59,8 +59,9 @@ def assert_still_answering(daemon, config_before: str) -> None:
 CLI_CASES = {
     "unknown-command": (["frobnicate"], EXIT_USAGE, "see p2ptrain --help"),
     "unknown-config-action": (["config", "frob"], EXIT_USAGE, "see p2ptrain config --help"),
-    "pause-for-soon": (["pause", "--for", "soon"], EXIT_USAGE, "use e.g. 30m, 2h or 1d"),
-    "pause-for-zero": (["pause", "--for", "0"], EXIT_USAGE, "use e.g. 30m, 2h or 1d"),
+    "pause-for-soon": (["pause", "--for", "soon"], EXIT_USAGE, "use e.g. 90s, 45m, 2h, 1h30m or 1d"),
+    "pause-for-zero": (["pause", "--for", "0m"], EXIT_USAGE, "use e.g. 90s, 45m, 2h, 1h30m or 1d"),
+    "pause-for-bare-number": (["pause", "--for", "90"], EXIT_USAGE, "'90' has no unit; use e.g. 90s, 45m, 2h, 1h30m or 1d"),
     "timeout-negative": (["status", "--timeout", "-1"], EXIT_USAGE, "use e.g. --timeout 30"),
     "events-limit-zero": (["events", "--limit", "0"], EXIT_USAGE, "send a limit >= 1"),
     "events-limit-text": (["events", "--limit", "many"], EXIT_USAGE, "see p2ptrain events --help"),

@@ -11,7 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fake_daemon import FROZEN_NOW, FakeDaemon  # noqa: E402
+from fake_daemon import FakeDaemon  # noqa: E402
+from fake_data import FROZEN_NOW  # noqa: E402
 
 from p2ptrain.tui.app import P2PTrainApp  # noqa: E402
 from p2ptrain.tui.connection import find_daemon  # noqa: E402
@@ -29,9 +30,8 @@ def daemon(tmp_path):
 
 
 def make_app(home, **options) -> P2PTrainApp:
-    """The real app on ``home``'s socket, with a frozen clock and quick polls."""
+    """The real app on ``home``'s socket, with a frozen clock."""
     options.setdefault("clock", lambda: FROZEN_NOW)
-    options.setdefault("poll_interval_s", 0.2)
     return P2PTrainApp(find_daemon(home), **options)
 
 

@@ -2,9 +2,16 @@
 
 It speaks the real control protocol (``p2ptrain.protocol``: newline-delimited
 JSON on a real Unix socket at ``resolve_paths(home).socket``) from an asyncio
-server in a background thread, serves canned but plausible state with fixed
-timestamps (so snapshots never change), applies the control verbs the way the
-daemon's state machine does, and records every request it received.
+server in a background thread, serves the canned state of ``fake_data`` (fixed
+timestamps, so snapshots never change), applies the control verbs with the
+real daemon's rules and error messages, pushes every change to subscribers as
+the real daemon does, and records every request it received.
+``test_tui_fake_contract.py`` drives it and a real daemon through the same
+requests and compares the answers.
+
+What the real daemon's training worker does by itself, a test does here:
+``worker_joined`` (the worker joined its swarm) and ``push`` (a step, epoch,
+event or peers update).
 
 Run as a program (``python fake_daemon.py daemon --home DIR``) it stands in
 for the ``p2ptrain`` executable that the TUI's "start a user daemon" button
@@ -16,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import math
 import os
 import signal
 import sys
@@ -23,185 +31,58 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fake_data import (  # noqa: E402
+    FROZEN_NOW,
+    idle_status,
+    joining_status,
+    paused_status,
+    sample_epochs,
+    sample_events,
+    sample_peers,
+    sample_steps,
+    training_status,
+)
 
 from p2ptrain.paths import resolve_paths  # noqa: E402
 from p2ptrain.protocol import (  # noqa: E402
     BAD_REQUEST,
     INVALID_STATE,
     MAX_LINE_BYTES,
-    PROTOCOL_VERSION,
+    METHODS,
     UNKNOWN_METHOD,
     encode,
     error_reply,
 )
 
-# The frozen "now" of every canned timestamp; tests give the app a clock that returns it.
-FROZEN_NOW = 1_767_000_000.0
-RUN_ID = "tiny-demo"
-LOCAL_PEER_ID = "12D3KooWLocalPeer0000000000000000000000000000AmberFox"
+IN_RUN = ("joining", "training", "paused", "finishing")
+# How long the fake's worker takes to checkpoint and leave after ``leave`` (the real one: seconds).
+LEAVE_S = 0.2
 
 
-def _gpu() -> dict:
-    return {
-        "index": 0,
-        "name": "NVIDIA GeForce RTX 3060",
-        "memory_total_mib": 12288,
-        "memory_used_mib": 10650,
-        "utilization_pct": 97,
-        "temperature_c": 78,
-        "power_w": 162.0,
-        "power_limit_w": 170.0,
-        "fan_pct": 64,
-    }
+class RequestError(Exception):
+    """A refused request: the error code, message and fix the reply carries."""
+
+    def __init__(self, code: str, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.code, self.message, self.fix = code, message, fix
 
 
-def _local() -> dict:
-    return {
-        "peer_id": LOCAL_PEER_ID,
-        "nickname": "amber-fox",
-        "addresses": ["/ip4/127.0.0.1/tcp/40111/p2p/" + LOCAL_PEER_ID],
-        "reachability": "direct",
-        "device": "cuda:0",
-        "precision": "bf16",
-        "quantization": "none",
-        "micro_batch": 8,
-        "grad_accum": 4,
-        "parameters": 23_400_000,
-        "trainable_parameters": 23_400_000,
-        "samples_per_second": 41.7,
-        "loss": 2.871,
-        "contributed_samples": 153_600,
-    }
+def _bad(message: str, fix: str) -> RequestError:
+    return RequestError(BAD_REQUEST, message, fix)
 
 
-def training_status() -> dict:
-    """The daemon mid-epoch in a three-peer run."""
-    return {
-        "protocol": PROTOCOL_VERSION,
-        "version": "0.1.0",
-        "state": "training",
-        "pause_reason": None,
-        "since": FROZEN_NOW - 2 * 3600 - 5 * 60,
-        "started_at": FROZEN_NOW - 26 * 3600,
-        "run": {
-            "id": RUN_ID,
-            "mode": "sync",
-            "model": "tiny",
-            "epoch": 42,
-            "samples_accumulated": 2816,
-            "target_batch_size": 4096,
-            "eta_next_epoch_s": 31.0,
-            "num_peers": 3,
-        },
-        "local": _local(),
-        "hardware": {"gpus": [_gpu()], "cpu": {"name": "AMD Ryzen 5 5600X", "cores": 12}, "ram": {"total_mib": 32000}},
-        "health": [],
-    }
-
-
-def paused_status(reason: str = "battery", paused_until: float | None = None) -> dict:
-    """The daemon paused for ``reason``; ``paused_until`` makes it a timed pause."""
-    status = training_status()
-    status.update(state="paused", pause_reason=reason, since=FROZEN_NOW - 12 * 60)
-    status["local"]["samples_per_second"] = 0.0
-    status["hardware"]["gpus"][0].update(utilization_pct=0, memory_used_mib=410, temperature_c=41, power_w=14.0)
-    if paused_until is not None:
-        status["paused_until"] = paused_until
-    return status
-
-
-def idle_status() -> dict:
-    """The daemon in no run: run and local are null, hardware still known."""
-    status = training_status()
-    status.update(state="idle", pause_reason=None, since=FROZEN_NOW - 300, run=None, local=None)
-    status["hardware"]["gpus"][0].update(utilization_pct=0, memory_used_mib=410, temperature_c=38, power_w=12.0)
-    return status
-
-
-def error_status() -> dict:
-    """The daemon in the error state, with a fix."""
-    status = idle_status()
-    status.update(state="error", since=FROZEN_NOW - 60)
-    status["health"] = [
-        {
-            "level": "error",
-            "message": "the training worker ran out of GPU memory 3 times",
-            "fix": "close other GPU programs, then press j to join again",
-        }
-    ]
-    return status
-
-
-def sample_peers() -> list[dict]:
-    """Three peers: this machine, a relayed laptop, and one with another manifest."""
-
-    def row(peer_id, nickname, device, precision, quantization, micro_batch, speed, epoch, loss, link, seen, **extra):
-        return {
-            "peer_id": peer_id,
-            "nickname": nickname,
-            "device": device,
-            "precision": precision,
-            "quantization": quantization,
-            "micro_batch": micro_batch,
-            "samples_per_second": speed,
-            "loss": loss,
-            "epoch": epoch,
-            "contributed_samples": int(speed * 3600),
-            "manifest_hash": "9f2c1e",
-            "compatible": True,
-            "reachability": link,
-            "version": "0.1.0",
-            "last_seen": FROZEN_NOW - seen,
-            "is_local": False,
-            **extra,
-        }
-
-    return [
-        row(LOCAL_PEER_ID, "amber-fox", "cuda:0", "bf16", "none", 8, 41.7, 42, 2.871, "direct", 0, is_local=True),
-        row("12D3KooWLaptop000000000000000000000000000000000QuietOwl", "quiet-owl", "cpu", "fp32", "none", 2, 3.2,
-            42, 2.902, "relayed", 4),
-        row("12D3KooWOther0000000000000000000000000000000000RedCrane", "red-crane", "cuda:0", "fp16", "nf4", 16,
-            88.0, 17, 3.410, "direct", 9, manifest_hash="77aa01", compatible=False),
-    ]
-
-
-def sample_steps() -> list[dict]:
-    """A loss curve falling from 5.5 to about 2.9 over the last five hours, one row a minute."""
-    rows = []
-    for minute in range(300):
-        ts = FROZEN_NOW - (300 - minute) * 60
-        loss = 2.85 + 2.65 * (0.985**minute) + 0.04 * ((minute * 7) % 5 - 2) / 2
-        rows.append({"ts": ts, "run_id": RUN_ID, "epoch": minute // 7, "loss": round(loss, 4), "samples": 256,
-                     "samples_per_second": 41.0})
-    return rows
-
-
-def sample_epochs() -> list[dict]:
-    """Epochs 30-41 of the run, about seven minutes each."""
-    rows = []
-    ended = FROZEN_NOW - 5 * 60
-    for epoch in range(41, 29, -1):
-        duration = 380 + (epoch % 4) * 25
-        loss = 2.85 + 2.65 * (0.985 ** (epoch * 7))
-        rows.append({"run_id": RUN_ID, "epoch": epoch, "started_at": ended - duration, "ended_at": ended,
-                     "duration_s": float(duration), "num_peers": 3, "global_samples": 4096,
-                     "loss": round(loss, 4), "val_loss": round(loss + 0.12, 4)})
-        ended -= duration
-    return rows[::-1]
-
-
-def sample_events() -> list[dict]:
-    """What happened lately, oldest first."""
-    events = [
-        (-26 * 3600, "started", "daemon started (p2ptrain 0.1.0)"),
-        (-26 * 3600 + 5, "joined", f"joined {RUN_ID} as amber-fox with 2 peers"),
-        (-3 * 3600, "paused", "paused: running on battery"),
-        (-2 * 3600 - 5 * 60, "resumed", "resumed: back on mains power"),
-        (-5 * 60, "epoch", "epoch 41 done in 6m 45s with 3 peers, loss 2.874"),
-        (-60, "peer", "red-crane has another manifest (77aa01): not averaging with it"),
-    ]
-    return [{"ts": FROZEN_NOW + offset, "kind": kind, "message": message, "data": {}} for offset, kind, message in
-            events]
+def _number(params: dict, name: str, minimum: float) -> float | None:
+    """An optional number param, checked as the real daemon checks it (``daemon/methods.py``)."""
+    value = params.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(f"{name} must be a number, not {value!r}", f'send e.g. {{"{name}": 10}}')
+    if value < minimum:
+        raise _bad(f"{name} must be at least {minimum}, not {value!r}", f"send a {name} >= {minimum}")
+    return value
 
 
 class FakeDaemon:
@@ -209,7 +90,7 @@ class FakeDaemon:
 
     Args:
         home: the ``--home`` directory; the socket goes where the daemon's would.
-        status: the initial status (defaults to :func:`training_status`).
+        status: the initial status (defaults to ``fake_data.training_status``).
     """
 
     def __init__(self, home: str | os.PathLike, status: dict | None = None) -> None:
@@ -225,7 +106,20 @@ class FakeDaemon:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
-        self._changed: asyncio.Event | None = None
+        self._subscribers: set[asyncio.Queue] = set()
+        self._methods = {
+            "status": self._status,
+            "peers": self._peers,
+            "metrics": self._metrics,
+            "epochs": self._epochs,
+            "events": self._events,
+            "join": self._join,
+            "pause": self._pause,
+            "resume": self._resume,
+            "finish": self._finish,
+            "leave": self._leave,
+            "config.get": self._config_get,
+        }
 
     def start(self) -> "FakeDaemon":
         """Listen on the socket; returns once connections are accepted."""
@@ -256,12 +150,31 @@ class FakeDaemon:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    # ----- what a test does in the daemon's place ----------------------------------------
+
     def set_status(self, status: dict) -> None:
-        """Serve ``status`` from now on (and push it to subscribers)."""
+        """Serve ``status`` from now on, and push it to subscribers (a policy pause, say)."""
         with self._lock:
-            self.status = status
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._notify_change)
+            self._set_status(status)
+
+    def worker_joined(self) -> None:
+        """The training worker joined its swarm: ``joining`` becomes ``training`` (paused stays paused)."""
+        with self._lock:
+            run_id = self.status["run"]["id"]
+            joined = training_status() if self.status["state"] != "paused" else paused_status("user")
+            joined["run"]["id"] = run_id
+            joined.update(since=self.status["since"], paused_until=self.status.get("paused_until"))
+            self._set_status(joined)
+
+    def push(self, event: str, data: dict) -> None:
+        """Push ``{"event", "data"}`` to every subscriber and keep it in the history it belongs to."""
+        with self._lock:
+            history = {"step": self.steps, "epoch": self.epochs, "event": self.events}.get(event)
+            if history is not None:
+                history.append(data)
+            if event == "peers":
+                self.peers = data["peers"]
+            self._publish(event, data)
 
     def methods_called(self) -> list[str]:
         """The method of every request so far, in order."""
@@ -272,6 +185,27 @@ class FakeDaemon:
         with self._lock:
             return [request for request in self.requests if request.get("method") == method]
 
+    # ----- the server --------------------------------------------------------------------
+
+    def _set_status(self, status: dict) -> None:
+        self.status = status
+        self._publish("status", status)
+
+    def _publish(self, event: str, data) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._deliver, encode({"event": event, "data": data}))
+
+    def _deliver(self, line: bytes) -> None:
+        for queue in self._subscribers:
+            queue.put_nowait(line)
+
+    def _record_event(self, kind: str, message: str, data: dict | None = None) -> None:
+        """An event as the real daemon records and pushes one, just after the newest so far."""
+        ts = max(event["ts"] for event in self.events) + 1 if self.events else FROZEN_NOW
+        event = {"ts": ts, "kind": kind, "message": message, "data": data}
+        self.events.append(event)
+        self._publish("event", event)
+
     async def _close_connections(self) -> None:
         self._server.close()
         handlers = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
@@ -279,14 +213,9 @@ class FakeDaemon:
             task.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
 
-    def _notify_change(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
     def _serve(self, ready: threading.Event) -> None:
         self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self._loop)
-        self._changed = asyncio.Event()
         self._server = self._loop.run_until_complete(
             asyncio.start_unix_server(self._handle, path=str(self.socket_path), limit=MAX_LINE_BYTES)
         )
@@ -302,8 +231,9 @@ class FakeDaemon:
             while line := await reader.readline():
                 try:
                     request = json.loads(line)
-                except ValueError:
-                    writer.write(encode(error_reply(None, BAD_REQUEST, "not JSON", "send one JSON object a line")))
+                except ValueError as error:
+                    writer.write(encode(error_reply(None, BAD_REQUEST, f"not a JSON line: {error}",
+                                                    'send e.g. {"id": 1, "method": "status", "params": {}}')))
                     continue
                 with self._lock:
                     self.requests.append(request)
@@ -319,88 +249,126 @@ class FakeDaemon:
             writer.close()
 
     async def _stream(self, writer: asyncio.StreamWriter) -> None:
-        # Take the event before the first await: a change made once the request is recorded is never missed.
-        changed = self._changed
-        writer.write(encode({"event": "snapshot", "data": self.status}))
-        await writer.drain()
-        while True:
-            await changed.wait()
-            changed = self._changed
-            writer.write(encode({"event": "status", "data": self.status}))
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            # The snapshot and the queue in one step: no change falls between them.
+            snapshot = encode({"event": "snapshot", "data": self.status})
+            self._subscribers.add(queue)
+        try:
+            writer.write(snapshot)
             await writer.drain()
+            while True:
+                writer.write(await queue.get())
+                await writer.drain()
+        finally:
+            self._subscribers.discard(queue)
 
     def _reply(self, request: dict) -> dict:
         request_id = request.get("id")
         method = request.get("method")
         params = request.get("params") or {}
-        handler = getattr(self, "_method_" + str(method).replace(".", "_"), None)
-        if handler is None:
-            return error_reply(request_id, UNKNOWN_METHOD, f"unknown method {method!r}", "see p2ptrain --help")
-        with self._lock:
-            result = handler(params)
-        if isinstance(result, tuple):
-            return error_reply(request_id, *result)
+        if method not in self._methods:
+            return error_reply(request_id, UNKNOWN_METHOD, f"unknown method {method!r}", f"use one of: {', '.join(METHODS)}")
+        try:
+            with self._lock:
+                result = self._methods[method](params)
+        except RequestError as error:
+            return error_reply(request_id, error.code, error.message, error.fix)
         return {"id": request_id, "result": copy.deepcopy(result)}
 
-    # The methods, as in DEVELOPERS.md's table. An error is a (code, message, fix) tuple.
+    # ----- the methods (DEVELOPERS.md), with the rules of daemon/methods.py and supervisor.py -----
 
-    def _method_status(self, params: dict) -> dict:
+    def _status(self, params: dict) -> dict:
         return self.status
 
-    def _method_peers(self, params: dict) -> dict:
+    def _peers(self, params: dict) -> dict:
         run = self.status.get("run") or {}
         return {"run_id": run.get("id"), "peers": self.peers if run else []}
 
-    def _method_metrics(self, params: dict) -> dict:
+    def _metrics(self, params: dict) -> dict:
         since = params.get("since") or 0
         rows = [row for row in self.steps if row["ts"] > since]
         return {"steps": rows[-int(params.get("limit") or 1000):]}
 
-    def _method_epochs(self, params: dict) -> dict:
-        return {"epochs": self.epochs[-int(params.get("limit") or 100):]}
+    def _epochs(self, params: dict) -> dict:
+        return {"epochs": self.epochs[-int(params.get("limit") or 20):]}
 
-    def _method_events(self, params: dict) -> dict:
+    def _events(self, params: dict) -> dict:
         since = params.get("since") or 0
         rows = [row for row in self.events if row["ts"] > since]
-        return {"events": rows[-int(params.get("limit") or 100):]}
+        return {"events": rows[-int(params.get("limit") or 200):]}
 
-    def _method_join(self, params: dict) -> dict | tuple:
-        if not isinstance(params.get("run"), str):
-            return BAD_REQUEST, "join needs a run name", "pass run, e.g. tiny-demo"
-        if self.status["state"] not in ("idle", "error"):
-            return INVALID_STATE, f"already in run {self.status['run']['id']}", "leave it first: p2ptrain leave"
-        self.status = training_status()
-        self.status["run"]["id"] = params["run"]
-        self.status.update(state="joining", since=FROZEN_NOW)
+    def _require_in_run(self, verb: str) -> None:
+        if self.status["state"] not in IN_RUN:
+            raise RequestError(INVALID_STATE, f"cannot {verb}: not in a run", "join one first: p2ptrain join RUN --peers MULTIADDR")
+
+    def _join(self, params: dict) -> dict:
+        run_id = params.get("run")
+        if not isinstance(run_id, str) or not run_id:
+            raise _bad(f"run must be a non-empty string, not {run_id!r}", 'send e.g. {"run": "..."}')
+        if not params.get("new_run") and not params.get("initial_peers"):
+            raise _bad(
+                f"to join the existing run {run_id!r} this peer needs a bootstrap address",
+                f"pass --peers MULTIADDR (a peer's local.addresses), or create it: p2ptrain join --new-run {run_id}",
+            )
+        state = self.status["state"]
+        if state in IN_RUN or state == "leaving":
+            raise RequestError(INVALID_STATE, f"already in run {self.status['run']['id']!r} ({state})", "leave it first: p2ptrain leave")
+        self._record_event("join", f"joining run {run_id!r}", {"new_run": bool(params.get("new_run"))})
+        self._set_status(joining_status(run_id))
         return self.status
 
-    def _method_pause(self, params: dict) -> dict | tuple:
-        if self.status["state"] not in ("training", "finishing", "joining"):
-            return INVALID_STATE, f"cannot pause while {self.status['state']}", "join a run first: p2ptrain join RUN"
-        self.status = paused_status(params.get("reason", "user"))
-        if params.get("for_s"):
-            self.status["paused_until"] = FROZEN_NOW + float(params["for_s"])
+    def _pause(self, params: dict) -> dict:
+        for_s = _number(params, "for_s", minimum=1)
+        self._require_in_run("pause")
+        until = f" for {for_s:.0f} s" if for_s else ""
+        self._record_event("paused", f"paused (user){until}", {"reason": "user", "for_s": for_s})
+        status = paused_status("user", paused_until=FROZEN_NOW + for_s if for_s else None)
+        if self.status["state"] == "joining":
+            status.update(local=None, run=self.status["run"])
+        status["run"]["id"] = self.status["run"]["id"]
+        self._set_status(status)
         return self.status
 
-    def _method_resume(self, params: dict) -> dict | tuple:
-        if self.status["state"] != "paused":
-            return INVALID_STATE, f"cannot resume while {self.status['state']}", "pause first"
-        self.status = training_status()
+    def _resume(self, params: dict) -> dict:
+        self._require_in_run("resume")
+        state = self.status["state"]
+        if state in ("paused", "finishing"):
+            self._record_event("resumed", "resumed training")
+            joined = self.status["local"] is not None
+            status = training_status() if joined else joining_status(self.status["run"]["id"])
+            status["run"]["id"] = self.status["run"]["id"]
+            self._set_status(status)
+        elif self.status.get("paused_until") is not None:
+            self._set_status({**self.status, "paused_until": None})
         return self.status
 
-    def _method_finish(self, params: dict) -> dict | tuple:
-        if self.status["state"] != "training":
-            return INVALID_STATE, f"cannot finish while {self.status['state']}", "finish works while training"
-        self.status["state"] = "finishing"
+    def _finish(self, params: dict) -> dict:
+        self._require_in_run("finish")
+        if self.status["state"] == "paused":
+            raise RequestError(INVALID_STATE, "already paused", "resume first: p2ptrain resume")
+        self._record_event("finishing", "finishing the current epoch, then pausing")
+        self._set_status({**self.status, "state": "finishing", "pause_reason": None, "since": FROZEN_NOW})
         return self.status
 
-    def _method_leave(self, params: dict) -> dict | tuple:
-        if self.status.get("run") is None:
-            return INVALID_STATE, "not in a run", "join one first: p2ptrain join RUN"
-        self.status = idle_status()
+    def _leave(self, params: dict) -> dict:
+        if self.status["state"] == "error":
+            self._record_event("left", "error acknowledged; idle")
+            self._set_status(idle_status())
+            return self.status
+        self._require_in_run("leave")
+        run_id = self.status["run"]["id"]
+        self._record_event("leaving", f"leaving run {run_id!r}")
+        self._set_status({**self.status, "state": "leaving", "pause_reason": None, "paused_until": None, "since": FROZEN_NOW})
+        self._loop.call_later(LEAVE_S, self._worker_left, run_id)
         return self.status
 
-    def _method_config_get(self, params: dict) -> dict:
+    def _worker_left(self, run_id: str) -> None:
+        with self._lock:
+            self._record_event("left", f"left run {run_id!r}")
+            self._set_status(idle_status())
+
+    def _config_get(self, params: dict) -> dict:
         return {"config": {"nickname": "amber-fox"}, "path": str(self.paths.config_file)}
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 from conftest import make_app, wait_until
-from fake_daemon import FakeDaemon, idle_status, paused_status, training_status
+from fake_daemon import FakeDaemon
+from fake_data import idle_status, paused_status, training_status
+from textual.command import CommandList
 from textual.widgets import Label
 
 from p2ptrain.protocol import ControlClient
-from p2ptrain.tui.messages import DaemonUpdated
+from p2ptrain.tui.messages import DaemonPushed, HistoryLoaded
 from p2ptrain.tui.widgets.event_log import EventLog
 from p2ptrain.tui.widgets.hardware_panel import HardwarePanel
 from p2ptrain.tui.widgets.peers_table import PeersTable
@@ -27,6 +29,12 @@ def label_text(app, selector: str) -> str:
     return plain_text(app.screen_stack[0].query_one(selector, Label))
 
 
+def first_command(app) -> str:
+    """The command the palette's Enter would run now (its first hit), or "" while it has none."""
+    hits = app.screen.query_one(CommandList)
+    return str(hits.get_option_at_index(0).prompt) if hits.option_count else ""
+
+
 def notifications(app) -> list[str]:
     return [notification.message for notification in app._notifications]
 
@@ -34,7 +42,7 @@ def notifications(app) -> list[str]:
 async def test_dashboard_shows_state_peers_history_and_gpu(daemon):
     app = make_app(daemon.paths.home)
     async with app.run_test(size=(200, 60)) as pilot:
-        await wait_until(pilot, lambda: app.snapshot is not None and app.snapshot.events, what="the history")
+        await wait_until(pilot, lambda: app.view is not None and app.view.events, what="the history")
         await pilot.pause(0.1)
         assert "TRAINING" in label_text(app, "#state")
         details = label_text(app, "#details")
@@ -53,39 +61,45 @@ async def test_dashboard_shows_state_peers_history_and_gpu(daemon):
         log = app.query_one(EventLog)
         assert len(log.lines) == len(daemon.events)
         assert app.query_one(SwarmPanel).last_averaging == daemon.epochs[-1]["ended_at"]
-    assert {"status", "peers", "metrics", "epochs", "events"} <= set(daemon.methods_called())
+    assert set(daemon.methods_called()) == {"subscribe", "peers", "metrics", "epochs", "events"}
 
 
-async def test_first_update_is_the_status_alone_and_the_history_follows_at_once(daemon):
-    updates = []
+async def test_first_the_status_then_the_history_fetched_once(daemon):
+    messages = []
 
-    def keep_updates(message) -> None:
-        if isinstance(message, DaemonUpdated):
-            updates.append(message.snapshot)
+    def keep(message) -> None:
+        if isinstance(message, (DaemonPushed, HistoryLoaded)):
+            messages.append(message)
 
-    app = make_app(daemon.paths.home, poll_interval_s=60.0)
-    async with app.run_test(message_hook=keep_updates) as pilot:
-        await wait_until(pilot, lambda: len(updates) >= 2, what="two updates (no wait for the next poll between them)")
-    assert updates[0].status["state"] == "training" and updates[0].events == () and updates[0].steps == ()
-    assert len(updates[1].events) == len(daemon.events) and len(updates[1].steps) == len(daemon.steps)
-    assert [method for method in daemon.methods_called() if method != "subscribe"][:2] == ["status", "peers"]
-
-
-async def test_polls_ask_only_for_newer_history(daemon):
     app = make_app(daemon.paths.home)
-    async with app.run_test() as pilot:
-        await wait_until(pilot, lambda: len(daemon.requests_for("metrics")) >= 2, what="a second poll")
-    first, second = daemon.requests_for("metrics")[:2]
-    assert "since" not in first["params"]
-    assert second["params"]["since"] == daemon.steps[-1]["ts"]
-    assert len(app.snapshot.steps) == len(daemon.steps)
+    async with app.run_test(message_hook=keep) as pilot:
+        await wait_until(pilot, lambda: len(messages) >= 2, what="the status and the history")
+        await pilot.pause(1.0)
+    first, second = messages[:2]
+    assert isinstance(first, DaemonPushed) and (first.event, first.data["state"]) == ("snapshot", "training")
+    assert isinstance(second, HistoryLoaded)
+    assert len(second.history.events) == len(daemon.events) and len(second.history.steps) == len(daemon.steps)
+    # One subscription, the history once, and nothing polled: no status request at all.
+    assert sorted(daemon.methods_called()) == ["epochs", "events", "metrics", "peers", "subscribe"]
+    assert daemon.requests_for("metrics")[0]["params"] == {"run_id": "tiny-demo", "limit": 2000}
 
 
-async def test_p_opens_pause_dialog_and_sends_the_duration(daemon):
+async def test_p_pauses_at_once_without_a_dialog(daemon):
     app = make_app(daemon.paths.home)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.state == "training", what="training")
         await pilot.press("p")
+        await wait_until(pilot, lambda: app.state == "paused", what="the paused state")
+        assert len(app.screen_stack) == 1, "no dialog"
+        assert daemon.requests_for("pause")[0]["params"] == {}
+        assert "paused by you · press p to resume" in label_text(app, "#reason")
+
+
+async def test_t_asks_how_long_and_sends_the_duration(daemon):
+    app = make_app(daemon.paths.home)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.state == "training", what="training")
+        await pilot.press("t")
         await wait_until(pilot, lambda: app.screen.query("#pause-duration"), what="the pause dialog")
         await pilot.press(*"1h30m", "enter")
         await wait_until(pilot, lambda: app.state == "paused", what="the paused state")
@@ -94,15 +108,32 @@ async def test_p_opens_pause_dialog_and_sends_the_duration(daemon):
         assert any("Paused for 1h 30m" in text for text in notifications(app))
 
 
-async def test_pause_dialog_rejects_an_unreadable_duration(daemon):
+async def test_the_command_palette_offers_the_timed_pause(daemon):
     app = make_app(daemon.paths.home)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.state == "training", what="training")
-        await pilot.press("p")
+        await pilot.press("ctrl+p")
+        await wait_until(pilot, lambda: type(app.screen).__name__ == "CommandPalette", what="the command palette")
+        await pilot.press(*"pause for a while")
+        await wait_until(pilot, lambda: first_command(app).startswith("Pause for a while"), what="the command found")
+        await pilot.press("enter")
         await wait_until(pilot, lambda: app.screen.query("#pause-duration"), what="the pause dialog")
-        await pilot.press(*"soon", "enter")
+        await pilot.press(*"45m", "enter")
+        await wait_until(pilot, lambda: app.state == "paused", what="the paused state")
+        assert daemon.requests_for("pause")[0]["params"] == {"for_s": 2700.0}
+
+
+@pytest.mark.parametrize(("text", "says"), [("soon", "'soon' is not a duration; use e.g. 90s"), ("90", "'90' has no unit"),
+                                            ("", "'' is not a duration")])
+async def test_timed_pause_refuses_what_is_not_a_duration(daemon, text, says):
+    app = make_app(daemon.paths.home)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.state == "training", what="training")
+        await pilot.press("t")
+        await wait_until(pilot, lambda: app.screen.query("#pause-duration"), what="the pause dialog")
+        await pilot.press(*text, "enter")
         await pilot.pause(0.1)
-        assert "write e.g. 2h" in plain_text(app.screen.query_one("#pause-error", Label))
+        assert says in plain_text(app.screen.query_one("#pause-error", Label))
         assert daemon.requests_for("pause") == []
 
 
@@ -177,7 +208,7 @@ async def test_refused_action_shows_the_daemons_error_and_fix(tmp_path):
             await pilot.press("f")
             await wait_until(pilot, lambda: notifications(app), what="a notification")
         assert daemon.requests_for("finish")
-        assert notifications(app) == ["finish refused: cannot finish while paused (finish works while training)"]
+        assert notifications(app) == ["finish refused: already paused (resume first: p2ptrain resume)"]
 
 
 async def test_help_lists_every_key(daemon):
@@ -197,9 +228,9 @@ async def test_quit_leaves_the_daemon_running(daemon):
         await wait_until(pilot, lambda: app.state == "training", what="training")
         await pilot.press("q")
         await wait_until(pilot, lambda: not app.is_running, what="the app to exit")
-    assert ControlClient(str(daemon.socket_path)).call("status")["state"] == "training"
     # Only reads: quitting sends no control verb (pause, leave...).
-    assert set(daemon.methods_called()) <= {"status", "peers", "metrics", "epochs", "events", "subscribe"}
+    assert set(daemon.methods_called()) <= {"peers", "metrics", "epochs", "events", "subscribe"}
+    assert ControlClient(str(daemon.socket_path)).call("status")["state"] == "training"
 
 
 async def test_state_change_in_the_daemon_reaches_the_screen(daemon):

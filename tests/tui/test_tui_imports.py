@@ -33,7 +33,7 @@ from p2ptrain.tui.connection import find_daemon
 report = {"deferred_at_import": loaded(sys.argv[3].split(","))}
 
 async def show_everything(home):
-    app = p2ptrain.tui.app.P2PTrainApp(find_daemon(home), poll_interval_s=0.2)
+    app = p2ptrain.tui.app.P2PTrainApp(find_daemon(home))
     async with app.run_test(size=(120, 40)) as pilot:
         while not (app.state == "training" and app.charts_ready):
             await pilot.pause(0.05)

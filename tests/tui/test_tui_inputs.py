@@ -1,24 +1,11 @@
-"""What the dialogs accept and the one-line hints for what they do not."""
+"""What the dialogs accept and the one-line hints for what they do not (durations: tests/unit/test_durations.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from p2ptrain.tui.formatting import format_age, format_duration, parse_duration
+from p2ptrain.tui.formatting import format_age, format_duration
 from p2ptrain.tui.screens.join_dialog import join_params
-
-
-@pytest.mark.parametrize(("text", "seconds"), [("2h", 7200), ("1h30m", 5400), ("45m", 2700), ("90s", 90),
-                                               ("1d", 86400), ("15", 900), ("", None), (" 2 h ", 7200)])
-def test_pause_durations_people_write(text, seconds):
-    assert parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize("text", ["soon", "2x", "h2", "0m"])
-def test_unreadable_pause_duration_says_how_to_write_one(text):
-    with pytest.raises(ValueError) as error:
-        parse_duration(text)
-    assert "\n" not in str(error.value) and ("e.g. 2h" in str(error.value) or "longer than 0" in str(error.value))
 
 
 def test_durations_and_ages_read_at_a_glance():

@@ -49,33 +49,35 @@ def cli_state(home) -> str:
 
 
 @pytest.mark.asyncio
-async def test_tui_shows_a_real_run_pauses_it_and_quits_leaving_the_daemon_up(training_daemon):
-    app = P2PTrainApp(find_daemon(training_daemon.home), poll_interval_s=0.5)
+async def test_tui_shows_a_real_run_pauses_it_for_a_while_and_quits_leaving_the_daemon_up(training_daemon):
+    app = P2PTrainApp(find_daemon(training_daemon.home))
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: app.state == "training", timeout=10, what="the training state")
-        assert app.snapshot.status["run"]["id"] == RUN
-        await pilot.press("p")
-        await wait_until(pilot, lambda: app.screen.query("#pause-duration"), what="the pause dialog")
-        await pilot.press("enter")
+        assert app.view.run_id == RUN
+        await wait_until(pilot, lambda: app.view.steps and app.charts_ready, timeout=30, what="the steps pushed")
+        await pilot.press("t")
+        await wait_until(pilot, lambda: app.screen.query("#pause-duration"), what="the timed pause dialog")
+        await pilot.press(*"1h30m", "enter")
         await wait_until(pilot, lambda: app.state == "paused", timeout=10, what="the paused state")
         status = json.loads(cli(training_daemon.home, "status", "--json").stdout)
         assert (status["state"], status["pause_reason"]) == ("paused", "user")
+        assert 5300 < status["paused_until"] - status["since"] < 5500
         await pilot.press("q")
     assert training_daemon.status()["state"] == "paused"
 
 
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install tmux): no real terminal to test in")
-def test_tui_in_tmux_shows_training_pauses_on_p_and_quits_on_q(training_daemon):
+def test_tui_in_tmux_pauses_on_p_alone_and_quits_on_q(training_daemon):
     home = training_daemon.home
     with TmuxPane(120, 40) as pane:
         pane.run(tui_command(home))
         # How fast this appears is measured by benchmarks/tui_first_frame.py, not asserted here.
         pane.wait_for(lambda screen: "TRAINING" in screen and RUN in screen, timeout=30, what=f"TRAINING and {RUN}")
         pane.send("p")
-        pane.wait_for(lambda screen: "For how long?" in screen, timeout=15, what="the pause dialog")
-        pane.send("Enter")
-        pane.wait_for(lambda screen: "PAUSED" in screen, timeout=15, what="PAUSED on screen")
+        # One key, no dialog: the daemon is paused before anything else is pressed.
+        training_daemon.wait_until(lambda status: status["state"] == "paused", 15, interval=0.1, what="paused after p")
         assert cli_state(home) == "paused"
+        pane.wait_for(lambda screen: "PAUSED" in screen and "p Resume" in screen, timeout=15, what="PAUSED on screen")
         pane.send("q")
         pane.wait_for(lambda _: pane.exited, timeout=15, what="the TUI to exit")
     # The daemon outlives the TUI and still answers.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import make_app, wait_until
-from fake_daemon import FakeDaemon, error_status, idle_status, paused_status, training_status
+from fake_daemon import FakeDaemon
+from fake_data import error_status, idle_status, paused_status, training_status
 from textual.widgets import ContentSwitcher
 
 pytestmark = pytest.mark.timeout(120)
@@ -23,7 +24,7 @@ def settled_on(state: str):
 
     async def run_before(pilot) -> None:
         await wait_until(pilot, lambda: pilot.app.state == state, what=state)
-        await wait_until(pilot, lambda: pilot.app.snapshot.events, what="the history")
+        await wait_until(pilot, lambda: pilot.app.view.events, what="the history")
         await wait_until(pilot, lambda: pilot.app.charts_ready, what="the charts")
         await pilot.pause(0.3)
 

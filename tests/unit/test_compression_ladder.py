@@ -116,7 +116,7 @@ def test_uplinks_parse(text, mbit):
 
 
 def test_plan_command_shows_the_rung_for_an_uplink_and_refuses_a_bad_one():
-    command = [sys.executable, "-m", "p2ptrain.daemon.plan", "--model", "tinyllama-1.1b", "--gpu-memory", "80GiB",
+    command = [sys.executable, "-m", "p2ptrain.cli", "plan", "--model", "tinyllama-1.1b", "--gpu-memory", "80GiB",
                "--compute-capability", "8.0", "--full-training", "--uplink"]
     shown = subprocess.run(command + ["20Mbit"], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr

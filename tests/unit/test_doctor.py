@@ -1,4 +1,4 @@
-"""`p2ptrain doctor`, run as the CLI runs it: `python -m p2ptrain.daemon.doctor` in a subprocess."""
+"""`p2ptrain doctor`, run as a user runs it: the CLI in a subprocess."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 
 def run_doctor(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "p2ptrain.daemon.doctor", *arguments], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "p2ptrain.cli", "doctor", *arguments], capture_output=True,
                           text=True, timeout=60)
 
 

@@ -163,7 +163,7 @@ def test_sizes_parse(text, mib):
 
 
 def run_plan(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "p2ptrain.daemon.plan", *arguments], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "p2ptrain.cli", "plan", *arguments], capture_output=True,
                           text=True, timeout=60)
 
 

@@ -16,11 +16,13 @@ leaves the daemon running: training goes on in the background.
 | key | what it does |
 |---|---|
 | `j` | join a run (or start a new one) |
-| `p` | pause training (optionally for a while) or resume it |
+| `p` | pause training at once (until you resume), or resume it |
+| `t` | pause for a while (e.g. `2h`, `1h30m`); training resumes by itself |
 | `f` | finish the current epoch, then pause |
 | `l` | leave the run (asks first) |
 | `?` | this help |
 | `q` | quit this screen; the daemon keeps running |
+| `ctrl+p` | the command palette: every action above by name |
 
 **States**: *idle* (in no run), *joining*, *training*, *paused* (always with a
 reason: you, you are using the computer, battery, another program on the GPU,

@@ -1,4 +1,4 @@
-"""Pause training, for a while or until resumed."""
+"""Pause training for a while: the daemon resumes by itself when the time is up."""
 
 from __future__ import annotations
 
@@ -7,20 +7,20 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
-from p2ptrain.tui.formatting import parse_duration
+from p2ptrain.durations import ACCEPTED_FORMS, parse_duration
 
 
 class PauseDialog(ModalScreen[dict | None]):
-    """Dismisses with the ``pause`` params (``for_s`` when a duration was given), or None when cancelled."""
+    """Dismisses with the ``pause`` params (``{"for_s": seconds}``), or None when cancelled."""
 
     AUTO_FOCUS = "#pause-duration"
     BINDINGS = [("escape", "cancel", "Cancel")]
 
     def compose(self) -> ComposeResult:
         with Vertical(id="pause-dialog", classes="dialog"):
-            yield Label("[b]Pause training[/b]")
-            yield Label("For how long? (e.g. 2h, 45m; empty: until you resume)")
-            yield Input(placeholder="until resumed", id="pause-duration")
+            yield Label("[b]Pause training for a while[/b]")
+            yield Label(f"For how long? (e.g. {ACCEPTED_FORMS}); training resumes by itself")
+            yield Input(placeholder="2h", id="pause-duration")
             yield Label("", id="pause-error", classes="dialog-error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Pause", variant="warning", id="pause-confirm")
@@ -44,4 +44,4 @@ class PauseDialog(ModalScreen[dict | None]):
         except ValueError as error:
             self.query_one("#pause-error", Label).update(str(error))
             return
-        self.dismiss({} if seconds is None else {"for_s": seconds})
+        self.dismiss({"for_s": seconds})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from rich.text import Text
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.widgets import RichLog
 
 
@@ -23,7 +23,7 @@ class EventLog(RichLog):
 
     BORDER_TITLE = "Events"
 
-    events: reactive[tuple] = reactive(())
+    events: var[tuple] = var(())
 
     def __init__(self, **kwargs) -> None:
         super().__init__(wrap=False, max_lines=500, **kwargs)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from textual.markup import escape
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.widgets import Static
 
 from p2ptrain.tui.formatting import format_count, format_number
+from p2ptrain.tui.widgets import show_text
 
 # (moderate, heavy) thresholds. Utilization and memory follow nvitop's defaults;
 # temperature follows the throttling points of common consumer GPUs.
@@ -92,8 +93,8 @@ class HardwarePanel(Static):
 
     BORDER_TITLE = "This machine"
 
-    local: reactive[dict | None] = reactive(None)
-    hardware: reactive[dict | None] = reactive(None)
+    local: var[dict | None] = var(None)
+    hardware: var[dict | None] = var(None)
 
     def _refresh_view(self) -> None:
         lines = local_lines(self.local) if self.local else ["not training"]
@@ -104,7 +105,7 @@ class HardwarePanel(Static):
         if not gpus:
             cpu = hardware.get("cpu")
             lines.append(f"no NVIDIA GPU · {escape(describe_cpu(cpu))}" if cpu else "no NVIDIA GPU")
-        self.update("\n".join(lines))
+        show_text(self, "\n".join(lines))
 
     def on_mount(self) -> None:
         self._refresh_view()

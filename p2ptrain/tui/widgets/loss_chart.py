@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-from textual.reactive import reactive
-from textual_plotext import PlotextPlot
+from math import ceil
+from time import monotonic
+
+from textual.reactive import var
+from textual.timer import Timer
+
+from p2ptrain.tui.widgets.chart import Chart
 
 # Enough points for the widest terminal; more only slows plotext down.
 MAX_POINTS = 400
+# A training worker reports a step every second; a curve over minutes or hours needs no redraw that often.
+REDRAW_EVERY_S = 5.0
+# Spacings of the time axis' ticks, in seconds: the first that puts at most MAX_TICKS ticks on the axis.
+TICK_SPACINGS_S = (10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800)
+MAX_TICKS = 6
 
 
 def thin_out(points: list[tuple[float, float]], limit: int = MAX_POINTS) -> list[tuple[float, float]]:
@@ -17,13 +27,45 @@ def thin_out(points: list[tuple[float, float]], limit: int = MAX_POINTS) -> list
     return points[::-1][::stride][::-1]
 
 
-class LossChart(PlotextPlot):
-    """Training and validation loss of the current run against hours since its first step."""
+def elapsed_label(seconds: float) -> str:
+    """A tick of elapsed time as durations are written (``0``, ``30s``, ``5m``, ``1h30m``, ``2d``)."""
+    rest = round(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        amount, rest = divmod(rest, size)
+        if amount:
+            parts.append(f"{amount}{unit}")
+    return "".join(parts) or "0"
 
-    steps: reactive[tuple] = reactive(())
-    epochs: reactive[tuple] = reactive(())
+
+def elapsed_ticks(span_s: float) -> tuple[list[float], list[str]]:
+    """Ticks for a time axis from 0 to ``span_s`` seconds: positions in minutes, and their labels.
+
+    Round spacings (30s, 5m, 1h, ...), at most ``MAX_TICKS`` of them, so the
+    axis reads "0 10m 20m 30m" whatever the run's age.
+    """
+    spacing = next((size for size in TICK_SPACINGS_S if span_s / size < MAX_TICKS), None)
+    if spacing is None:
+        weeks = TICK_SPACINGS_S[-1]
+        spacing = weeks * ceil(span_s / weeks / MAX_TICKS)
+    seconds = [index * spacing for index in range(int(span_s // spacing) + 1)]
+    return [tick / 60 for tick in seconds], [elapsed_label(tick) for tick in seconds]
+
+
+class LossChart(Chart):
+    """Training and validation loss of the current run against the time since its first step."""
+
+    steps: var[tuple] = var(())
+    epochs: var[tuple] = var(())
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._last_replot = float("-inf")
+        self._redraw_timer: Timer | None = None
 
     def _replot(self) -> None:
+        self._last_replot = monotonic()
+        self._redraw_timer = None
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
@@ -35,26 +77,33 @@ class LossChart(PlotextPlot):
         ]
         if not train and not validation:
             plt.title("no loss recorded yet")
-            self.refresh()
+            self.redraw()
             return
         start = min(ts for ts, _ in train + validation)
         train = thin_out(train)
         if train:
-            plt.plot([(ts - start) / 3600 for ts, _ in train], [loss for _, loss in train], label="train", marker="braille")
+            plt.plot([(ts - start) / 60 for ts, _ in train], [loss for _, loss in train], label="train", marker="braille")
         if validation:
-            plt.scatter(
-                [(ts - start) / 3600 for ts, _ in validation], [loss for _, loss in validation], label="validation"
-            )
-        plt.xlabel("hours")
-        self.refresh()
+            plt.scatter([(ts - start) / 60 for ts, _ in validation], [loss for _, loss in validation], label="validation")
+        plt.xticks(*elapsed_ticks(max(ts for ts, _ in train + validation) - start))
+        plt.xlabel("time since the first step")
+        self.redraw()
 
     def on_mount(self) -> None:
         self._replot()
 
-    def watch_steps(self) -> None:
-        if self.is_mounted:
+    def _data_changed(self) -> None:
+        """Redraw now if the last redraw is older than ``REDRAW_EVERY_S``, else once that much has passed."""
+        if not self.is_mounted or self._redraw_timer is not None:
+            return
+        wait = self._last_replot + REDRAW_EVERY_S - monotonic()
+        if wait <= 0:
             self._replot()
+        else:
+            self._redraw_timer = self.set_timer(wait, self._replot)
+
+    def watch_steps(self) -> None:
+        self._data_changed()
 
     def watch_epochs(self) -> None:
-        if self.is_mounted:
-            self._replot()
+        self._data_changed()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.widgets import DataTable
 
 from p2ptrain.tui.formatting import format_age, format_number
@@ -34,18 +34,21 @@ class PeersTable(DataTable):
 
     BORDER_TITLE = "Peers"
 
-    peers: reactive[tuple] = reactive(())
-    now: reactive[float] = reactive(0.0)
+    peers: var[tuple] = var(())
+    now: var[float] = var(0.0)
 
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
 
     def on_mount(self) -> None:
-        self.add_columns(*COLUMNS)
+        self._last_seen_column = self.add_columns(*COLUMNS)[COLUMNS.index("Last seen")]
         self._refresh_rows()
 
+    def _last_seen(self, peer: dict) -> str:
+        return "now" if peer.get("is_local") else format_age(peer.get("last_seen"), self.now)
+
     def _refresh_rows(self) -> None:
-        # Rows are rebuilt every poll; keep the row the user has selected.
+        # Rows are rebuilt when the peers change; keep the row the user has selected.
         selected_row = self.cursor_row
         self.clear()
         ordered = sorted(self.peers, key=lambda peer: (not peer.get("is_local"), peer.get("nickname") or ""))
@@ -56,7 +59,7 @@ class PeersTable(DataTable):
                 str(peer.get("epoch", "—")),
                 format_number(peer.get("loss"), 3),
                 peer.get("reachability") or "?",
-                "now" if peer.get("is_local") else format_age(peer.get("last_seen"), self.now),
+                self._last_seen(peer),
                 peer.get("device") or "?",
                 precision_text(peer),
                 str(peer.get("micro_batch") or "—"),
@@ -66,10 +69,18 @@ class PeersTable(DataTable):
             self.move_cursor(row=min(selected_row, len(ordered) - 1))
         self.border_subtitle = f"{len(ordered)} peers" if ordered else "no peers"
 
+    def _refresh_ages(self) -> None:
+        """Only the "Last seen" cells, and only those whose text changed: the clock ticks every second."""
+        for peer in self.peers:
+            age = self._last_seen(peer)
+            key = peer.get("peer_id")
+            if key in self.rows and self.get_cell(key, self._last_seen_column) != age:
+                self.update_cell(key, self._last_seen_column, age)
+
     def watch_peers(self) -> None:
         if self.is_mounted:
             self._refresh_rows()
 
     def watch_now(self) -> None:
         if self.is_mounted and self.peers:
-            self._refresh_rows()
+            self._refresh_ages()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.widget import Widget
 from textual.widgets import Label
 
 from p2ptrain.tui.formatting import format_duration
+from p2ptrain.tui.widgets import show_text
 
 # Shown until the first poll of the daemon answered or failed.
 CONNECTING = "connecting…"
@@ -59,9 +60,9 @@ def describe_reason(status: dict, now: float) -> str:
 class StatusHeader(Widget):
     """The daemon's state, pause reason, run name, peer id and uptime."""
 
-    status: reactive[dict | None] = reactive(None)
-    now: reactive[float] = reactive(0.0)
-    connection: reactive[str] = reactive(CONNECTING)
+    status: var[dict | None] = var(None)
+    now: var[float] = var(0.0)
+    connection: var[str] = var(CONNECTING)
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="header-line"):
@@ -74,19 +75,18 @@ class StatusHeader(Widget):
         state_label = self.query_one("#state", Label)
         details = self.query_one("#details", Label)
         reason = self.query_one("#reason", Label)
-        self.remove_class(*(f"-{state}" for state in (*STATES, "connecting", "disconnected")))
         status = self.status
         if status is None:
             connecting = self.connection == CONNECTING
-            self.add_class("-connecting" if connecting else "-disconnected")
-            state_label.update(" CONNECTING " if connecting else " DISCONNECTED ")
-            details.update("")
-            reason.update(self.connection)
+            self._show_state_class("connecting" if connecting else "disconnected")
+            show_text(state_label, " CONNECTING " if connecting else " DISCONNECTED ")
+            show_text(details, "")
+            show_text(reason, self.connection)
             reason.display = True
             return
         state = status.get("state", "?")
-        self.add_class(f"-{state}")
-        state_label.update(f" {state.upper()} ")
+        self._show_state_class(state)
+        show_text(state_label, f" {state.upper()} ")
         run = status.get("run") or {}
         local = status.get("local") or {}
         parts = []
@@ -99,10 +99,16 @@ class StatusHeader(Widget):
             parts.append(f"{state} for {format_duration(self.now - status['since'])}")
         if status.get("started_at"):
             parts.append(f"up {format_duration(self.now - status['started_at'])}")
-        details.update(" · ".join(parts))
+        show_text(details, " · ".join(parts))
         reason_text = describe_reason(status, self.now)
-        reason.update(reason_text)
+        show_text(reason, reason_text)
         reason.display = bool(reason_text)
+
+    def _show_state_class(self, state: str) -> None:
+        """The CSS class of ``state`` (``-paused``...) and no other state's: a class change restyles the
+        header, so nothing is changed when the state is the same (the clock calls this every second)."""
+        for name in (*STATES, "connecting", "disconnected"):
+            self.set_class(name == state, f"-{name}")
 
     def on_mount(self) -> None:
         self._refresh_labels()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.reactive import reactive
+from textual.reactive import reactive, var
 from textual.widget import Widget
 from textual.content import Content
 from textual.widgets import Label
 
 from p2ptrain.tui.formatting import format_age, format_count, format_duration
+from p2ptrain.tui.widgets import show_text
 
 
 class EpochProgress(Widget):
@@ -35,9 +36,9 @@ class SwarmPanel(Widget):
 
     BORDER_TITLE = "Swarm"
 
-    run: reactive[dict | None] = reactive(None)
-    last_averaging: reactive[float | None] = reactive(None)
-    now: reactive[float] = reactive(0.0)
+    run: var[dict | None] = var(None)
+    last_averaging: var[float | None] = var(None)
+    now: var[float] = var(0.0)
 
     def compose(self) -> ComposeResult:
         yield Label("", id="swarm-epoch")
@@ -50,17 +51,16 @@ class SwarmPanel(Widget):
         facts = self.query_one("#swarm-facts", Label)
         run = self.run
         if not run:
-            epoch.update("No run · press [b]j[/b] to join one")
+            show_text(epoch, "No run · press [b]j[/b] to join one")
             progress.fraction = None
-            facts.update(f"last averaging {format_age(self.last_averaging, self.now)}")
+            show_text(facts, f"last averaging {format_age(self.last_averaging, self.now)}")
             return
         accumulated = run.get("samples_accumulated") or 0
         target = run.get("target_batch_size") or 0
-        epoch.update(
-            f"Epoch [b]{run.get('epoch', 0)}[/b] · samples {format_count(accumulated)} / {format_count(target)}"
-        )
+        show_text(epoch, f"Epoch [b]{run.get('epoch', 0)}[/b] · samples {format_count(accumulated)} / {format_count(target)}")
         progress.fraction = min(1.0, accumulated / target) if target else None
-        facts.update(
+        show_text(
+            facts,
             f"next epoch in {format_duration(run.get('eta_next_epoch_s'))} · "
             f"{run.get('num_peers', 0)} peers · "
             f"last averaging {format_age(self.last_averaging, self.now)}"

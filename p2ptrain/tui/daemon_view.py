@@ -1,0 +1,134 @@
+"""What the dashboard knows of the daemon: its status, the run's peers, and the history so far.
+
+Filled once from the history the feed fetches (``History``), then kept up to
+date by each update the daemon pushes (``DaemonView.apply``). Lives in the
+app's thread; the feed's thread only fetches and forwards.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+# Enough for the charts and the log of the widest terminal.
+MAX_STEPS = 2000
+MAX_EPOCHS = 200
+MAX_EVENTS = 300
+
+# The parts of the dashboard an update can change; the app redraws only those.
+STATUS, PEERS, STEPS, EPOCHS, EVENTS = "status", "peers", "steps", "epochs", "events"
+EVERYTHING = frozenset({STATUS, PEERS, STEPS, EPOCHS, EVENTS})
+
+
+@dataclass
+class History:
+    """What the daemon had recorded when the TUI (re)connected or the run changed.
+
+    Args:
+        run_id: the run the peers, steps and epochs belong to (None: not in a run).
+        peers: PeerRow dicts of the run.
+        steps: rows of the ``steps`` table, oldest first.
+        epochs: rows of the ``epochs`` table, oldest first.
+        events: rows of the ``events`` table, oldest first.
+    """
+
+    run_id: str | None = None
+    peers: list = field(default_factory=list)
+    steps: list = field(default_factory=list)
+    epochs: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+
+
+def run_id_of(status: dict | None) -> str | None:
+    """The id of the run a ``status`` result is in, or None."""
+    return ((status or {}).get("run") or {}).get("id")
+
+
+class DaemonView:
+    """The daemon as the dashboard shows it.
+
+    Args:
+        status: the daemon's ``status`` result (DESIGN's status object), e.g.
+            the snapshot a subscription starts with.
+    """
+
+    def __init__(self, status: dict) -> None:
+        self.status = status
+        self.peers: tuple = ()
+        self.steps: deque = deque(maxlen=MAX_STEPS)
+        self.epochs: list[dict] = []
+        self.events: deque = deque(maxlen=MAX_EVENTS)
+        # What each pushed event changes; kinds not listed (a newer daemon's) are ignored.
+        self._handlers = {
+            "snapshot": self._take_status,
+            "status": self._take_status,
+            "peers": self._take_peers,
+            "step": self._add_step,
+            "epoch": self._add_epoch,
+            "event": self._add_event,
+        }
+
+    @property
+    def run_id(self) -> str | None:
+        return run_id_of(self.status)
+
+    @property
+    def last_averaging(self) -> float | None:
+        """When the newest finished epoch ended (its averaging round), or None."""
+        ended = [row["ended_at"] for row in self.epochs if row.get("ended_at")]
+        return ended[-1] if ended else None
+
+    def load(self, history: History) -> frozenset[str]:
+        """Take a freshly fetched history in place of what was there; returns the parts it changed."""
+        self.events = deque(history.events, maxlen=MAX_EVENTS)
+        if history.run_id != self.run_id:
+            return frozenset({EVENTS})  # the daemon changed runs meanwhile: that run's history is on its way
+        self.peers = tuple(history.peers)
+        self.steps = deque(history.steps, maxlen=MAX_STEPS)
+        self.epochs = list(history.epochs[-MAX_EPOCHS:])
+        return EVERYTHING
+
+    def apply(self, event: str, data) -> frozenset[str]:
+        """Take one pushed update (``{"event", "data"}`` of ``subscribe``); returns the parts it changed."""
+        handler = self._handlers.get(event)
+        if handler is None or not isinstance(data, dict):
+            return frozenset()
+        return handler(data)
+
+    def _take_status(self, status: dict) -> frozenset[str]:
+        if run_id_of(status) == self.run_id:
+            self.status = status
+            return frozenset({STATUS})
+        # Another run (or none): its history comes from the feed; the old run's is not shown meanwhile.
+        self.status = status
+        self.peers = ()
+        self.steps.clear()
+        self.epochs.clear()
+        return frozenset({STATUS, PEERS, STEPS, EPOCHS})
+
+    def _take_peers(self, data: dict) -> frozenset[str]:
+        if data.get("run_id") != self.run_id:
+            return frozenset()
+        self.peers = tuple(data.get("peers") or ())
+        return frozenset({PEERS})
+
+    def _add_step(self, step: dict) -> frozenset[str]:
+        # A step pushed while the history was being fetched may be in both.
+        if self.steps and (step.get("ts") or 0) <= (self.steps[-1].get("ts") or 0):
+            return frozenset()
+        self.steps.append(step)
+        return frozenset({STEPS})
+
+    def _add_epoch(self, epoch: dict) -> frozenset[str]:
+        # Each worker reports the epochs it took part in: one row per epoch number.
+        self.epochs = [row for row in self.epochs if row.get("epoch") != epoch.get("epoch")]
+        self.epochs.append(epoch)
+        self.epochs.sort(key=lambda row: row.get("epoch") or 0)
+        del self.epochs[:-MAX_EPOCHS]
+        return frozenset({EPOCHS})
+
+    def _add_event(self, event: dict) -> frozenset[str]:
+        if self.events and (event.get("ts") or 0) <= (self.events[-1].get("ts") or 0):
+            return frozenset()
+        self.events.append(event)
+        return frozenset({EVENTS})
