@@ -54,7 +54,7 @@ from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
 from p2ptrain.peers.optimizers import learning_rate_factor
 from p2ptrain.peers.tokenizers import ByteTokenizer
 from p2ptrain.peers.run_setup import VALIDATION_BATCHES, stream_seed
-from p2ptrain.peers.worker import main as worker_main
+from p2ptrain.peers.training_worker import main as worker_main
 
 HERE = Path(__file__).resolve().parent
 PEERS = 4
@@ -207,9 +207,9 @@ class Worker:
             "dht": {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "announce_maddrs": [], "use_relay": False,
                     "use_auto_relay": False, "client_mode": False},
             "nickname": name, "plan": {"device": "cpu", "precision": "fp32", "quantization": "none",
-                                       "micro_batch": setup.micro_batch, "grad_accum": 1},
+                                       "micro_batch": setup.micro_batch, "grad_accum": 1, "cpu_threads": 1},
             # paused until every peer joined, so no peer trains alone at the start
-            "start_paused": True, "log_level": "ERROR", "torch_threads": 1,
+            "start_paused": True, "log_level": "ERROR",
             "averaging": {"matchmaking_time": matchmaking_time, "averaging_timeout": 60.0},
         }
         context = multiprocessing.get_context("spawn")

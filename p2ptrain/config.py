@@ -5,22 +5,28 @@ key or value is reported in one line that names the key, the value and the
 fix (``ConfigError``), never as a traceback.
 
 Only the daemon imports this module (the CLI and TUI read and change the
-config through the control protocol: ``config.get`` / ``config.set``).
+config through the control protocol: ``config.get`` / ``config.set``). It is a
+leaf: it imports nothing of the daemon or the peers, so both may use it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tomllib
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from p2ptrain.daemon.policies import PolicySettings
-from p2ptrain.peers.dht import validate_multiaddr
+from p2ptrain.multiaddr import validate_multiaddr
+
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_WINDOW = re.compile(r"^([01]\d|2[0-4]):([0-5]\d)-([01]\d|2[0-4]):([0-5]\d)$")
+
 
 def _check_multiaddrs(values: list[str]) -> list[str]:
     return [validate_multiaddr(value) for value in values]
@@ -68,6 +74,71 @@ class StorageSettings(_Section):
     flush_interval_s: float = Field(2.0, gt=0, le=60)
     keep_steps_days: float = Field(30.0, gt=0)
     keep_events: int = Field(100_000, gt=0)
+
+
+class PolicySettings(_Section):
+    """The `[policy]` table of config.toml: when to lend the machine, and how much of it.
+
+    Defaults follow BOINC: pause on battery, GPU paused while the user is
+    active (input in the last 3 minutes), CPU keeps training at idle priority.
+    `schedule` maps "all" or a weekday ("mon".."sun", overriding "all") to
+    windows "HH:MM-HH:MM" when training may run; a window whose end is before
+    its start wraps past midnight ("22:00-07:00"); an empty schedule means any
+    time, an empty list for a day means never that day.
+    """
+
+    pause_on_battery: bool = True
+    pause_gpu_when_user_active: bool = True
+    pause_cpu_when_user_active: bool = False
+    user_idle_minutes: float = Field(3.0, gt=0, description="no input for this long means the user is away")
+    pause_when_gpu_busy: bool = Field(True, description="pause while another program computes on our GPU")
+    gpu_busy_after_s: float = Field(10.0, ge=0, description="another program must hold the GPU this long")
+    max_gpu_temperature_c: float = Field(83.0, ge=40, le=110, description="pause at or above this temperature")
+    resume_gpu_temperature_c: float = Field(75.0, ge=20, le=110, description="resume at or below this one")
+    schedule: dict[str, list[str]] = Field(default_factory=dict)
+    max_vram_share: float = Field(0.9, gt=0, le=1, description="share of free GPU memory training may take")
+    max_ram_share: float = Field(0.5, gt=0, le=1, description="share of available RAM for CPU training")
+    max_cpu_threads: int | None = Field(None, ge=1, description="cap on CPU threads (unset: all cores)")
+    min_pause_s: float = Field(60.0, ge=0, description="a pause lasts at least this long")
+    resume_after_s: float = Field(30.0, ge=0, description="a reason must stay clear this long to resume")
+
+    @field_validator("schedule")
+    @classmethod
+    def _check_schedule(cls, schedule: dict[str, list[str]]) -> dict[str, list[str]]:
+        for day, windows in schedule.items():
+            if day not in WEEKDAYS and day != "all":
+                raise ValueError(f"schedule day {day!r} is unknown; use 'all' or one of {', '.join(WEEKDAYS)}")
+            for window in windows:
+                if not _WINDOW.match(window):
+                    raise ValueError(f"schedule window {window!r} is not HH:MM-HH:MM, e.g. '18:00-08:00'")
+        return schedule
+
+    @model_validator(mode="after")
+    def _resume_below_pause(self) -> PolicySettings:
+        if self.resume_gpu_temperature_c >= self.max_gpu_temperature_c:
+            raise ValueError(f"resume_gpu_temperature_c ({self.resume_gpu_temperature_c}) must be below "
+                             f"max_gpu_temperature_c ({self.max_gpu_temperature_c}), e.g. 8 degrees lower")
+        return self
+
+    def allowed_at(self, moment: datetime) -> bool:
+        """True when the schedule lets training run at `moment` (local wall-clock time)."""
+        if not self.schedule:
+            return True
+        day = WEEKDAYS[moment.weekday()]
+        windows = self.schedule.get(day, self.schedule.get("all"))
+        if windows is None:
+            return True
+        minute = moment.hour * 60 + moment.minute
+        return any(_in_window(minute, window) for window in windows)
+
+
+def _in_window(minute: int, window: str) -> bool:
+    match = _WINDOW.match(window)
+    start = int(match.group(1)) * 60 + int(match.group(2))
+    end = int(match.group(3)) * 60 + int(match.group(4))
+    if start <= end:
+        return start <= minute < end
+    return minute >= start or minute < end  # wraps past midnight
 
 
 class Config(_Section):

@@ -32,6 +32,9 @@ def child_environment(extra: dict | None = None) -> dict:
     environment = dict(os.environ)
     environment.pop("NOTIFY_SOCKET", None)
     environment.pop("P2PTRAIN_HOME", None)
+    # importing torch's inductor (transformers, peft) in this test process sets it to /tmp/torchinductor_<user>;
+    # a user's daemon would not inherit it
+    environment.pop("TORCHINDUCTOR_CACHE_DIR", None)
     environment.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
     environment.update(extra or {})
     return environment
@@ -110,14 +113,18 @@ class DaemonProcess:
                 self.kill()
         return self.process.returncode
 
+    @property
+    def state_dir(self) -> Path:
+        return resolve_paths(self.home).state_dir
+
     def kill(self) -> None:
-        """SIGKILL the daemon's whole session: the daemon, its worker and everything they started."""
+        """SIGKILL the daemon's whole session: the daemon, its workers and everything they started."""
         pgids = {self.process.pid} | self.pgids
-        worker_pgid = resolve_paths(self.home).worker_pgid_file
-        try:
-            pgids.add(int(worker_pgid.read_text()))
-        except (OSError, ValueError):
-            pass
+        for pgid_file in self.state_dir.glob("worker*.pgid"):
+            try:
+                pgids.add(int(pgid_file.read_text()))
+            except (OSError, ValueError):
+                pass
         for pgid in pgids:
             try:
                 os.killpg(pgid, signal.SIGKILL)

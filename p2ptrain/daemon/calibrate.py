@@ -22,13 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from p2ptrain.daemon.plan import QUANTIZATION_ORDER, Plan, PlanError, largest_divisor_at_most
+from p2ptrain.peers.out_of_memory import is_out_of_memory
 
 logger = logging.getLogger(__name__)
 
 CACHE_FILE = "plans.json"
-# Phrases of allocation failures that torch raises as plain RuntimeError:
-# CUDA's caching allocator (older torch) and the CPU allocator.
-_OOM_PHRASES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
 def cache_key(model: str, device_name: str, precision: str, quantization: str) -> str:
@@ -51,15 +49,6 @@ def _write_cache(cache_dir: Path, cache: dict) -> None:
     temporary = cache_dir / f".{CACHE_FILE}.{os.getpid()}.tmp"
     temporary.write_text(json.dumps(cache, indent=2, sort_keys=True))
     temporary.replace(cache_dir / CACHE_FILE)  # atomic: a reader never sees half a file
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """True for allocation failures on the GPU or the CPU."""
-    import torch
-
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    return isinstance(error, RuntimeError) and any(phrase in str(error).lower() for phrase in _OOM_PHRASES)
 
 
 def back_off(plan: Plan, start_micro_batch: int, can_quantize: bool) -> Plan | None:

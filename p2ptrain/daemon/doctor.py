@@ -11,19 +11,18 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
-import errno
 import grp
 import importlib.metadata
 import importlib.util
 import json
 import os
 import re
-import socket
 from pathlib import Path
 
-from p2ptrain.daemon.hardware import DEVICE_GROUPS_FIX, HardwareFacts, nvidia_device_files, probe
+from p2ptrain.daemon.hardware_probe import DEVICE_GROUPS_FIX, HardwareFacts, nvidia_device_files, probe
 from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
 from p2ptrain.daemon.plan import PlanError, PlanPolicy, make_plan
+from p2ptrain.peers.ports import NEXT_PORTS_TRIED, PortHolder, port_holder, port_is_free, port_move
 
 DEFAULT_DHT_PORT = 31337
 TIME_ERROR = 5  # adjtimex(2): the kernel's clock is not synchronized
@@ -134,34 +133,66 @@ def _dht_port(config) -> int:
 
 def _plan_policy(config) -> PlanPolicy:
     """The volunteer's caps from the config's [policy] table (defaults when it is missing or invalid)."""
-    from p2ptrain.daemon.policies import PolicySettings
+    from p2ptrain.config import PolicySettings
 
     policy = getattr(config, "policy", None) or {}
     try:
         settings = policy if isinstance(policy, PolicySettings) else PolicySettings(**policy)
     except ValueError:
         settings = PolicySettings()
-    return settings.plan_policy()
+    return PlanPolicy.from_settings(settings)
 
 
-def check_dht_port(config) -> dict:
+def check_dht_port(config, home: str | None) -> dict:
+    """Whether the DHT can listen on its configured TCP port, and where it listens when another program holds it."""
     port = _dht_port(config)
     if port == 0:
         return check("dht-port", True, "DHT listens on a random port: peers behind NAT reach us through relays",
                      level="info")
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        listener.bind(("0.0.0.0", port))
+        free = port_is_free("0.0.0.0", port)
     except OSError as error:
-        if error.errno == errno.EADDRINUSE:
-            return check("dht-port", True, f"TCP port {port} is in use: the daemon's DHT, if it is running "
-                         f"(otherwise set dht.host_maddrs to a free port)", level="info")
         return check("dht-port", False, f"cannot listen on TCP port {port}: {error.strerror}",
                      "set dht.host_maddrs to a port above 1024, e.g. /ip4/0.0.0.0/tcp/31337")
-    finally:
-        listener.close()
-    return check("dht-port", True, f"TCP port {port} is free to listen on; whether the internet can reach it is "
-                 f"found by hivemind when joining (forward it in your router to be directly reachable)")
+    if free:
+        return check("dht-port", True, f"TCP port {port} is free to listen on; whether the internet can reach it is "
+                     f"found by hivemind when joining (forward it in your router to be directly reachable)")
+    holder = port_holder(port) or PortHolder(None)
+    if holder.p2ptrain_daemon_pid is not None and holder.p2ptrain_daemon_pid == _daemon_pid(home):
+        return check("dht-port", True, f"TCP port {port}: this daemon's DHT listens on it")
+    listening = _listening_port(home)
+    instead = listening or next((candidate for candidate in range(port + 1, port + 1 + NEXT_PORTS_TRIED)
+                                 if port_is_free("0.0.0.0", candidate)), 0)
+    move = port_move("tcp", port, instead, holder.describe())
+    message = move.message if listening else (f"TCP port {port} is taken by {move.holder}: the daemon will listen on "
+                                              f"{f'port {instead}' if instead else 'a random port'} instead")
+    return check("dht-port", False, message, move.fix, level="warning")
+
+
+def _daemon_pid(home: str | None) -> int | None:
+    """The pid of the daemon the CLI talks to (from the pid file beside its socket), or None."""
+    from p2ptrain.paths import control_socket
+
+    try:
+        return int(control_socket(home).with_name("daemon.pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _listening_port(home: str | None) -> int | None:
+    """The TCP port this home's daemon listens on, when it runs and is in a run."""
+    from p2ptrain.paths import control_socket
+    from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
+
+    try:
+        local = ControlClient(str(control_socket(home)), timeout=2).call("status").get("local") or {}
+    except (DaemonError, DaemonNotRunning, OSError, ValueError):
+        return None
+    for address in local.get("addresses") or []:
+        match = re.search(r"/tcp/(\d+)", address)
+        if match:
+            return int(match.group(1))
+    return None
 
 
 def check_clock() -> dict:
@@ -196,7 +227,7 @@ def diagnose(home: str | None, model: str) -> dict:
     hardware = probe()
     config = _load_config(home)
     checks = [check_nvml(hardware), check_cuda(hardware), check_bitsandbytes(hardware), check_device_groups(),
-              check_dht_port(config), check_clock(), check_user_activity()]
+              check_dht_port(config, home), check_clock(), check_user_activity()]
     policy = _plan_policy(config)
     plans = []
     for device in hardware.devices():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from p2ptrain.daemon.hardware import HardwareFacts, probe
+from p2ptrain.daemon.hardware_probe import HardwareFacts, probe
 
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,11 @@ from p2ptrain.daemon.methods import ControlMethods
 from p2ptrain.daemon.notify import SystemdNotifier
 from p2ptrain.daemon.server import ControlServer
 from p2ptrain.daemon.supervisor import Daemon
-from p2ptrain.daemon.worker_handle import reap_leftover_groups
+from p2ptrain.daemon.temp_files import give_back_temp_dir, take_temp_dir
+from p2ptrain.daemon.worker_process import reap_leftover_groups
 from p2ptrain.paths import Paths, resolve_paths
 from p2ptrain.storage import Database, SchemaTooNewError, StorageError
+from p2ptrain.storage.retention import RetentionLimits, RetentionThread
 
 log = logging.getLogger("p2ptrain.daemon")
 SOCKET_GROUP = "p2ptrain"
@@ -70,13 +72,16 @@ def run_daemon(home: str | None = None, log_level: str | None = None) -> int:
     if lock is None:
         return _fail(f"another p2ptrain daemon already runs with {paths.state_dir}; stop it first (or use another --home)")
     reap_leftover_groups(paths.state_dir)
+    take_temp_dir(paths)  # after the leftover groups: their files go with them
     try:
         database = Database.open(paths.database, flush_interval_s=config.storage.flush_interval_s)
     except (StorageError, SchemaTooNewError) as error:
+        give_back_temp_dir(paths)
         return _fail(str(error))
     try:
         return asyncio.run(_serve(paths, config, database))
     finally:
+        give_back_temp_dir(paths)
         lock.close()
 
 
@@ -94,7 +99,8 @@ def _socket_group(paths: Paths) -> str | None:
 async def _serve(paths: Paths, config: Config, database: Database) -> int:
     notifier = SystemdNotifier.from_environment()
     daemon = Daemon(paths, config, database, notifier)
-    server = ControlServer(paths.socket, ControlMethods(daemon).handlers(), daemon.broadcaster, group=_socket_group(paths))
+    methods = ControlMethods(daemon.status, daemon.control, daemon.run, database, daemon.config, daemon.events)
+    server = ControlServer(paths.socket, methods.handlers(), daemon.broadcaster, group=_socket_group(paths))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.request_stop)
@@ -104,6 +110,9 @@ async def _serve(paths: Paths, config: Config, database: Database) -> int:
         database.close()
         return _fail(f"cannot listen on {paths.socket}: {error.strerror}; check that directory's permissions")
     paths.daemon_pid_file.write_text(f"{os.getpid()}\n")
+    # retention reads the storage settings before each pass: `config set storage.*` applies at the next one
+    retention = RetentionThread(paths.database, lambda: RetentionLimits(daemon.config.storage.keep_steps_days, daemon.config.storage.keep_events))
+    retention.start()
     try:
         await daemon.start()
         notifier.ready(daemon.one_line_status())
@@ -111,6 +120,7 @@ async def _serve(paths: Paths, config: Config, database: Database) -> int:
         await daemon.run_forever()
     finally:
         await server.stop()
+        retention.stop()
         await daemon.shutdown()
         paths.daemon_pid_file.unlink(missing_ok=True)
     return 0

@@ -1,22 +1,26 @@
-"""The control protocol's methods: check the params, then ask the daemon.
+"""The control protocol's methods: check the params, then ask the collaborator that knows.
 
 Each method takes the request's ``params`` dict and returns the ``result``;
 bad params raise ``RequestError`` with a one-line message and fix. The
-method table is in DEVELOPERS.md.
+method table is in DEVELOPERS.md; ``ControlMethods.handlers`` is the server's.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 from p2ptrain import protocol
-from p2ptrain.config import ConfigError, config_as_dict, save_config, with_value
+from p2ptrain.config import ConfigError, config_as_dict
+from p2ptrain.daemon.config_file import ConfigFile
+from p2ptrain.daemon.event_log import EventLog
+from p2ptrain.daemon.run_control import RunControl
+from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Handler, RequestError
-from p2ptrain.daemon.supervisor import Daemon
-from p2ptrain.peers.dht import validate_multiaddr
+from p2ptrain.multiaddr import validate_multiaddr
 from p2ptrain.peers.manifest import ManifestError, check_run_id, new_manifest
 from p2ptrain.storage import queries
+from p2ptrain.storage.database import Database
 
 
 def _bad(message: str, fix: str) -> RequestError:
@@ -49,41 +53,59 @@ def _string(params: dict, name: str, required: bool = False) -> str | None:
 
 
 class ControlMethods:
-    """The protocol's methods, bound to one daemon.
+    """The protocol's methods, bound to one daemon's collaborators.
 
     Args:
-        daemon: the supervisor whose state the methods read and change.
+        status: builds DESIGN's status object.
+        control: the state machine the verbs go to.
+        run: the run view (the live peer table).
+        db: the database the history methods read.
+        config: the daemon's config and its file.
+        event_log: where config changes are recorded.
     """
 
-    def __init__(self, daemon: Daemon):
-        self.daemon = daemon
+    def __init__(self, status: Callable[[], dict], control: RunControl, run: RunView, db: Database, config: ConfigFile, event_log: EventLog):
+        self._status, self.control, self.run, self.db, self.config, self.event_log = status, control, run, db, config, event_log
 
     def handlers(self) -> dict[str, Handler]:
-        names = [method for method in protocol.METHODS if method != "subscribe"]
-        return {name: getattr(self, name.replace(".", "_")) for name in names}
+        """Each protocol method's handler (``subscribe`` is the server's own)."""
+        return {
+            "status": self.status,
+            "peers": self.peers,
+            "metrics": self.metrics,
+            "epochs": self.epochs,
+            "events": self.events,
+            "join": self.join,
+            "pause": self.pause,
+            "resume": self.resume,
+            "finish": self.finish,
+            "leave": self.leave,
+            "config.get": self.config_get,
+            "config.set": self.config_set,
+        }
 
     async def status(self, params: dict) -> dict:
-        return self.daemon.status()
+        return self._status()
 
     async def peers(self, params: dict) -> dict:
-        run_id = self.daemon.run.run_id
-        rows = self.daemon.run.peers
+        run_id = self.run.run_id
+        rows = [row.to_dict() for row in self.run.peers]
         if not rows and run_id:
-            rows = queries.peers_table(self.daemon.db, run_id)
+            rows = queries.peers_table(self.db, run_id)
         return {"run_id": run_id, "peers": rows}
 
     async def metrics(self, params: dict) -> dict:
         since = _number(params, "since")
-        steps = queries.steps_since(self.daemon.db, since=since, limit=_limit(params, 1000), run_id=_string(params, "run_id"))
+        steps = queries.steps_since(self.db, since=since, limit=_limit(params, 1000), run_id=_string(params, "run_id"))
         return {"steps": steps}
 
     async def epochs(self, params: dict) -> dict:
-        run_id = _string(params, "run_id") or self.daemon.run.run_id
-        return {"epochs": queries.recent_epochs(self.daemon.db, run_id=run_id, limit=_limit(params, 20))}
+        run_id = _string(params, "run_id") or self.run.run_id
+        return {"epochs": queries.recent_epochs(self.db, run_id=run_id, limit=_limit(params, 20))}
 
     async def events(self, params: dict) -> dict:
         since = _number(params, "since")
-        return {"events": queries.events_since(self.daemon.db, since=since, limit=_limit(params, 200))}
+        return {"events": queries.events_since(self.db, since=since, limit=_limit(params, 200))}
 
     async def join(self, params: dict) -> dict:
         run_id = _string(params, "run", required=True)
@@ -110,55 +132,52 @@ class ControlMethods:
                 manifest = new_manifest(run_id, **options).model_dump(mode="json")
             except ManifestError as error:
                 raise _bad(error.message, error.fix) from None
-        elif not initial_peers and not self.daemon.config.dht.initial_peers:
+        elif not initial_peers and not self.config.config.dht.initial_peers:
             raise _bad(
                 f"to join the existing run {run_id!r} this peer needs a bootstrap address",
                 f"pass --peers MULTIADDR (a peer's local.addresses), or create it: p2ptrain join --new-run {run_id}",
             )
-        self.daemon.join({"run_id": run_id, "initial_peers": initial_peers, "new_run": new_run, "manifest": manifest})
-        return self.daemon.status()
+        self.control.join({"run_id": run_id, "initial_peers": initial_peers, "new_run": new_run, "manifest": manifest})
+        return self._status()
 
     async def pause(self, params: dict) -> dict:
         for_s = _number(params, "for_s", minimum=1)
-        self.daemon.pause("user", for_s=for_s)
-        return self.daemon.status()
+        self.control.pause("user", for_s=for_s)
+        return self._status()
 
     async def resume(self, params: dict) -> dict:
-        self.daemon.resume()
-        return self.daemon.status()
+        self.control.resume()
+        return self._status()
 
     async def finish(self, params: dict) -> dict:
-        self.daemon.finish()
-        return self.daemon.status()
+        self.control.finish()
+        return self._status()
 
     async def leave(self, params: dict) -> dict:
-        self.daemon.leave()
-        return self.daemon.status()
+        self.control.leave()
+        return self._status()
 
     async def config_get(self, params: dict) -> dict:
-        data: Any = config_as_dict(self.daemon.config)
+        data: Any = config_as_dict(self.config.config)
         key = _string(params, "key")
         if key:
             for part in key.split("."):
                 if not isinstance(data, dict) or part not in data:
                     raise _bad(f"unknown config key {key!r}", "p2ptrain config show lists the keys")
                 data = data[part]
-            return {"key": key, "value": data, "path": str(self.daemon.paths.config_file)}
-        return {"config": data, "path": str(self.daemon.paths.config_file)}
+            return {"key": key, "value": data, "path": str(self.config.path)}
+        return {"config": data, "path": str(self.config.path)}
 
     async def config_set(self, params: dict) -> dict:
         key = _string(params, "key", required=True)
         if "value" not in params:
             raise _bad("config.set needs a value", "send {\"key\": \"...\", \"value\": ...}")
         try:
-            config = with_value(self.daemon.config, key, params["value"])
+            config = self.config.set(key, params["value"])
         except ConfigError as error:
             raise _bad(str(error), "") from None  # the ConfigError message already names the fix
-        try:
-            save_config(config, self.daemon.paths.config_file)
         except OSError as error:
-            raise RequestError(protocol.INTERNAL, f"cannot write {self.daemon.paths.config_file}: {error.strerror}", "check that directory's permissions")
-        self.daemon.apply_config(config)
-        self.daemon.record_event("config-changed", f"{key} set", {"key": key})
+            raise RequestError(protocol.INTERNAL, f"cannot write {self.config.path}: {error.strerror}", "check that directory's permissions")
+        self.event_log.record("config-changed", f"{key} set", {"key": key})
         restart = key.split(".")[0] in ("dht", "training")
-        return {"config": config_as_dict(config), "path": str(self.daemon.paths.config_file), "applies": "at the next join or daemon restart" if restart else "now"}
+        return {"config": config_as_dict(config), "path": str(self.config.path), "applies": "at the next join or daemon restart" if restart else "now"}

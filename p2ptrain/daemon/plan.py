@@ -25,7 +25,11 @@ from p2ptrain.daemon.memory import (
     format_parameters,
 )
 from p2ptrain.daemon.model_facts import ModelFacts, ModelFactsError, model_facts
-from p2ptrain.peers.compression_ladder import LADDER, allowed_rungs, choose_rung, parse_rung, upload_bytes_per_value
+from p2ptrain.peers.compression_ladder import LADDER, ROUND_UPLOAD_S, allowed_rungs, choose_rung, parse_rung, upload_bytes_per_value
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pydantic would slow down `p2ptrain plan`
+    from p2ptrain.config import PolicySettings
 
 QUANTIZATION_ORDER = ("none", "int8", "nf4")
 BF16_COMPUTE_CAPABILITY = (8, 0)
@@ -88,7 +92,13 @@ class PlanPolicy:
     max_cpu_threads: int | None = None
     quantize_below_micro_batch: int = 4
     max_micro_batch: int = 64
-    round_upload_s: float = 30.0
+    round_upload_s: float = ROUND_UPLOAD_S
+
+    @classmethod
+    def from_settings(cls, settings: PolicySettings) -> PlanPolicy:
+        """The caps of the volunteer's ``[policy]`` table that shape the plan."""
+        return cls(memory_share=settings.max_vram_share, ram_share=settings.max_ram_share,
+                   max_cpu_threads=settings.max_cpu_threads)
 
 
 @dataclass
@@ -346,7 +356,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _device_from_arguments(options: argparse.Namespace) -> DeviceFacts:
-    from p2ptrain.daemon.hardware import probe
+    from p2ptrain.daemon.hardware_probe import probe
 
     hardware = probe()
     if options.gpu_memory or options.compute_capability:

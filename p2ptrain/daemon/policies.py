@@ -1,35 +1,38 @@
 """Volunteer policies: when this machine lends its GPU or CPU, as BOINC and Folding@home volunteers expect.
 
-`PolicySettings` is the `[policy]` table of the config. `PolicyEngine.evaluate`
+`PolicySettings` (in `p2ptrain.config`) is the `[policy]` table of the config. `PolicyEngine.evaluate`
 turns sensor readings into the `pause_reason` that applies now ('battery',
 'temperature', 'schedule', 'user-active', 'gpu-busy') or None. Nothing flaps:
 a reason must hold for a while before some pauses start (another program on
 the GPU), a pause lasts at least `min_pause_s`, and it ends only after its
 condition has stayed clear for `resume_after_s` (the temperature also has to
-drop below a lower resume threshold). `SystemSensors` reads the real machine.
+drop below a lower resume threshold). `SystemSensors` reads the real machine;
+`CachedSensors` reads it in a thread, so the daemon's event loop never waits
+for a slow sensor (`loginctl` may take seconds).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
-import re
 import subprocess
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from p2ptrain.config import PolicySettings
 
-from p2ptrain.daemon.plan import PlanPolicy
+log = logging.getLogger(__name__)
+
+SENSOR_READ_INTERVAL_S = 1.0
 
 # When several reasons hold, the one shown is the first here: the most
 # pressing for the volunteer (their battery, their hardware) first.
 REASON_PRIORITY = ("battery", "temperature", "schedule", "user-active", "gpu-busy")
-WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-_WINDOW = re.compile(r"^([01]\d|2[0-4]):([0-5]\d)-([01]\d|2[0-4]):([0-5]\d)$")
 
 
 class Sensors(Protocol):
@@ -47,78 +50,6 @@ class Sensors(Protocol):
     def gpu_temperature_c(self) -> float | None: ...
 
     def other_gpu_processes(self) -> list[dict] | None: ...
-
-
-class PolicySettings(BaseModel):
-    """The `[policy]` table of config.toml: when to lend the machine, and how much of it.
-
-    Defaults follow BOINC: pause on battery, GPU paused while the user is
-    active (input in the last 3 minutes), CPU keeps training at idle priority.
-    `schedule` maps "all" or a weekday ("mon".."sun", overriding "all") to
-    windows "HH:MM-HH:MM" when training may run; a window whose end is before
-    its start wraps past midnight ("22:00-07:00"); an empty schedule means any
-    time, an empty list for a day means never that day.
-    """
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    pause_on_battery: bool = True
-    pause_gpu_when_user_active: bool = True
-    pause_cpu_when_user_active: bool = False
-    user_idle_minutes: float = Field(3.0, gt=0, description="no input for this long means the user is away")
-    pause_when_gpu_busy: bool = Field(True, description="pause while another program computes on our GPU")
-    gpu_busy_after_s: float = Field(10.0, ge=0, description="another program must hold the GPU this long")
-    max_gpu_temperature_c: float = Field(83.0, ge=40, le=110, description="pause at or above this temperature")
-    resume_gpu_temperature_c: float = Field(75.0, ge=20, le=110, description="resume at or below this one")
-    schedule: dict[str, list[str]] = Field(default_factory=dict)
-    max_vram_share: float = Field(0.9, gt=0, le=1, description="share of free GPU memory training may take")
-    max_ram_share: float = Field(0.5, gt=0, le=1, description="share of available RAM for CPU training")
-    max_cpu_threads: int | None = Field(None, ge=1, description="cap on CPU threads (unset: all cores)")
-    min_pause_s: float = Field(60.0, ge=0, description="a pause lasts at least this long")
-    resume_after_s: float = Field(30.0, ge=0, description="a reason must stay clear this long to resume")
-
-    @field_validator("schedule")
-    @classmethod
-    def _check_schedule(cls, schedule: dict[str, list[str]]) -> dict[str, list[str]]:
-        for day, windows in schedule.items():
-            if day not in WEEKDAYS and day != "all":
-                raise ValueError(f"schedule day {day!r} is unknown; use 'all' or one of {', '.join(WEEKDAYS)}")
-            for window in windows:
-                if not _WINDOW.match(window):
-                    raise ValueError(f"schedule window {window!r} is not HH:MM-HH:MM, e.g. '18:00-08:00'")
-        return schedule
-
-    @model_validator(mode="after")
-    def _resume_below_pause(self) -> PolicySettings:
-        if self.resume_gpu_temperature_c >= self.max_gpu_temperature_c:
-            raise ValueError(f"resume_gpu_temperature_c ({self.resume_gpu_temperature_c}) must be below "
-                             f"max_gpu_temperature_c ({self.max_gpu_temperature_c}), e.g. 8 degrees lower")
-        return self
-
-    def plan_policy(self) -> PlanPolicy:
-        """The caps that shape the hardware plan."""
-        return PlanPolicy(memory_share=self.max_vram_share, ram_share=self.max_ram_share,
-                          max_cpu_threads=self.max_cpu_threads)
-
-    def allowed_at(self, moment: datetime) -> bool:
-        """True when the schedule lets training run at `moment` (local wall-clock time)."""
-        if not self.schedule:
-            return True
-        day = WEEKDAYS[moment.weekday()]
-        windows = self.schedule.get(day, self.schedule.get("all"))
-        if windows is None:
-            return True
-        minute = moment.hour * 60 + moment.minute
-        return any(_in_window(minute, window) for window in windows)
-
-
-def _in_window(minute: int, window: str) -> bool:
-    match = _WINDOW.match(window)
-    start = int(match.group(1)) * 60 + int(match.group(2))
-    end = int(match.group(3)) * 60 + int(match.group(4))
-    if start <= end:
-        return start <= minute < end
-    return minute >= start or minute < end  # wraps past midnight
 
 
 class PolicyEngine:
@@ -287,6 +218,80 @@ class SystemSensors:
         ours = self.own_pids() | {os.getpid()}
         return [{"pid": process.pid, "name": _process_name(process.pid)}
                 for process in running if process.pid not in ours]
+
+
+class CachedSensors:
+    """The latest readings of other sensors, taken in a background thread.
+
+    The policy engine evaluates on the daemon's event loop every tick, and a
+    reading can be slow (`loginctl` runs two commands with 2 s timeouts;
+    NVML can hang with a wedged driver): reading here returns at once with
+    the latest reading, and a thread takes new ones every `interval_s`. A
+    sensor is read only once the engine has asked for it (a policy that is
+    off never runs its command); until its first reading it answers None,
+    so the policy holds back.
+
+    Args:
+        sensors: the sensors to read (`SystemSensors`).
+        interval_s: seconds between two rounds of readings.
+    """
+
+    def __init__(self, sensors: Sensors, interval_s: float = SENSOR_READ_INTERVAL_S):
+        self.sensors = sensors
+        self.gpu_index = sensors.gpu_index
+        self.interval_s = interval_s
+        self._readers: dict[str, Callable[[], Any]] = {
+            "on_battery": sensors.on_battery,
+            "user_idle_s": sensors.user_idle_s,
+            "gpu_temperature_c": sensors.gpu_temperature_c,
+            "other_gpu_processes": sensors.other_gpu_processes,
+        }
+        self._readings: dict[str, Any] = {}
+        self._wanted: set[str] = set()
+        self._failing: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def on_battery(self) -> bool | None:
+        return self._latest("on_battery")
+
+    def user_idle_s(self) -> float | None:
+        return self._latest("user_idle_s")
+
+    def gpu_temperature_c(self) -> float | None:
+        return self._latest("gpu_temperature_c")
+
+    def other_gpu_processes(self) -> list[dict] | None:
+        return self._latest("other_gpu_processes")
+
+    def close(self) -> None:
+        """Stop the reading thread (it ends after the reading in progress)."""
+        self._stop.set()
+
+    def _latest(self, name: str) -> Any:
+        if name not in self._wanted:
+            self._wanted.add(name)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._read_forever, name="p2ptrain-sensors", daemon=True)
+                self._thread.start()
+        return self._readings.get(name)
+
+    def _read_forever(self) -> None:
+        while not self._stop.is_set():
+            for name in list(self._wanted):
+                self._readings[name] = self._read(name)
+            self._stop.wait(self.interval_s)
+
+    def _read(self, name: str) -> Any:
+        try:
+            reading = self._readers[name]()
+        except Exception as error:  # a sensor that breaks means "unknown", never a dead thread
+            if name not in self._failing:
+                log.warning("cannot read the %s sensor: %s", name, error)
+                self._failing.add(name)
+            return None
+        self._failing.discard(name)
+        return reading
 
 
 def _process_name(pid: int) -> str:

@@ -1,135 +1,115 @@
 """What the training workers report, and what each report changes.
 
-A report (DEVELOPERS.md, "Worker pipe") updates the run view, the database,
-the subscribers and, for ``joined``, ``state`` and ``error``, the daemon's
-state. ``WorkerReports`` is mixed into ``Daemon`` (``supervisor.py``): it
-uses the attributes declared below and the daemon's ``_enter``,
-``_save_desired``, ``_send_all`` and ``record_event``. Each handler gets the
+Each kind of report (``p2ptrain.worker_pipe``) has one handler in
+``WorkerReports.handlers``: it updates the run view, the database and the
+subscribers, and hands what changes the daemon's state (a worker joined,
+finished its epoch, failed for good) to ``RunControl``. Each handler gets the
 reporting worker's name (``gpu1``, ``cpu``) and the report.
+
+To handle a new kind of report, add its handler to the table;
+``tests/unit/test_worker_pipe.py`` fails while a kind has none.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
-from p2ptrain.daemon import state as states
+from p2ptrain.daemon.event_log import EventLog
+from p2ptrain.daemon.run_control import RunControl
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster
-from p2ptrain.daemon.state import DesiredState, Lifecycle
-from p2ptrain.daemon.worker_handle import WorkerHandle
-from p2ptrain.daemon.workers import WorkerRestarts, WorkerSlot
+from p2ptrain.daemon.worker_pool import WorkerPool
 from p2ptrain.storage.database import Database
+from p2ptrain.worker_pipe import Epoch, Error, Event, Joined, Left, Report, StateChanged, Step, Swarm, encode
 
 log = logging.getLogger(__name__)
 
 
 class WorkerReports:
-    """The ``_report_<type>`` handlers of the daemon, and ``on_report`` that picks one."""
+    """The daemon's handler of each kind of worker report.
 
-    run: RunView
-    db: Database
-    broadcaster: Broadcaster
-    desired: DesiredState
-    lifecycle: Lifecycle
-    slots: list[WorkerSlot]
-    workers: dict[str, WorkerHandle]
-    restarts: dict[str, WorkerRestarts]
+    Args:
+        run: the run view the reports build.
+        db: where steps, epochs, peers and runs are recorded.
+        broadcaster: pushes steps, epochs and peers to subscribers.
+        events: where events are recorded.
+        control: the state machine, told what changes the state.
+        pool: the workers (their crash records, and how many there are).
+    """
 
-    def on_report(self, name: str, report: dict) -> None:
+    def __init__(self, run: RunView, db: Database, broadcaster: Broadcaster, events: EventLog, control: RunControl, pool: WorkerPool):
+        self.run, self.db, self.broadcaster, self.events, self.control, self.pool = run, db, broadcaster, events, control, pool
+        self.handlers: dict[type[Report], Callable] = {
+            Joined: self.joined,
+            StateChanged: self.state_changed,
+            Step: self.step,
+            Epoch: self.epoch,
+            Swarm: self.swarm,
+            Event: self.event,
+            Error: self.error,
+            Left: self.left,
+        }
+
+    def on_report(self, name: str, report: Report) -> None:
         """Handle one report of worker ``name`` (a slot name)."""
-        kind = report["type"]
-        handler = getattr(self, f"_report_{kind}", None)
+        handler = self.handlers.get(type(report))
         if handler is None:
-            log.warning("ignoring a worker report of unknown type %r", kind)
+            log.warning("ignoring a %s report of worker %s: the daemon has no handler for it", report.KIND, name)
             return
-        try:
-            handler(name, report)
-        except (KeyError, TypeError, ValueError) as error:
-            log.warning("ignoring a malformed %s report from worker %s: %s", kind, name, error)
+        handler(name, report)
 
-    def _worker_words(self, name: str) -> str:
-        """' (gpu1)' when there are several workers, so events say which one."""
-        return f" ({name})" if len(self.slots) > 1 else ""
-
-    def _report_joined(self, name: str, report: dict) -> None:
+    def joined(self, name: str, report: Joined) -> None:
         self.run.apply_joined(name, report)
-        self.restarts[name].crashes_in_a_row = 0
-        if self.desired.run is not None and report.get("manifest"):
-            # Keep the manifest: a restarted daemon can rejoin even if the creator is gone.
-            self.desired.run["manifest"] = report["manifest"]
-            self._save_desired()
-        self.db.record_run_joined(self.run.run_id, report.get("manifest") or {})
-        self.record_event("joined", f"joined run {self.run.run_id!r} as {report.get('peer_id')}{self._worker_words(name)}", {"worker": name})
-        if self.lifecycle.state == states.JOINING:
-            self._enter(states.TRAINING)
+        self.pool.joined(name)
+        self.db.record_run_joined(self.run.run_id, report.manifest)
+        self.events.record("joined", f"joined run {self.run.run_id!r} as {report.peer_id}{self.pool.worker_words(name)}", {"worker": name})
+        self.control.worker_joined(report.manifest)
 
-    def _report_state(self, name: str, report: dict) -> None:
-        worker_state = report["state"]
-        self.run.workers[name].state = worker_state
-        if worker_state == "finished":
-            # every running worker completes its epoch before the daemon pauses
-            if any(self.run.workers[other].state != "finished" for other in self.workers):
-                return
-            self.desired.paused = True
-            self.desired.pause_until = None
-            self._save_desired()
-            self.record_event("finished", "finished the epoch; paused")
-            self._enter(states.PAUSED, "user")
-        elif worker_state == "training" and self.lifecycle.state == states.JOINING:
-            self._enter(states.TRAINING)
+    def state_changed(self, name: str, report: StateChanged) -> None:
+        self.run.workers[name].state = report.state
+        self.control.worker_state(report.state)
 
-    def _report_step(self, name: str, report: dict) -> None:
+    def step(self, name: str, report: Step) -> None:
         self.run.apply_step(name, report)
         self.db.record_step(
-            self.run.run_id,
-            report.get("epoch"),
-            report.get("loss"),
-            report.get("samples"),
-            report.get("samples_per_second"),
-            ts=report.get("ts"),
-            worker=name,
+            self.run.run_id, report.epoch, report.loss, report.samples, report.samples_per_second, ts=report.ts, worker=name
         )
-        self.broadcaster.publish("step", {**report, "worker": name})
+        self.broadcaster.publish("step", {**encode(report), "worker": name})
 
-    def _report_epoch(self, name: str, report: dict) -> None:
+    def epoch(self, name: str, report: Epoch) -> None:
         self.run.apply_epoch(report)
         self.db.record_epoch(
             self.run.run_id,
-            report["epoch"],
-            report.get("started_at"),
-            report.get("ended_at"),
-            report.get("duration_s"),
-            report.get("num_peers"),
-            report.get("global_samples"),
-            report.get("loss"),
-            report.get("val_loss"),
+            report.epoch,
+            report.started_at,
+            report.ended_at,
+            report.duration_s,
+            report.num_peers,
+            report.global_samples,
+            report.loss,
+            report.val_loss,
         )
-        self.broadcaster.publish("epoch", {**report, "worker": name})
+        self.broadcaster.publish("epoch", {**encode(report), "worker": name})
 
-    def _report_swarm(self, name: str, report: dict) -> None:
+    def swarm(self, name: str, report: Swarm) -> None:
         peers = self.run.apply_swarm(report)
         self.db.record_peers(self.run.run_id, peers)
-        self.broadcaster.publish("peers", {"run_id": self.run.run_id, "peers": peers})
+        self.broadcaster.publish("peers", {"run_id": self.run.run_id, "peers": [peer.to_dict() for peer in peers]})
 
-    def _report_event(self, name: str, report: dict) -> None:
-        data = report.get("data")
-        if len(self.slots) > 1:
-            data = {**(data if isinstance(data, dict) else {}), "worker": name}
-        self.record_event(report["kind"], report.get("message", "") + self._worker_words(name), data)
+    def event(self, name: str, report: Event) -> None:
+        data = {**report.data, "worker": name} if len(self.pool.slots) > 1 else report.data
+        self.events.record(report.kind, report.message + self.pool.worker_words(name), data)
 
-    def _report_error(self, name: str, report: dict) -> None:
-        message, fix = report.get("message", "training worker error") + self._worker_words(name), report.get("fix", "")
-        if report.get("kind") == "oom":
-            self.restarts[name].ran_out_of_memory = True
-        self.record_event("worker-error", message, {"fix": fix, "fatal": bool(report.get("fatal")), "worker": name})
-        if report.get("fatal"):
-            # A fatal error (no such run, bad manifest...) needs the user: stop retrying, and end the other workers.
-            self.desired = DesiredState()
-            self._save_desired()
-            self._send_all("leave")
-            self._enter(states.ERROR, error={"message": message, "fix": f"{fix}; then join again (p2ptrain leave clears this error)"})
+    def error(self, name: str, report: Error) -> None:
+        message = report.message + self.pool.worker_words(name)
+        if report.out_of_memory:
+            self.pool.ran_out_of_memory(name)
+        self.events.record("worker-error", message, {"fix": report.fix, "fatal": report.fatal, "worker": name})
+        if report.fatal:
+            self.control.worker_failed(message, report.fix)
         else:
-            self.run.warnings.append({"level": "warning", "message": message, "fix": fix})
+            self.run.warnings.append({"level": "warning", "message": message, "fix": report.fix})
 
-    def _report_left(self, name: str, report: dict) -> None:
-        self.record_event("left", f"left run {self.run.run_id!r}{self._worker_words(name)}", {"worker": name})
+    def left(self, name: str, report: Left) -> None:
+        self.events.record("left", f"left run {self.run.run_id!r}{self.pool.worker_words(name)}", {"worker": name})

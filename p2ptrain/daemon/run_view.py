@@ -10,40 +10,13 @@ worker where it is a worker's own, and shapes the ``run``, ``local`` and
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-LOCAL_FIELDS = (
-    "peer_id",
-    "nickname",
-    "addresses",
-    "reachability",
-    "device",
-    "precision",
-    "quantization",
-    "micro_batch",
-    "grad_accum",
-    "parameters",
-    "trainable_parameters",
-)
-PEER_FIELDS = (
-    "peer_id",
-    "nickname",
-    "device",
-    "precision",
-    "quantization",
-    "micro_batch",
-    "samples_per_second",
-    "loss",
-    "epoch",
-    "contributed_samples",
-    "manifest_hash",
-    "compatible",
-    "reachability",
-    "version",
-    "last_seen",
-)
+from p2ptrain.worker_pipe import Epoch, Joined, PeerRow, PortMove, Step, Swarm
 
+# what status.local shows of a worker's Joined report: all of it but the run's manifest
+LOCAL_FIELDS = tuple(report_field.name for report_field in fields(Joined) if report_field.name not in ("manifest", "manifest_hash"))
 
 WORKER_FIELDS = (
     "device",
@@ -81,16 +54,18 @@ class WorkerView:
     samples_per_second: float | None = None
     loss: float | None = None
     contributed_samples: int = 0
+    port_moves: list[PortMove] = field(default_factory=list)
 
-    def apply_joined(self, report: dict) -> None:
+    def apply_joined(self, report: Joined) -> None:
         self.joined = True
-        self.local = {name: report.get(name) for name in LOCAL_FIELDS}
+        self.local = {name: getattr(report, name) for name in LOCAL_FIELDS}
         self.local["device"] = self.device
+        self.port_moves = list(report.port_moves)
 
-    def apply_step(self, report: dict) -> None:
-        self.contributed_samples += int(report.get("samples") or 0)
-        self.samples_per_second = report.get("samples_per_second")
-        self.loss = report.get("loss", self.loss)
+    def apply_step(self, report: Step) -> None:
+        self.contributed_samples += report.samples
+        self.samples_per_second = report.samples_per_second
+        self.loss = report.loss
 
     def stopped(self, state: str) -> None:
         """The process has ended; ``state`` says what comes next (``restarting``, ``oom-backoff``)."""
@@ -127,8 +102,12 @@ class RunView:
     eta_next_epoch_s: float | None = None
     num_peers: int = 0
     last_epoch_at: float | None = None
-    peers: list[dict] = field(default_factory=list)
+    peers: list[PeerRow] = field(default_factory=list)
     warnings: list[dict] = field(default_factory=list)
+
+    def reset(self, run_id: str | None = None, manifest: dict[str, Any] | None = None) -> None:
+        """Forget all reports: run ``run_id`` starts (with ``manifest`` if known), or none when None."""
+        self.__dict__.update(RunView(run_id=run_id, manifest=manifest or {}).__dict__)
 
     @property
     def joined(self) -> bool:
@@ -141,37 +120,30 @@ class RunView:
             self.workers[name] = WorkerView(device=device)
         return self.workers[name]
 
-    def apply_joined(self, name: str, report: dict) -> None:
-        self.manifest = report.get("manifest") or self.manifest
-        self.manifest_hash = report.get("manifest_hash")
+    def apply_joined(self, name: str, report: Joined) -> None:
+        self.manifest = report.manifest or self.manifest
+        self.manifest_hash = report.manifest_hash
         self.target_batch_size = self.manifest.get("target_batch_size", self.target_batch_size)
         self.workers[name].apply_joined(report)
 
-    def apply_step(self, name: str, report: dict) -> None:
+    def apply_step(self, name: str, report: Step) -> None:
         self.workers[name].apply_step(report)
-        self.epoch = max(self.epoch, int(report.get("epoch") or 0))
+        self.epoch = max(self.epoch, report.epoch)
 
-    def apply_epoch(self, report: dict) -> None:
-        self.epoch = max(self.epoch, int(report["epoch"]))
-        self.last_epoch_at = report.get("ended_at") or time.time()
+    def apply_epoch(self, report: Epoch) -> None:
+        self.epoch = max(self.epoch, report.epoch)
+        self.last_epoch_at = report.ended_at or time.time()
 
-    def apply_swarm(self, report: dict) -> list[dict]:
+    def apply_swarm(self, report: Swarm) -> list[PeerRow]:
         """Take a swarm snapshot; returns the peer rows (ours marked ``is_local``)."""
-        self.epoch = max(self.epoch, int(report.get("epoch") or 0))
-        self.samples_accumulated = int(report.get("samples_accumulated") or 0)
-        self.target_batch_size = report.get("target_batch_size") or self.target_batch_size
-        self.eta_next_epoch_s = report.get("eta_next_epoch_s")
-        self.num_peers = int(report.get("num_peers") or 0)
+        self.epoch = max(self.epoch, report.epoch)
+        self.samples_accumulated = report.samples_accumulated
+        self.target_batch_size = report.target_batch_size or self.target_batch_size
+        self.eta_next_epoch_s = report.eta_next_epoch_s
+        self.num_peers = report.num_peers
         now = time.time()
         own_ids = {view.local.get("peer_id") for view in self.workers.values() if view.local}
-        self.peers = []
-        for raw in report.get("peers") or []:
-            if not isinstance(raw, dict):
-                continue
-            row = {name: raw.get(name) for name in PEER_FIELDS}
-            row["last_seen"] = row["last_seen"] or raw.get("time") or now
-            row["is_local"] = row["peer_id"] in own_ids
-            self.peers.append(row)
+        self.peers = [replace(row, last_seen=row.last_seen or now, is_local=row.peer_id in own_ids) for row in report.peers]
         return self.peers
 
     def run_status(self) -> dict:
@@ -204,6 +176,15 @@ class RunView:
             local["samples_per_second"] = sum(rates) if rates else None
             local["contributed_samples"] = sum(view.contributed_samples for view in views)
         return local
+
+    def port_health(self) -> list[dict]:
+        """A warning per configured port that was taken, so a worker listens elsewhere."""
+        return [
+            {"level": "warning", "message": move.message, "fix": move.fix}
+            for view in self.workers.values()
+            if view.joined
+            for move in view.port_moves
+        ]
 
     def reachability_health(self) -> list[dict]:
         if not any(view.local.get("reachability") == "relayed" for view in self.workers.values()):

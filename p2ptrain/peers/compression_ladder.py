@@ -48,6 +48,8 @@ UNION_VALUE_BITS = 8
 # the group size rungs are compared and planned for: what a peer uploads in a round
 # grows with its group (a reducer's answers cover the union of every sender's entries)
 PLANNING_GROUP_SIZE = 4
+# the longest one round's upload may take on a peer's uplink, unless its plan's policy says otherwise
+ROUND_UPLOAD_S = 30.0
 # the default ladder, from most to fewest bytes; a run may name other sparse rungs
 LADDER = ("none", "fp16", "blockwise8bit", "sparse4bit-256of4096", "sparse4bit-64of4096",
           "sparse2bit-64of4096", "sparse2bit-16of4096", "sparse2bit-4of4096")

@@ -6,8 +6,8 @@ hivemind's progress). So a restart keeps the peer id *and* ownership of our
 records, and validators can check that a record's ``peer_id`` belongs to the
 key that signed it.
 
-:func:`validate_multiaddr` is pure (no hivemind import), so the daemon and the
-CLI can check addresses cheaply; hivemind is imported inside the functions.
+Addresses are checked with :func:`p2ptrain.multiaddr.validate_multiaddr`;
+hivemind is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -15,19 +15,15 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import re
+import tempfile
 from pathlib import Path
+
+from p2ptrain.multiaddr import validate_multiaddr
+from p2ptrain.peers.ports import claim_free_ports, port_holder, port_in_use_error
 
 logger = logging.getLogger(__name__)
 
-MULTIADDR_EXAMPLE = "/ip4/203.0.113.5/tcp/31337/p2p/Qm..."
 DEFAULT_HOST_MADDRS = ("/ip4/0.0.0.0/tcp/0",)
-
-_HOST_PROTOCOLS = {"ip4", "ip6", "dns", "dns4", "dns6", "dnsaddr"}
-_VALUED_PROTOCOLS = _HOST_PROTOCOLS | {"tcp", "udp", "p2p", "ipfs"}
-_BARE_PROTOCOLS = {"quic", "quic-v1", "p2p-circuit", "ws", "wss", "tls", "noise", "webtransport", "http", "https"}
-_PEER_ID_RE = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{32,128}$")
-_DNS_NAME_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
 
 
 class DHTStartError(RuntimeError):
@@ -37,70 +33,6 @@ class DHTStartError(RuntimeError):
         super().__init__(f"{message}; {fix}")
         self.message = message
         self.fix = fix
-
-
-def _check_value(protocol: str, value: str) -> str:
-    if protocol in ("ip4", "ip6"):
-        kind = ipaddress.IPv4Address if protocol == "ip4" else ipaddress.IPv6Address
-        try:
-            return str(kind(value))
-        except ValueError:
-            raise ValueError(f"{value!r} is not an {'IPv4' if protocol == 'ip4' else 'IPv6'} address") from None
-    if protocol in {"dns", "dns4", "dns6", "dnsaddr"}:
-        if not _DNS_NAME_RE.match(value):
-            raise ValueError(f"{value!r} is not a host name")
-        return value.lower()
-    if protocol in {"tcp", "udp"}:
-        if not value.isdigit() or int(value) > 65535:
-            raise ValueError(f"port {value!r} is not in 0-65535")
-        return str(int(value))
-    if not _PEER_ID_RE.match(value):  # p2p / ipfs
-        raise ValueError(f"{value!r} is not a peer id")
-    return value
-
-
-def validate_multiaddr(text: str) -> str:
-    """Check that ``text`` is a multiaddr a peer can be dialled at, and return it normalised.
-
-    Accepts ``/ip4``, ``/ip6`` and ``/dns*`` hosts, ``/tcp`` or ``/udp`` (+ ``/quic-v1``)
-    ports and an optional ``/p2p/<peer id>`` (``/ipfs/`` is rewritten to ``/p2p/``).
-    Surrounding spaces and a trailing slash are dropped, IP addresses normalised.
-
-    :raises ValueError: ``'x' is not a multiaddr (why); expected e.g. /ip4/.../tcp/.../p2p/Qm...``
-    """
-
-    def refuse(reason: str) -> ValueError:
-        return ValueError(f"{text!r} is not a multiaddr ({reason}); expected e.g. {MULTIADDR_EXAMPLE}")
-
-    if not isinstance(text, str):
-        raise refuse(f"got {type(text).__name__}")
-    stripped = text.strip().rstrip("/")
-    if not stripped.startswith("/"):
-        raise refuse("it must start with '/'")
-    parts = stripped[1:].split("/")
-    normalised = []
-    index = 0
-    while index < len(parts):
-        protocol = parts[index].lower()
-        if protocol in _BARE_PROTOCOLS:
-            normalised.append(protocol)
-            index += 1
-            continue
-        if protocol not in _VALUED_PROTOCOLS:
-            raise refuse(f"unknown protocol {parts[index]!r}")
-        if index + 1 >= len(parts) or not parts[index + 1]:
-            raise refuse(f"/{protocol} needs a value")
-        try:
-            value = _check_value(protocol, parts[index + 1])
-        except ValueError as error:
-            raise refuse(str(error)) from None
-        normalised += ["p2p" if protocol == "ipfs" else protocol, value]
-        index += 2
-    if normalised[0] not in _HOST_PROTOCOLS:
-        raise refuse("it must start with /ip4, /ip6 or /dns")
-    if len(normalised) < 4 or normalised[2] not in {"tcp", "udp"}:
-        raise refuse("the host needs a /tcp or /udp port")
-    return "/" + "/".join(normalised)
 
 
 def load_or_create_identity(identity_path: Path):
@@ -143,6 +75,16 @@ def load_or_create_identity(identity_path: Path):
 
 def _explain_start_failure(error: BaseException, initial_peers: list[str], identity_path: Path) -> DHTStartError:
     text = str(error) or type(error).__name__
+    in_use = port_in_use_error(text)
+    if in_use:
+        protocol, port = in_use
+        holder = port_holder(port, protocol)
+        return DHTStartError(
+            f"cannot listen on {protocol.upper()} port {port}: it is already in use"
+            + (f" by {holder.describe()}" if holder else ""),
+            "stop the program that holds it, or set another port: p2ptrain config set dht.host_maddrs "
+            f"'[\"/ip4/0.0.0.0/{protocol}/{port + 1}\"]'",
+        )
     if "already taken" in text:
         return DHTStartError(
             f"another peer is already running with the identity in {identity_path}",
@@ -173,7 +115,8 @@ def start_dht(
     :param identity_path: this peer's key file, created (0600) if missing; the same
         file gives the same peer id and record ownership across restarts.
     :param host_maddrs: where to listen; default every interface on a random TCP
-        port. Tests pass ``["/ip4/127.0.0.1/tcp/0"]``.
+        port. Tests pass ``["/ip4/127.0.0.1/tcp/0"]``. A fixed port that is taken
+        is replaced by the next free one (:func:`port_moves` says which).
     :param announce_maddrs: addresses to advertise instead of the listening ones,
         e.g. a public IP with a forwarded port (the port cannot be 0).
     :param use_relay: allow reaching peers behind NAT through libp2p relays.
@@ -184,7 +127,8 @@ def start_dht(
     :param follow_runs: run ids whose records this peer checks from its first
         moment (see :func:`follow_run`); pass the run being joined, so nothing
         unchecked about it is stored before the worker first reads it.
-    :raises DHTStartError: one line saying what went wrong and how to fix it.
+    :raises DHTStartError: one line saying what went wrong and how to fix it (a
+        listening port taken while ``announce_maddrs`` names it, too).
     :raises ValueError: if an address is not a multiaddr.
 
     Side effect: the key becomes hivemind's process-wide RSA key, so the
@@ -194,6 +138,7 @@ def start_dht(
     """
     import hivemind
     from hivemind.dht.crypto import RSASignatureValidator
+    from hivemind.p2p import P2P
     from hivemind.utils.crypto import RSAPrivateKey
 
     from p2ptrain.peers.validators import RunRecordValidator
@@ -205,6 +150,18 @@ def start_dht(
     new_identity = not identity_path.exists()
     private_key = load_or_create_identity(identity_path)
     RSAPrivateKey._process_wide_key = private_key
+    # hivemind puts p2pd's and its clients' sockets in /tmp, and leaves them there when killed:
+    # follow TMPDIR instead (the daemon gives each worker its own, and removes it)
+    P2P._UNIX_SOCKET_PREFIX = f"/unix{tempfile.gettempdir()}/hivemind-"
+    # p2pd would share a taken port (SO_REUSEPORT) and then fail to reach its peers: see ports.py
+    hosts, port_moves = claim_free_ports(hosts)
+    for move in port_moves:
+        logger.warning("%s", move.message)
+    if port_moves and announced:
+        raise DHTStartError(
+            f"{port_moves[0].message}, but dht.announce_maddrs announces the configured port",
+            "stop the program that holds the port, or change dht.host_maddrs and dht.announce_maddrs together",
+        )
     try:
         dht = hivemind.DHT(
             initial_peers=peers,
@@ -235,8 +192,15 @@ def start_dht(
         raise _explain_start_failure(error, peers, identity_path) from error
     dht.p2ptrain_private_key = private_key
     dht.p2ptrain_followed_runs = set(follow_runs)
+    dht.p2ptrain_port_moves = port_moves
     logger.info("DHT started as %s, reachable at %s", dht.peer_id, ", ".join(visible_addresses(dht)))
     return dht
+
+
+def port_moves(dht) -> list:
+    """The configured ports that were taken when this DHT started (``worker_pipe.PortMove``s);
+    empty when it listens where it was told to."""
+    return list(getattr(dht, "p2ptrain_port_moves", ()))
 
 
 def signing_key(dht):

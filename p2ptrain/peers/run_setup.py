@@ -1,6 +1,6 @@
 """Setting up a worker's run from its spec: the DHT, the manifest, the model, the data and the trainer.
 
-``p2ptrain.peers.worker`` calls these in order while it joins a run and keeps
+``p2ptrain.peers.training_worker`` calls these in order while it joins a run and keeps
 each part as soon as it is built (so it can shut down what exists if a stop
 signal interrupts the rest). Importable without torch or hivemind: they are
 imported inside the functions.
@@ -13,6 +13,8 @@ import logging
 from pathlib import Path
 
 from p2ptrain.peers.known_peers import remembered_peers
+from p2ptrain.peers.trainer import Trainer
+from p2ptrain.worker_pipe import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +34,7 @@ def stream_seed(manifest_seed: int, peer_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{manifest_seed}:{peer_id}".encode()).digest()[:8], "little")
 
 
-def join_dht(spec: dict, known_peers_file: Path):
+def join_dht(spec: WorkerSpec, known_peers_file: Path):
     """Start the worker's DHT, with the spec's ``initial_peers`` or else the peers it remembers.
 
     A run's creator has no bootstrap peers: after a restart it finds its swarm
@@ -40,7 +42,7 @@ def join_dht(spec: dict, known_peers_file: Path):
     starts alone.
 
     Args:
-        spec: the worker spec (``initial_peers``, ``dht`` options, ``paths["identity_key"]``).
+        spec: the worker spec (``initial_peers``, ``dht`` options, ``paths.identity_key``).
         known_peers_file: where the peers of the last checkpoint are remembered.
 
     Raises:
@@ -48,7 +50,7 @@ def join_dht(spec: dict, known_peers_file: Path):
     """
     from p2ptrain.peers.dht import DHTStartError
 
-    initial_peers = list(spec.get("initial_peers") or [])
+    initial_peers = list(spec.initial_peers)
     remembered = [] if initial_peers else remembered_peers(known_peers_file)
     try:
         try:
@@ -62,23 +64,23 @@ def join_dht(spec: dict, known_peers_file: Path):
         raise WorkerFailure(error.message, error.fix) from error
 
 
-def _start_dht(spec: dict, initial_peers: list[str]):
+def _start_dht(spec: WorkerSpec, initial_peers: list[str]):
     from p2ptrain.peers.dht import start_dht
 
-    dht_options = spec.get("dht") or {}
+    options = spec.dht
     return start_dht(
         initial_peers,
-        Path(spec["paths"]["identity_key"]),
-        host_maddrs=dht_options.get("host_maddrs"),
-        announce_maddrs=dht_options.get("announce_maddrs"),
-        use_relay=dht_options.get("use_relay", True),
-        use_auto_relay=dht_options.get("use_auto_relay", False),
-        client_mode=dht_options.get("client_mode", False),
-        start_timeout=float(dht_options.get("start_timeout_s", 60)),
+        Path(spec.paths.identity_key),
+        host_maddrs=options.host_maddrs,
+        announce_maddrs=options.announce_maddrs,
+        use_relay=options.use_relay,
+        use_auto_relay=options.use_auto_relay,
+        client_mode=options.client_mode,
+        start_timeout=options.start_timeout_s,
     )
 
 
-def run_manifest(spec: dict, dht):
+def run_manifest(spec: WorkerSpec, dht):
     """The run's manifest (the spec's own for a new run, else fetched from the swarm), published again.
 
     Every peer republishes the manifest, so the run outlives its creator.
@@ -93,10 +95,10 @@ def run_manifest(spec: dict, dht):
     from p2ptrain.peers.manifest import ManifestError, fetch_manifest, parse_manifest, publish_manifest
 
     try:
-        if spec.get("new_run"):
-            manifest = parse_manifest(spec["manifest"])
+        if spec.new_run:
+            manifest = parse_manifest(spec.manifest)
         else:
-            manifest = fetch_manifest(dht, spec["run_id"], timeout=float(spec.get("manifest_timeout_s", 60)))
+            manifest = fetch_manifest(dht, spec.run_id, timeout=spec.manifest_timeout_s)
         publish_manifest(dht, manifest)
     except ManifestError as error:
         raise WorkerFailure(error.message, error.fix) from error
@@ -132,20 +134,21 @@ def build_model_and_data(manifest, device: str, precision: str, quantization: st
     return loaded, batches, validation
 
 
-def peer_compression(spec: dict, manifest, trainable_parameters: int) -> str:
+def peer_compression(spec: WorkerSpec, manifest, trainable_parameters: int) -> str:
     """The rung this peer sends pseudo-gradients with: its plan's, or (a plan made without the
-    run's manifest, when joining) chosen now from the spec's ``uplink_mbit_s`` (``plan.choose_compression``)."""
-    from p2ptrain.daemon.plan import choose_compression
+    run's manifest, when joining) chosen now from the spec's ``uplink_mbit_s``, as the daemon's
+    plan chooses it (``compression_ladder.choose_rung``)."""
+    from p2ptrain.peers.compression_ladder import ROUND_UPLOAD_S, allowed_rungs, choose_rung
 
-    planned = (spec.get("plan") or {}).get("compression")
-    if planned:
-        return planned
-    name, reason = choose_compression(manifest.model_dump(), trainable_parameters, spec.get("uplink_mbit_s"))
+    if spec.plan.compression:
+        return spec.plan.compression
+    allowed = allowed_rungs(manifest.compression, manifest.compression_rungs)
+    rung, reason = choose_rung(allowed, trainable_parameters, spec.uplink_mbit_s, ROUND_UPLOAD_S)
     logger.info("%s", reason)
-    return name
+    return rung.name
 
 
-def make_trainer(spec: dict, manifest, dht, parameters, batch_size_per_step: int):
+def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_step: int) -> Trainer:
     """The manifest's trainer (``SyncTrainer``, or ``DiLoCoTrainer`` in ``diloco`` mode).
 
     Its averagers start now and set SIGINT to ignored: install the stop handlers again after.
@@ -160,13 +163,12 @@ def make_trainer(spec: dict, manifest, dht, parameters, batch_size_per_step: int
     from p2ptrain.peers.manifest import averaging_prefix
     from p2ptrain.peers.sync import averaging_timings
 
-    dht_options = spec.get("dht") or {}
     common = dict(
         dht=dht, prefix=averaging_prefix(manifest), parameters=parameters,
         target_batch_size=manifest.target_batch_size, batch_size_per_step=batch_size_per_step,
         inner_lr=manifest.inner_lr, compression=manifest.compression,
-        client_mode=bool(dht_options.get("client_mode", False)),
-        **averaging_timings(spec.get("averaging"), dht_options.get("host_maddrs") or ()),
+        client_mode=spec.dht.client_mode,
+        **averaging_timings(spec.averaging.to_dict() if spec.averaging else None, spec.dht.host_maddrs),
     )
     schedule = dict(warmup_epochs=manifest.warmup_epochs, lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs)
     if manifest.mode == "diloco":

@@ -11,32 +11,13 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from p2ptrain.peers.manifest import averaging_prefix_for
-from p2ptrain.peers.records import read_metrics
+from p2ptrain.peers.records import LocalMetrics, read_metrics
+from p2ptrain.worker_pipe import PeerRow, Swarm
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class SwarmView:
-    """The run as this peer sees it.
-
-    ``epoch`` is the swarm's epoch (the highest among compatible peers that
-    serve the DHT), ``samples_accumulated`` the samples contributed towards it
-    so far, ``eta_next_epoch_s`` the estimated seconds until it completes (None
-    while nobody reports a speed), ``num_peers`` the compatible peers seen, and
-    ``peers`` one PeerRow dict (DEVELOPERS.md) per peer seen, incompatible ones
-    included with ``compatible=False``.
-    """
-
-    epoch: int
-    samples_accumulated: int
-    target_batch_size: int
-    eta_next_epoch_s: float | None
-    num_peers: int
-    peers: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -76,15 +57,22 @@ def _read_progress(dht, prefix: str) -> list[_Progress]:
     return progress
 
 
-def _peer_row(metrics_row: dict, compatible: bool, is_local: bool) -> dict:
-    last_seen = metrics_row.pop("time")
-    return {**metrics_row, "compatible": compatible, "last_seen": last_seen, "is_local": is_local}
+def _peer_row(metrics: LocalMetrics, compatible: bool, is_local: bool) -> PeerRow:
+    """The row of a peer that publishes metrics: its record, seen at the record's time."""
+    return PeerRow(**metrics.model_dump(exclude={"time"}), compatible=compatible, last_seen=metrics.time, is_local=is_local)
 
 
 def read_swarm(
     dht, run_id: str, manifest_hash: str, target_batch_size: int, progress_prefix: str | None = None
-) -> SwarmView:
-    """Read the run's progress and peers from the DHT.
+) -> Swarm:
+    """Read the run's progress and peers from the DHT, as the ``Swarm`` report the worker sends.
+
+    ``epoch`` is the swarm's epoch (the highest among compatible peers that
+    serve the DHT), ``samples_accumulated`` the samples contributed towards it
+    so far, ``eta_next_epoch_s`` the estimated seconds until it completes (None
+    while nobody reports a speed), ``num_peers`` the compatible peers seen, and
+    ``peers`` one ``PeerRow`` per peer seen, incompatible ones included with
+    ``compatible=False``.
 
     :param run_id: the run; its metrics records are under ``{run_id}_metrics``.
     :param manifest_hash: our manifest's hash: peers publishing another one are
@@ -117,10 +105,7 @@ def read_swarm(
     total_speed = sum(entry.samples_per_second for entry in progress)
     eta = max(0.0, target_batch_size - estimated_samples) / total_speed if total_speed > 0 else None
 
-    rows = [
-        _peer_row(row.model_dump(), row.manifest_hash == manifest_hash, row.peer_id == own_peer_id)
-        for row in metrics
-    ]
+    rows = [_peer_row(row, row.manifest_hash == manifest_hash, row.peer_id == own_peer_id) for row in metrics]
     described = {row.peer_id for row in metrics}
     for entry in progress:
         if entry.peer_id in described:
@@ -128,27 +113,20 @@ def read_swarm(
         # A compatible peer that reports progress but no metrics (e.g. a plain hivemind peer).
         described.add(entry.peer_id)
         rows.append(
-            {
-                "peer_id": entry.peer_id,
-                "nickname": "",
-                "device": None,
-                "precision": None,
-                "quantization": None,
-                "micro_batch": None,
-                "samples_per_second": entry.samples_per_second,
-                "loss": None,
-                "epoch": entry.epoch,
-                "contributed_samples": None,
-                "manifest_hash": manifest_hash,
-                "compatible": True,
-                "reachability": "unknown",
-                "version": None,
-                "last_seen": entry.time,
-                "is_local": entry.peer_id == own_peer_id,
-            }
+            PeerRow(
+                peer_id=entry.peer_id,
+                nickname="",
+                samples_per_second=entry.samples_per_second,
+                epoch=entry.epoch,
+                manifest_hash=manifest_hash,
+                compatible=True,
+                reachability="unknown",
+                last_seen=entry.time,
+                is_local=entry.peer_id == own_peer_id,
+            )
         )
-    compatible_ids = {row["peer_id"] for row in rows if row["compatible"]}
-    return SwarmView(
+    compatible_ids = {row.peer_id for row in rows if row.compatible}
+    return Swarm(
         epoch=epoch,
         samples_accumulated=samples_accumulated,
         target_batch_size=target_batch_size,

@@ -10,6 +10,8 @@ from collections import deque
 
 import sqlite_utils
 
+from .schema import write_transaction
+
 
 class WriteBuffer:
     """Buffered rows per table.
@@ -84,7 +86,7 @@ class WriteBuffer:
         Args:
             db: the open database to write to.
         """
-        with db.atomic():
+        with write_transaction(db.conn):
             for change in self.run_changes:
                 if "joined_at" in change:
                     db["runs"].upsert(change, pk="run_id")
@@ -93,14 +95,11 @@ class WriteBuffer:
                         "UPDATE runs SET left_at = ? WHERE run_id = ?",
                         [change["left_at"], change["run_id"]],
                     )
-            if self.steps:
-                db["steps"].insert_all(self.steps)
+            _insert(db, "steps", self.steps)
             if self.epochs:
                 db["epochs"].upsert_all(self.epochs.values(), pk=("run_id", "epoch"))
-            if self.peers:
-                db["peers"].insert_all(self.peers)
-            if self.events:
-                db["events"].insert_all(self.events)
+            _insert(db, "peers", self.peers)
+            _insert(db, "events", self.events)
             if self.settings:
                 db["settings"].upsert_all(self.rows("settings"), pk="key")
 
@@ -108,3 +107,14 @@ class WriteBuffer:
         """Forget every buffered row."""
         for buffer in (self.steps, self.peers, self.events, self.epochs, self.run_changes, self.settings):
             buffer.clear()
+
+
+def _insert(db: sqlite_utils.Database, table: str, rows: deque[dict]) -> None:
+    """Insert rows that all have the first row's keys, in one prepared statement
+    (sqlite-utils' insert_all re-inspects every value: 10x the time of this)."""
+    if not rows:
+        return
+    columns = list(rows[0])
+    names = ", ".join(columns)
+    placeholders = ", ".join(f":{column}" for column in columns)
+    db.conn.executemany(f"INSERT INTO {table} ({names}) VALUES ({placeholders})", rows)

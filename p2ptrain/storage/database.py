@@ -22,8 +22,11 @@ from typing import Any, Callable
 
 import sqlite_utils
 
+from p2ptrain.worker_pipe import PeerRow
+
 from .buffer import WriteBuffer
 from .disk_full import disk_full_message
+from .retention import RetentionLimits, apply_retention
 from .schema import PEER_COLUMNS, StorageError, connect
 
 logger = logging.getLogger(__name__)
@@ -156,7 +159,7 @@ class Database:
             samples_per_second: the local throughput over the report.
             ts: Unix time of the report; now if None.
             worker: the reporting worker's name (``gpu1``, ``cpu``; see
-                ``daemon/workers.py``), so several workers' rows can be told
+                ``daemon/worker_slots.py``), so several workers' rows can be told
                 apart; None if unknown (rows written before schema version 3).
         """
         self._buffer.steps.append(
@@ -211,23 +214,23 @@ class Database:
         }
         self._buffered()
 
-    def record_peers(self, run_id: str, rows: list[dict], ts: float | None = None) -> None:
+    def record_peers(self, run_id: str, rows: list[PeerRow], ts: float | None = None) -> None:
         """Buffer a snapshot of the swarm: one row per peer.
 
         Args:
             run_id: the run the snapshot belongs to.
-            rows: PeerRow dicts (DEVELOPERS.md); keys outside the ``peers``
-                table (``contributed_samples``, ``is_local``...) are ignored,
-                missing ones are stored as NULL. ``peer_id`` is required.
+            rows: the peers; fields outside the ``peers`` table
+                (``contributed_samples``, ``is_local``...) are not stored.
+                Each needs a ``peer_id``.
             ts: Unix time of the snapshot; now if None.
         """
         ts = _now(ts)
         for row in rows:
-            if not row.get("peer_id"):
+            if not row.peer_id:
                 raise ValueError(f"peer row without a peer_id: {row!r}")
         for row in rows:
             stored = {"ts": ts, "run_id": run_id}
-            stored.update({column: row.get(column) for column in PEER_COLUMNS})
+            stored.update({column: getattr(row, column) for column in PEER_COLUMNS})
             for column in ("loss", "samples_per_second"):
                 stored[column] = _finite(stored[column])
             if stored["compatible"] is not None:
@@ -334,43 +337,26 @@ class Database:
         self.last_write_error = None
         return True
 
-    def apply_retention(
-        self, keep_steps_days: float = 30, keep_events: int = 100_000, keep_peers_days: float = 7
-    ) -> dict[str, int] | None:
-        """Delete old rows; epochs, runs and settings are kept forever.
+    def apply_retention(self, limits: RetentionLimits, now: float | None = None) -> dict[str, int] | None:
+        """Flush, then apply ``limits`` on this connection (``storage/retention.py``:
+        old steps folded per minute then deleted, surplus events and old peer
+        snapshots deleted, the file shrunk). The daemon runs retention in a
+        ``RetentionThread`` instead, off its event loop.
 
-        Returns how many rows were deleted per table, or None if the database
-        could not be written (``last_write_error`` says why).
+        Returns the counts of ``retention.apply_retention``, or None if the
+        database could not be written (``last_write_error`` says why).
 
         Args:
-            keep_steps_days: delete step rows older than this many days.
-            keep_events: keep only this many newest events.
-            keep_peers_days: delete peer snapshots older than this many days.
+            limits: what to keep.
+            now: Unix time to measure ages from; the current time if None.
         """
-        if keep_steps_days < 0 or keep_events < 0 or keep_peers_days < 0:
-            raise ValueError("retention limits must be >= 0")
         if not self.flush():
             return None
-        now = time.time()
-        db = self.connection
         try:
-            with db.atomic():
-                steps = db.execute(
-                    "DELETE FROM steps WHERE ts < ?", [now - keep_steps_days * 86400]
-                ).rowcount
-                peers = db.execute(
-                    "DELETE FROM peers WHERE ts < ?", [now - keep_peers_days * 86400]
-                ).rowcount
-                # rowid order is insertion order, which is time order for events.
-                events = db.execute(
-                    "DELETE FROM events WHERE rowid NOT IN "
-                    "(SELECT rowid FROM events ORDER BY rowid DESC LIMIT ?)",
-                    [keep_events],
-                ).rowcount
+            return apply_retention(self.connection.conn, limits, now)
         except sqlite3.Error as exc:
             self._write_failed(exc)
             return None
-        return {"steps": steps, "events": events, "peers": peers}
 
     def integrity_ok(self) -> bool:
         """Whether SQLite's ``PRAGMA integrity_check`` finds the file sound."""

@@ -3,9 +3,10 @@
 
 Each function takes either the daemon's open ``Database`` or the path of a
 database file (opened read-only, e.g. by tools and tests). Given a
-``Database``, a query first flushes its buffer, and when the disk cannot be
-written it merges the still-buffered rows in, so callers always see fresh
-data. Results are lists of plain, JSON-ready dicts, oldest first.
+``Database``, a query reads what is committed and merges in the rows still
+waiting in its write buffer: callers see every row recorded so far, and a
+read never makes the database write (the writer alone decides when to flush,
+on its interval). Results are lists of plain, JSON-ready dicts, oldest first.
 """
 
 from __future__ import annotations
@@ -198,9 +199,6 @@ def _time_window(
 def _reader(db: Source) -> Iterator[tuple[sqlite3.Connection, Callable[[str], list[dict]]]]:
     """A raw connection to read from, and the buffered rows of a table."""
     if isinstance(db, Database):
-        # While writing fails, don't retry on every read: merge the buffer.
-        if db.last_write_error is None:
-            db.flush()
         yield db.connection.conn, db.pending_rows
         return
     path = Path(db)

@@ -11,13 +11,21 @@ written with ``json.dumps``.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sqlite3
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import sqlite_utils
 
+logger = logging.getLogger(__name__)
+
 BUSY_TIMEOUT_MS = 5000
+# After a checkpoint the write-ahead log is cut back to this size: without a
+# limit it keeps the size of the largest transaction ever written.
+WAL_SIZE_LIMIT_BYTES = 4 << 20
+INCREMENTAL_VACUUM = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 
 
 class StorageError(Exception):
@@ -128,12 +136,43 @@ def _v3_step_worker(db: sqlite_utils.Database) -> None:
     db["steps"].add_column("worker", str)
 
 
+def _v4_folded_steps(db: sqlite_utils.Database) -> None:
+    """Step rows older than a day are folded into one row per minute
+    (``storage/retention.py``); ``reports`` says how many step reports such a
+    row stands for (NULL: one report, as written). ``connect`` also turns on
+    incremental vacuum, which SQLite cannot do inside this transaction."""
+    db["steps"].add_column("reports", int)
+
+
 MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (
     _v1_tables,
     _v2_validation_plan_and_indexes,
     _v3_step_worker,
+    _v4_folded_steps,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@contextlib.contextmanager
+def write_transaction(connection: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction that takes the write lock at once (``BEGIN IMMEDIATE``).
+
+    The daemon's writer and the retention thread share the file: a deferred
+    transaction that read first and then writes fails at once with "database
+    is locked" if the other wrote in between (no busy wait can help it); an
+    immediate one waits its turn (``BUSY_TIMEOUT_MS``).
+
+    Args:
+        connection: the raw sqlite3 connection, not inside a transaction.
+    """
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
+    connection.execute("COMMIT")
 
 
 def schema_version(db: sqlite_utils.Database) -> int:
@@ -214,6 +253,10 @@ def connect(path: Path) -> sqlite_utils.Database:
         # busy_timeout first: the other pragmas may already need the lock.
         connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         connection.execute("PRAGMA synchronous = NORMAL")
+        connection.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
+        if schema_version(connection) == 0:
+            # Before the first table: no VACUUM needed to take effect.
+            connection.execute(f"PRAGMA auto_vacuum = {INCREMENTAL_VACUUM}")
         if connection.journal_mode != "wal":
             connection.enable_wal()
     except sqlite3.DatabaseError as exc:
@@ -238,4 +281,23 @@ def _migrated(connection: sqlite_utils.Database, path: Path) -> sqlite_utils.Dat
     except BaseException:
         connection.close()
         raise
+    _use_incremental_vacuum(connection, path)
     return connection
+
+
+def _use_incremental_vacuum(connection: sqlite_utils.Database, path: Path) -> None:
+    """Let retention give freed pages back to the file system (``PRAGMA
+    incremental_vacuum``): without it a database never shrinks.
+
+    A database made before schema version 4 needs one full VACUUM to switch
+    (it rewrites the file; atomic, so a crash leaves the old file). A file
+    that cannot be written keeps its mode, and the next open tries again.
+    """
+    if connection.execute("PRAGMA auto_vacuum").fetchone()[0] == INCREMENTAL_VACUUM:
+        return
+    try:
+        connection.execute(f"PRAGMA auto_vacuum = {INCREMENTAL_VACUUM}")
+        connection.execute("VACUUM")
+        logger.info("compacted %s once to let it shrink as old rows go", path)
+    except sqlite3.Error as exc:
+        logger.warning("cannot switch %s to incremental vacuum yet: %s", path, exc)

@@ -291,9 +291,9 @@ def test_read_swarm_combines_hivemind_progress_and_metrics(peers):
         assert view.epoch == 0
         assert view.samples_accumulated == 200
         assert view.target_batch_size == 1000
-        rows = {row["nickname"]: row for row in view.peers}
-        assert rows["alice"]["compatible"] is True and rows["alice"]["is_local"] is True
-        assert rows["bob"]["compatible"] is False and rows["bob"]["is_local"] is False
+        rows = {row.nickname: row for row in view.peers}
+        assert rows["alice"].compatible is True and rows["alice"].is_local is True
+        assert rows["bob"].compatible is False and rows["bob"].is_local is False
         # bob trains under our prefix in this test, so he counts for progress but his manifest differs.
         assert view.num_peers == 1
     finally:

@@ -87,7 +87,7 @@ def training_at(daemon, epoch: int, timeout: float, what: str) -> dict:
 @pytest.mark.timeout(400)
 def test_a_worker_out_of_memory_is_restarted_with_half_the_micro_batch(daemons):
     # The daemon caps its worker's address space once it has joined (see
-    # p2ptrain.daemon.worker_handle). A step of 64 x 256 tokens of the tiny model
+    # p2ptrain.daemon.worker_process). A step of 64 x 256 tokens of the tiny model
     # takes ~1 GiB, one of 32 ~0.4 GiB: at 64 the allocator fails for real.
     daemon = daemons.start("oom", env={"P2PTRAIN_WORKER_MEMORY_HEADROOM_MB": "600"})
     started = time.monotonic()

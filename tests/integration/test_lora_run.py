@@ -8,41 +8,13 @@ downloaded model would have it.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from daemons import cli
+from local_models import save_small_corpus, save_small_llama
 
 pytestmark = [pytest.mark.swarm]
-
-
-def save_small_llama(directory: Path) -> None:
-    """A small pretrained-looking Llama (~0.3 M parameters) with its own byte-level BPE tokenizer."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    bpe.train_from_iterator(["def main():\n    return 0\n", "import os\nprint(os.getcwd())\n", "class A:\n    pass\n"], trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
-    tokenizer.save_pretrained(directory)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256, eos_token_id=1)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(directory)
-
-
-def save_small_corpus(path: Path) -> None:
-    """About 400 KB of Python source: tokenizing it with a BPE tokenizer takes seconds, not the minutes the stdlib takes."""
-    import sysconfig
-
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    text = "\n".join((stdlib / name).read_text() for name in ("argparse.py", "ast.py", "dataclasses.py", "enum.py"))
-    path.write_text(text[:400_000])
 
 
 def status_json(home) -> dict:

@@ -1,5 +1,6 @@
 """Real training workers on 127.0.0.1, started exactly as the daemon starts them:
-``multiprocessing`` spawn + a pipe, ``p2ptrain.peers.worker.main(conn, spec)``."""
+``multiprocessing`` spawn + a pipe, ``p2ptrain.peers.training_worker.main(conn, spec)``.
+Every report is checked against the pipe's types (``p2ptrain.worker_pipe``) as it arrives."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from p2ptrain.peers.worker import main as worker_main
+from p2ptrain.peers.training_worker import main as worker_main
+from p2ptrain.worker_pipe import COMMANDS, AveragingTimings, DhtOptions, WorkerPaths, WorkerPlan, WorkerSpec, decode_report, encode
 
 pytestmark = pytest.mark.swarm
 
@@ -36,17 +38,15 @@ class WorkerHandle:
         home = tmp_path / name
         for sub in ("state", "checkpoints"):
             (home / sub).mkdir(parents=True, exist_ok=True)
-        self.spec = {
-            "run_id": manifest["run_id"], "manifest": manifest if new_run else {}, "new_run": new_run,
-            "initial_peers": initial_peers,
-            "paths": {"state_dir": str(home / "state"), "cache_dir": str(SHARED_CACHE),
-                      "checkpoints_dir": str(home / "checkpoints"), "identity_key": str(home / "state" / "identity.key")},
-            "dht": {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "announce_maddrs": [], "use_relay": False,
-                    "use_auto_relay": False, "client_mode": False},
-            "nickname": name, "plan": {"device": "cpu", "precision": "fp32", "quantization": "none", "micro_batch": 4, "grad_accum": 1},
-            "start_paused": False, "log_level": os.environ.get("WORKER_LOG", "WARNING"), "torch_threads": 1,
-            "averaging": {"matchmaking_time": 3.0, "averaging_timeout": 20.0},
-        }
+        self.spec = WorkerSpec(
+            run_id=manifest["run_id"], manifest=manifest if new_run else {}, new_run=new_run, initial_peers=initial_peers,
+            paths=WorkerPaths(state_dir=str(home / "state"), cache_dir=str(SHARED_CACHE),
+                              checkpoints_dir=str(home / "checkpoints"), identity_key=str(home / "state" / "identity.key")),
+            dht=DhtOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False),
+            nickname=name, plan=WorkerPlan(device="cpu", micro_batch=4, cpu_threads=1),
+            log_level=os.environ.get("WORKER_LOG", "WARNING"),
+            averaging=AveragingTimings(matchmaking_time=3.0, averaging_timeout=20.0),
+        ).to_dict()
         context = multiprocessing.get_context("spawn")
         self.conn, child_conn = context.Pipe()
         self.process = context.Process(target=worker_main, args=(child_conn, self.spec), name=f"worker-{name}")
@@ -65,6 +65,7 @@ class WorkerHandle:
                 report = self.conn.recv()
             except (EOFError, OSError):
                 return
+            decode_report(report)  # raises for a report the daemon would drop
             self.reports.append(report)
             if report["type"] == "error":
                 print("worker error:", report)
@@ -97,7 +98,7 @@ class WorkerHandle:
         return self.of_type("joined")[0]
 
     def send(self, command: str) -> None:
-        self.conn.send({"cmd": command})
+        self.conn.send(encode(COMMANDS[command]()))
 
     def kill_group(self) -> None:
         """What the daemon does to a worker it gives up on: SIGKILL the whole process group."""

@@ -20,7 +20,7 @@ import pytest
 from fake_daemon import FakeDaemon
 from fake_data import idle_status, training_status
 
-from p2ptrain.daemon.hardware import GpuFacts
+from p2ptrain.daemon.hardware_probe import GpuFacts
 from p2ptrain.protocol import ControlClient, DaemonError
 
 pytestmark = pytest.mark.timeout(300)

@@ -19,6 +19,7 @@ from p2ptrain.peers.compression_ladder import (
 )
 from p2ptrain.peers.manifest import ManifestError, new_manifest
 from p2ptrain.peers.run_setup import WorkerFailure, make_trainer
+from p2ptrain.worker_pipe import WorkerPaths, WorkerPlan, WorkerSpec
 
 CPU = DeviceFacts(kind="cpu", name="a CPU", memory_total_mib=32768, memory_free_mib=20000, cpu_cores=8)
 ONE_B = 1_100_048_384  # tinyllama-1.1b, full training
@@ -59,7 +60,8 @@ def test_a_worker_whose_plan_changed_to_a_forbidden_rung_fails_before_joining_an
     """The worker's trainer refuses the rung before it starts an averager: the daemon shows the
     error and its fix (other peers' reducers would refuse what it sends)."""
     manifest = new_manifest("fixed-rung", mode="diloco", compression="sparse2bit-64of4096")
-    spec = {"plan": {"compression": "fp16"}, "dht": {}, "averaging": {}}
+    spec = WorkerSpec(run_id="fixed-rung", paths=WorkerPaths("state", "cache", "checkpoints", "identity.key"),
+                      plan=WorkerPlan(compression="fp16"))
     with pytest.raises(WorkerFailure) as failure:
         make_trainer(spec, manifest, dht=None, parameters=[torch.nn.Parameter(torch.zeros(4))], batch_size_per_step=4)
     assert failure.value.message == "compression fp16 is not allowed by this run's manifest (it allows sparse2bit-64of4096)"

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 
@@ -46,7 +49,10 @@ def test_doctor_reads_the_dht_port_and_the_policy_from_the_config(tmp_path):
     finally:
         holder.close()
     dht = next(item for item in report["checks"] if item["name"] == "dht-port")
-    assert f"TCP port {port} is in use" in dht["message"]
+    assert dht["level"] == "warning"
+    assert f"TCP port {port} is taken by {psutil.Process().name()} (pid {os.getpid()})" in dht["message"]
+    assert re.search(r"the daemon will listen on port \d+ instead", dht["message"])  # the next free one
+    assert "p2ptrain config set dht.host_maddrs" in dht["fix"]
     assert report["plan"]["cpu_threads"] == 1
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from p2ptrain.daemon.hardware import probe, select_gpus
+from p2ptrain.daemon.hardware_probe import probe, select_gpus
 
 MIB = 1024**2
 

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from p2ptrain.peers.dht import rank_addresses, reachability_of, validate_multiaddr
+from p2ptrain.multiaddr import validate_multiaddr
+from p2ptrain.peers.dht import rank_addresses, reachability_of
 from p2ptrain.peers.manifest import (
     Manifest,
     ManifestError,

@@ -13,10 +13,11 @@ import pytest
 from test_hardware import FakeNvml, card
 
 from p2ptrain.config import Config
-from p2ptrain.daemon.hardware import probe
+from p2ptrain.daemon.hardware_probe import probe
 from p2ptrain.daemon.plan import PlanPolicy
-from p2ptrain.daemon.worker_handle import reap_leftover_groups
-from p2ptrain.daemon.workers import (
+from p2ptrain.daemon.worker_process import reap_leftover_groups
+from p2ptrain.daemon.worker_slots import (
+    hardware_plan,
     leftover_pgid_files,
     restart_delay_s,
     select_devices,
@@ -27,6 +28,7 @@ from p2ptrain.daemon.workers import (
     worker_spec,
 )
 from p2ptrain.paths import resolve_paths
+from p2ptrain.worker_pipe import WorkerPlan
 
 LORA_MANIFEST = {
     "run_id": "r",
@@ -48,11 +50,8 @@ def config(**training) -> Config:
 
 def specs(slots, paths, manifest=LORA_MANIFEST, cfg=None):
     cfg = cfg or config()
-    policy = PlanPolicy()
-    return [
-        worker_spec(slot, {"run_id": "r", "manifest": manifest}, cfg, paths, worker_plan(slot, manifest, policy)[0], False, len(slots))
-        for slot in slots
-    ]
+    plans = [worker_plan(slot, hardware_plan(slot, manifest, PlanPolicy())[0]) for slot in slots]
+    return [worker_spec(slot, {"run_id": "r", "manifest": manifest}, cfg, paths, plan, False, len(slots)) for slot, plan in zip(slots, plans)]
 
 
 def test_two_gpus_get_two_workers_each_its_own_peer_files(tmp_path):
@@ -75,27 +74,27 @@ def test_each_gpu_worker_sees_only_its_own_gpu_in_pci_bus_order(tmp_path):
     slots = worker_slots(select_devices(config(), two_gpus()), paths)
     first, second = specs(slots, paths)
 
-    assert first["environment"] == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0"}
-    assert second["environment"] == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1"}
-    assert (first["device_label"], second["device_label"]) == ("cuda:0", "cuda:1")  # what peers are shown
+    assert first.environment == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0"}
+    assert second.environment == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1"}
+    assert (first.device_label, second.device_label) == ("cuda:0", "cuda:1")  # what peers are shown
     # inside the worker its one visible card is cuda:0; the daemon shows this machine's numbering
-    assert first["plan"]["device"] == second["plan"]["device"] == "cuda:0"
+    assert first.plan.device == second.plan.device == "cuda:0"
     assert [slot.device_label for slot in slots] == ["cuda:0", "cuda:1"]
-    assert (first["paths"]["identity_key"], second["paths"]["identity_key"]) == (str(paths.identity_key), str(paths.state_dir / "identity-gpu1.key"))
-    assert second["paths"]["checkpoints_dir"] == str(paths.checkpoints_dir / "gpu1")
-    assert first["paths"]["cache_dir"] == second["paths"]["cache_dir"]  # tokenized data is shared
+    assert (first.paths.identity_key, second.paths.identity_key) == (str(paths.identity_key), str(paths.state_dir / "identity-gpu1.key"))
+    assert second.paths.checkpoints_dir == str(paths.checkpoints_dir / "gpu1")
+    assert first.paths.cache_dir == second.paths.cache_dir  # tokenized data is shared
 
 
 def test_each_worker_gets_a_plan_sized_from_its_own_gpu(tmp_path):
     paths = resolve_paths(tmp_path)
     slots = worker_slots(select_devices(config(), two_gpus()), paths)
-    rtx, t4 = (spec["plan"] for spec in specs(slots, paths))
+    assert [hardware_plan(slot, LORA_MANIFEST, PlanPolicy())[0].device_name for slot in slots] == ["NVIDIA GeForce RTX 4090", "Tesla T4"]
+    rtx, t4 = (spec.plan for spec in specs(slots, paths))
 
-    assert (rtx["device_name"], t4["device_name"]) == ("NVIDIA GeForce RTX 4090", "Tesla T4")
-    assert rtx["precision"] == "bf16" and t4["precision"] == "fp16"  # the T4 (7.5) has no bf16
-    assert rtx["quantization"] == "none" and t4["quantization"] != "none"
-    assert rtx["micro_batch"] > t4["micro_batch"]
-    assert rtx["micro_batch"] * rtx["grad_accum"] == t4["micro_batch"] * t4["grad_accum"] == 16
+    assert rtx.precision == "bf16" and t4.precision == "fp16"  # the T4 (7.5) has no bf16
+    assert rtx.quantization == "none" and t4.quantization != "none"
+    assert rtx.micro_batch > t4.micro_batch
+    assert rtx.micro_batch * rtx.grad_accum == t4.micro_batch * t4.grad_accum == 16
 
 
 def test_two_workers_listen_on_their_own_ports_and_say_their_gpu_in_the_nickname(tmp_path):
@@ -105,10 +104,10 @@ def test_two_workers_listen_on_their_own_ports_and_say_their_gpu_in_the_nickname
     cfg.dht.announce_maddrs = ["/ip4/203.0.113.5/tcp/40000"]
     first, second = specs(worker_slots(select_devices(cfg, two_gpus()), paths), paths, cfg=cfg)
 
-    assert first["dht"]["host_maddrs"] == ["/ip4/0.0.0.0/tcp/31337", "/ip4/127.0.0.1/tcp/0"]
-    assert second["dht"]["host_maddrs"] == ["/ip4/0.0.0.0/tcp/31338", "/ip4/127.0.0.1/tcp/0"]
-    assert second["dht"]["announce_maddrs"] == ["/ip4/203.0.113.5/tcp/40001"]
-    assert (first["nickname"], second["nickname"]) == ("box-gpu0", "box-gpu1")
+    assert first.dht.host_maddrs == ["/ip4/0.0.0.0/tcp/31337", "/ip4/127.0.0.1/tcp/0"]
+    assert second.dht.host_maddrs == ["/ip4/0.0.0.0/tcp/31338", "/ip4/127.0.0.1/tcp/0"]
+    assert second.dht.announce_maddrs == ["/ip4/203.0.113.5/tcp/40001"]
+    assert (first.nickname, second.nickname) == ("box-gpu0", "box-gpu1")
 
 
 def test_a_gpu_list_picks_those_gpus_in_its_order(tmp_path):
@@ -116,8 +115,8 @@ def test_a_gpu_list_picks_those_gpus_in_its_order(tmp_path):
     slots = worker_slots(select_devices(config(gpus=[1]), two_gpus()), paths)
     assert [(slot.name, slot.identity_key) for slot in slots] == [("gpu1", paths.identity_key)]
     [spec] = specs(slots, paths)
-    assert spec["environment"]["CUDA_VISIBLE_DEVICES"] == "1"
-    assert spec["nickname"] == "box"  # one worker: the nickname as configured
+    assert spec.environment["CUDA_VISIBLE_DEVICES"] == "1"
+    assert spec.nickname == "box"  # one worker: the nickname as configured
 
     reversed_order = worker_slots(select_devices(config(gpus=[1, 0]), two_gpus()), paths)
     assert [slot.name for slot in reversed_order] == ["gpu1", "gpu0"]
@@ -136,15 +135,15 @@ def test_without_a_gpu_one_cpu_worker_runs_as_before(tmp_path):
     slots = worker_slots(select_devices(config(), probe(nvml=FakeNvml([]))), paths)
     assert [slot.name for slot in slots] == ["cpu"]
     [spec] = specs(slots, paths, manifest={**LORA_MANIFEST, "model": "tiny", "lora": None, "seq_len": 64})
-    assert spec["environment"] == {}
-    assert spec["plan"]["device"] == "cpu"
-    assert spec["paths"] == {
+    assert spec.environment == {}
+    assert spec.plan.device == "cpu"
+    assert spec.paths.to_dict() == {
         "state_dir": str(paths.state_dir),
         "cache_dir": str(paths.cache_dir),
         "checkpoints_dir": str(paths.checkpoints_dir),
         "identity_key": str(paths.identity_key),
     }
-    assert spec["nickname"] == "box" and spec["dht"]["host_maddrs"] == config().dht.host_maddrs
+    assert spec.nickname == "box" and spec.dht.host_maddrs == config().dht.host_maddrs
 
 
 def test_training_device_cpu_uses_the_cpu_even_with_gpus():
@@ -155,19 +154,20 @@ def test_training_device_cpu_uses_the_cpu_even_with_gpus():
 def test_a_gpu_worker_without_a_plan_still_trains_on_its_gpu(tmp_path):
     paths = resolve_paths(tmp_path)
     [slot] = worker_slots(select_devices(config(gpus=[1]), two_gpus()), paths)
-    plan, failure = worker_plan(slot, {**LORA_MANIFEST, "model": "no-such-model-here"}, PlanPolicy())
-    assert plan == {"device": "cuda:0"} and "no-such-model-here" in failure
+    plan, failure = hardware_plan(slot, {**LORA_MANIFEST, "model": "no-such-model-here"}, PlanPolicy())
+    assert plan is None and "no-such-model-here" in failure
+    assert worker_plan(slot, plan) == WorkerPlan(device="cuda:0")
     # joining an existing run: no manifest yet, so no plan and nothing failed
-    assert worker_plan(slot, None, PlanPolicy()) == ({"device": "cuda:0"}, None)
+    assert hardware_plan(slot, None, PlanPolicy()) == (None, None)
 
 
 def test_out_of_memory_halves_one_workers_micro_batch_and_keeps_samples_per_step():
-    plan = {"device": "cuda:0", "micro_batch": 8, "grad_accum": 2}
+    plan = WorkerPlan(device="cuda:0", micro_batch=8, grad_accum=2)
     assert smaller_after_out_of_memory(plan, LORA_MANIFEST, 0) is plan
-    assert smaller_after_out_of_memory(plan, LORA_MANIFEST, 1) == {"device": "cuda:0", "micro_batch": 4, "grad_accum": 4}
-    assert smaller_after_out_of_memory(plan, LORA_MANIFEST, 5) == {"device": "cuda:0", "micro_batch": 1, "grad_accum": 16}
-    # without a plan, the manifest's hint is what gets halved
-    assert smaller_after_out_of_memory(None, LORA_MANIFEST, 1) == {"micro_batch": 8, "grad_accum": 2}
+    assert smaller_after_out_of_memory(plan, LORA_MANIFEST, 1) == WorkerPlan(device="cuda:0", micro_batch=4, grad_accum=4)
+    assert smaller_after_out_of_memory(plan, LORA_MANIFEST, 5) == WorkerPlan(device="cuda:0", micro_batch=1, grad_accum=16)
+    # without a micro-batch in the plan, the manifest's hint is what gets halved
+    assert smaller_after_out_of_memory(WorkerPlan(device="cpu"), LORA_MANIFEST, 1) == WorkerPlan(device="cpu", micro_batch=8, grad_accum=2)
 
 
 def test_restart_back_off_grows_then_stays_at_its_longest():

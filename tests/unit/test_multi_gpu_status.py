@@ -3,22 +3,25 @@ worker in ``local.workers``, totals summed; and ``p2ptrain status`` in words."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from p2ptrain.cli import format_status
 from p2ptrain.daemon.run_view import WORKER_FIELDS, RunView
+from p2ptrain.worker_pipe import Joined, Step, decode_report
 
 
-def joined_report(peer_id: str, micro_batch: int, precision: str = "bf16") -> dict:
-    """A ``joined`` report as the worker sends it (DEVELOPERS.md, "Worker pipe")."""
-    return {
+def joined_report(peer_id: str, micro_batch: int, precision: str = "bf16") -> Joined:
+    """A ``joined`` report as the worker sends it through the pipe."""
+    return decode_report({
         "type": "joined", "peer_id": peer_id, "addresses": [f"/ip4/127.0.0.1/tcp/1/p2p/{peer_id}"], "reachability": "direct",
         "manifest": {"run_id": "r", "mode": "sync", "model": "gemma-2b", "target_batch_size": 512}, "manifest_hash": "h",
         "device": "cuda:0", "precision": precision, "quantization": "none", "micro_batch": micro_batch, "grad_accum": 16 // micro_batch,
         "parameters": 2_500_000_000, "trainable_parameters": 900_000, "nickname": "box",
-    }
+    })
 
 
-def step(samples: int, samples_per_second: float, loss: float) -> dict:
-    return {"type": "step", "ts": 1.0, "epoch": 3, "loss": loss, "samples": samples, "samples_per_second": samples_per_second}
+def step(samples: int, samples_per_second: float, loss: float) -> Step:
+    return decode_report({"type": "step", "ts": 1.0, "epoch": 3, "loss": loss, "samples": samples, "samples_per_second": samples_per_second})
 
 
 def two_workers_training() -> RunView:
@@ -71,7 +74,7 @@ def test_local_shows_a_joined_worker_while_the_first_is_still_joining():
 def test_one_worker_keeps_the_single_worker_shape():
     run = RunView(run_id="r")
     run.worker("cpu", "cpu")
-    run.apply_joined("cpu", {**joined_report("QmOnly", 4), "device": "cpu"})
+    run.apply_joined("cpu", replace(joined_report("QmOnly", 4), device="cpu"))
     run.apply_step("cpu", step(40, 3.0, 4.0))
 
     local = run.local_status()
@@ -82,9 +85,10 @@ def test_one_worker_keeps_the_single_worker_shape():
 
 def test_every_worker_is_marked_local_in_the_peer_table():
     run = two_workers_training()
-    peers = run.apply_swarm({"type": "swarm", "epoch": 3, "num_peers": 3, "peers": [
-        {"peer_id": "QmFirst"}, {"peer_id": "QmSecond"}, {"peer_id": "QmSomeoneElse"}]})
-    assert [peer["is_local"] for peer in peers] == [True, True, False]
+    peers = run.apply_swarm(decode_report({
+        "type": "swarm", "epoch": 3, "samples_accumulated": 0, "target_batch_size": 512, "eta_next_epoch_s": None, "num_peers": 3,
+        "peers": [{"peer_id": "QmFirst"}, {"peer_id": "QmSecond"}, {"peer_id": "QmSomeoneElse"}]}))
+    assert [peer.is_local for peer in peers] == [True, True, False]
 
 
 def test_human_status_prints_one_line_per_worker_and_the_totals():

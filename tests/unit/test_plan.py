@@ -192,7 +192,7 @@ def test_plan_command_rejects_bad_input_in_one_line():
 
 
 def cpu_plan(micro_batch_hint: int, seq_len: int):
-    from p2ptrain.daemon.hardware import probe
+    from p2ptrain.daemon.hardware_probe import probe
 
     device = probe().devices()[-1]
     return make_plan(model_facts("tiny"), {"seq_len": seq_len, "micro_batch_hint": micro_batch_hint}, device,

@@ -7,7 +7,9 @@ from datetime import datetime
 import pytest
 from pydantic import ValidationError
 
-from p2ptrain.daemon.policies import PolicyEngine, PolicySettings
+from p2ptrain.config import PolicySettings
+from p2ptrain.daemon.plan import PlanPolicy
+from p2ptrain.daemon.policies import PolicyEngine
 
 
 class FakeSensors:
@@ -178,7 +180,7 @@ def test_bad_settings_are_refused(bad):
 
 
 def test_settings_shape_the_plan():
-    policy = PolicySettings(max_vram_share=0.5, max_cpu_threads=3).plan_policy()
+    policy = PlanPolicy.from_settings(PolicySettings(max_vram_share=0.5, max_cpu_threads=3))
     assert (policy.memory_share, policy.max_cpu_threads) == (0.5, 3)
 
 
@@ -205,3 +207,53 @@ def test_system_sensors_read_nvml_and_skip_our_own_workers():
     assert [process["pid"] for process in sensors.other_gpu_processes()] == [222]
     cpu_only = SystemSensors()
     assert cpu_only.gpu_temperature_c() is None and cpu_only.other_gpu_processes() is None
+
+
+def test_cached_sensors_answer_at_once_while_a_slow_command_runs_in_their_thread(tmp_path, monkeypatch):
+    import time
+
+    from fake_commands import fake_loginctl
+
+    from p2ptrain.daemon.policies import CachedSensors, SystemSensors
+
+    monkeypatch.setenv("PATH", fake_loginctl(tmp_path, delay_s=0.5)["PATH"])
+    sensors = CachedSensors(SystemSensors(), interval_s=0.1)
+    try:
+        started = time.monotonic()
+        assert sensors.user_idle_s() is None  # no reading yet: the policy holds back
+        readings = []
+        while time.monotonic() - started < 10 and not readings:
+            readings = [reading for reading in [sensors.user_idle_s()] if reading is not None]
+            time.sleep(0.05)
+        assert readings == [0.0]  # the fake session is in use
+        calls = []
+        for _ in range(20):
+            call_started = time.monotonic()
+            sensors.user_idle_s()
+            calls.append(time.monotonic() - call_started)
+        assert max(calls) < 0.05  # each loginctl call takes 0.5 s; a read never waits for one
+        assert sensors.gpu_temperature_c() is None  # a CPU machine: nothing to read
+    finally:
+        sensors.close()
+
+
+def test_a_sensor_that_fails_reads_as_unknown_and_the_others_go_on():
+    import time
+
+    from p2ptrain.daemon.policies import CachedSensors
+
+    class BrokenBattery(FakeSensors):
+        def on_battery(self):
+            raise OSError("no /sys/class/power_supply")
+
+    sensors = CachedSensors(BrokenBattery(), interval_s=0.05)
+    try:
+        sensors.on_battery(), sensors.gpu_temperature_c()
+        deadline = time.monotonic() + 5
+        while sensors.gpu_temperature_c() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sensors.gpu_temperature_c() == 60.0 and sensors.on_battery() is None
+        policy = PolicyEngine(PolicySettings(), sensors)
+        assert policy.evaluate() is None
+    finally:
+        sensors.close()

@@ -16,6 +16,8 @@ from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster
 from p2ptrain.storage import SCHEMA_VERSION, Database, SchemaTooNewError, StorageError
 from p2ptrain.storage import queries
+from p2ptrain.storage.retention import RetentionLimits
+from p2ptrain.worker_pipe import PeerRow, Step
 
 
 class ManualClock:
@@ -80,7 +82,7 @@ def test_v1_database_is_migrated_forward_keeping_its_rows(tmp_path):
     with Database.open(path) as db:
         assert db.get_setting("desired_state") == "paused"
         db.record_epoch("old-run", 4, 70.0, 130.0, 60.0, 3, 4096, 2.1, val_loss=2.3)
-        db.record_peers("old-run", [{"peer_id": "QmOld", "precision": "bf16", "compatible": True}], ts=130.0)
+        db.record_peers("old-run", [PeerRow(peer_id="QmOld", precision="bf16", compatible=True)], ts=130.0)
         epochs = queries.recent_epochs(db, run_id="old-run")
         peers = queries.peers_table(db, "old-run")
     assert pragma(path, "user_version") == SCHEMA_VERSION
@@ -125,20 +127,16 @@ def test_steps_without_a_worker_column_are_migrated_and_stay_readable(tmp_path):
 
 
 def test_step_reports_of_two_workers_are_stored_with_their_names(tmp_path):
-    class Reports(WorkerReports):
-        """The daemon's report handlers over a real database, without the rest of the daemon."""
-
-        def __init__(self, db):
-            self.db, self.run, self.broadcaster = db, RunView(run_id="run"), Broadcaster(dict)
-            self.run.worker("gpu0", "cuda:0")
-            self.run.worker("gpu1", "cuda:1")
-
     def step(ts, loss):
-        return {"type": "step", "ts": ts, "epoch": 3, "loss": loss, "samples": 32, "samples_per_second": 8.0}
+        return Step(ts=ts, epoch=3, loss=loss, samples=32, samples_per_second=8.0)
 
     path = tmp_path / "p2ptrain.db"
     with Database.open(path, flush_interval_s=3600, clock=ManualClock()) as db:
-        reports = Reports(db)
+        run = RunView(run_id="run")
+        run.worker("gpu0", "cuda:0")
+        run.worker("gpu1", "cuda:1")
+        # the daemon's report handlers over a real database; steps need no events, state machine or pool
+        reports = WorkerReports(run, db, Broadcaster(dict), events=None, control=None, pool=None)
         reports.on_report("gpu0", step(10.0, 3.0))
         reports.on_report("gpu1", step(10.5, 3.5))
         reports.on_report("gpu0", step(11.0, 2.9))
@@ -208,8 +206,8 @@ def test_queries_return_what_was_written(tmp_path):
         db.record_step("run-a", 9, 9.0, 32, 16.0, ts=55.0)
         db.record_event("state", "training", {"state": "training"}, ts=101.0)
         db.record_event("pause", "paused by user", None, ts=102.0)
-        db.record_peers("run-b", [{"peer_id": "QmA", "loss": 3.0}, {"peer_id": "QmB", "loss": 3.1}], ts=150.0)
-        db.record_peers("run-b", [{"peer_id": "QmA", "loss": 2.0, "compatible": False}], ts=160.0)
+        db.record_peers("run-b", [PeerRow(peer_id="QmA", loss=3.0), PeerRow(peer_id="QmB", loss=3.1)], ts=150.0)
+        db.record_peers("run-b", [PeerRow(peer_id="QmA", loss=2.0, compatible=False)], ts=160.0)
         db.flush()
 
         epochs = queries.recent_epochs(db, run_id="run-b", limit=3)
@@ -239,9 +237,16 @@ def test_queries_see_rows_still_in_the_buffer(tmp_path):
     with Database.open(path, flush_interval_s=3600, clock=ManualClock()) as db:
         db.record_step("run", 0, 3.0, 32, 10.0, ts=10.0)
         db.record_run_joined("run", {"run_id": "run"}, ts=5.0)
+        db.record_epoch("run", 0, 1.0, 9.0, 8.0, 1, 64, 3.5)
+        db.record_event("state", "training", ts=11.0)
         assert count_on_disk(path, "steps") == 0
         assert [s["loss"] for s in queries.steps_since(db)] == [3.0]
         assert queries.current_run(db)["run_id"] == "run"
+        assert [e["epoch"] for e in queries.recent_epochs(db)] == [0]
+        assert [e["kind"] for e in queries.events_since(db)] == ["state"]
+        # reading never makes the writer write: the rows wait for their flush interval
+        assert db.buffered_rows == 4
+        assert count_on_disk(path, "steps") == 0 and count_on_disk(path, "events") == 0
 
 
 def test_leaving_a_run_ends_it_as_current(tmp_path):
@@ -268,14 +273,14 @@ def test_retention_deletes_old_steps_peers_and_surplus_events(tmp_path):
     day = 86400
     with Database.open(path) as db:
         db.record_step("run", 0, 3.0, 32, 10.0, ts=now - 40 * day)
-        db.record_step("run", 1, 2.0, 32, 10.0, ts=now - 1 * day)
-        db.record_peers("run", [{"peer_id": "QmOld"}], ts=now - 8 * day)
-        db.record_peers("run", [{"peer_id": "QmNew"}], ts=now - 1 * day)
+        db.record_step("run", 1, 2.0, 32, 10.0, ts=now - 3600)
+        db.record_peers("run", [PeerRow(peer_id="QmOld")], ts=now - 8 * day)
+        db.record_peers("run", [PeerRow(peer_id="QmNew")], ts=now - 1 * day)
         for i in range(10):
             db.record_event("tick", f"event {i}", ts=now - 100 + i)
         db.record_epoch("run", 0, now - 50 * day, now - 49 * day, day, 1, 4096, 3.0)
-        deleted = db.apply_retention(keep_steps_days=30, keep_events=3, keep_peers_days=7)
-        assert deleted == {"steps": 1, "events": 7, "peers": 1}
+        counts = db.apply_retention(RetentionLimits(keep_steps_days=30, keep_events=3, keep_peers_days=7), now=now)
+        assert {table: counts[table] for table in ("steps", "events", "peers")} == {"steps": 1, "events": 7, "peers": 1}
         assert [s["epoch"] for s in queries.steps_since(db)] == [1]
         assert [e["message"] for e in queries.events_since(db)] == ["event 7", "event 8", "event 9"]
         assert [p["peer_id"] for p in queries.peers_table(db, "run")] == ["QmNew"]
@@ -298,7 +303,7 @@ def test_settings_are_on_disk_at_once_and_survive_reopen(tmp_path):
 def test_peer_rows_need_a_peer_id(tmp_path):
     with Database.open(tmp_path / "p2ptrain.db") as db:
         with pytest.raises(ValueError, match="peer_id"):
-            db.record_peers("run", [{"peer_id": "QmA"}, {"nickname": "no id"}])
+            db.record_peers("run", [PeerRow(peer_id="QmA"), PeerRow(peer_id="", nickname="no id")])
         assert db.buffered_rows == 0
 
 

@@ -22,10 +22,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from p2ptrain.config import Config
-from p2ptrain.daemon.hardware import HardwareFacts, select_gpus
+from p2ptrain.daemon.hardware_probe import HardwareFacts, select_gpus
 from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
-from p2ptrain.daemon.plan import DeviceFacts, PlanError, PlanPolicy, make_plan
+from p2ptrain.daemon.plan import DeviceFacts, Plan, PlanError, PlanPolicy, make_plan
+from p2ptrain.daemon.temp_files import worker_temp_dir
 from p2ptrain.paths import Paths
+from p2ptrain.worker_pipe import DhtOptions, WorkerPaths, WorkerPlan, WorkerSpec
 
 _PORT = re.compile(r"/(tcp|udp)/(\d+)")
 RESTART_BACKOFF_S = (5, 10, 30, 60, 120, 300)
@@ -151,50 +153,59 @@ def leftover_pgid_files(state_dir: Path) -> list[Path]:
     return sorted(state_dir.glob("worker*.pgid"))
 
 
-def worker_plan(slot: WorkerSlot, manifest: dict | None, policy: PlanPolicy,
-                uplink_mbit_s: float | None = None) -> tuple[dict | None, str | None]:
-    """The hardware plan for one worker, as the worker reads it.
+def hardware_plan(slot: WorkerSlot, manifest: dict | None, policy: PlanPolicy,
+                  uplink_mbit_s: float | None = None) -> tuple[Plan | None, str | None]:
+    """The hardware plan for one worker's device, sized from its free memory now.
 
     Args:
-        slot: the worker; its device's free memory sizes the plan.
+        slot: the worker.
         manifest: the run manifest (None while joining an existing run: the
             worker then reads it from the DHT and uses its hints).
         policy: the volunteer's caps.
         uplink_mbit_s: the configured upload bandwidth, which picks the compression rung.
 
     Returns:
-        (plan dict or None, why there is no plan or None). A GPU worker without
-        a plan still gets its device, so it trains on its GPU with the
-        manifest's hints rather than on the CPU.
+        (the plan, None), or (None, why there is no plan); (None, None) without a manifest.
     """
-    fallback = None if slot.device.kind == "cpu" else {"device": slot.worker_device}
     if not manifest:
-        return fallback, None
+        return None, None
     try:
         facts = model_facts(manifest["model"], manifest.get("lora"))
-        plan = make_plan(facts, manifest, replace(slot.device, uplink_mbit_s=uplink_mbit_s), policy)
+        return make_plan(facts, manifest, replace(slot.device, uplink_mbit_s=uplink_mbit_s), policy), None
     except (ModelFactsError, PlanError) as error:
-        return fallback, str(error)
-    return {**plan.to_dict(), "device": slot.worker_device}, None
+        return None, str(error)
 
 
-def smaller_after_out_of_memory(plan: dict | None, manifest: dict, halvings: int) -> dict | None:
+def worker_plan(slot: WorkerSlot, plan: Plan | None) -> WorkerPlan:
+    """What the worker trains with: ``plan`` on the worker's own name for its device.
+
+    A GPU worker without a plan still gets its device, so it trains on its GPU
+    with the manifest's hints rather than on the CPU.
+    """
+    if plan is None:
+        return WorkerPlan(device=slot.worker_device)
+    return WorkerPlan(
+        device=slot.worker_device, precision=plan.precision, quantization=plan.quantization,
+        micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, cpu_threads=plan.cpu_threads,
+        compression=plan.compression,
+    )
+
+
+def smaller_after_out_of_memory(plan: WorkerPlan, manifest: dict, halvings: int) -> WorkerPlan:
     """The plan with the micro-batch halved ``halvings`` times (never below one),
     and grad_accum raised to keep the samples per step.
 
     Args:
-        plan: the hardware plan (None: the worker would use the manifest's hint).
+        plan: what the worker would train with (a micro-batch of None: the manifest's hint).
         manifest: the run manifest, for its ``micro_batch_hint``.
         halvings: out-of-memory errors of this worker so far in this run.
     """
     if not halvings:
         return plan
-    plan = dict(plan or {})
-    micro_batch = int(plan.get("micro_batch") or manifest.get("micro_batch_hint") or 1)
-    samples_per_step = micro_batch * int(plan.get("grad_accum") or 1)
+    micro_batch = plan.micro_batch or int(manifest.get("micro_batch_hint") or 1)
+    samples_per_step = micro_batch * plan.grad_accum
     smaller = max(1, micro_batch >> halvings)
-    plan["micro_batch"], plan["grad_accum"] = smaller, max(1, samples_per_step // smaller)
-    return plan
+    return replace(plan, micro_batch=smaller, grad_accum=max(1, samples_per_step // smaller))
 
 
 def restart_delay_s(crashes_in_a_row: int) -> int:
@@ -203,9 +214,9 @@ def restart_delay_s(crashes_in_a_row: int) -> int:
 
 
 def worker_spec(
-    slot: WorkerSlot, run_request: dict, config: Config, paths: Paths, plan: dict | None, start_paused: bool, workers: int
-) -> dict:
-    """The spec one worker is started with (DEVELOPERS.md, "Worker pipe").
+    slot: WorkerSlot, run_request: dict, config: Config, paths: Paths, plan: WorkerPlan, start_paused: bool, workers: int
+) -> WorkerSpec:
+    """The spec one worker is started with.
 
     Args:
         slot: the worker.
@@ -220,28 +231,33 @@ def worker_spec(
     Each worker after the first listens on the configured ports plus its
     position (``shifted_ports``): forward those too to be reachable directly.
     """
-    dht = config.dht.model_dump(mode="json")
-    dht["host_maddrs"] = shifted_ports(dht["host_maddrs"], slot.position)
-    dht["announce_maddrs"] = shifted_ports(dht["announce_maddrs"], slot.position)
-    return {
-        "run_id": run_request["run_id"],
-        "manifest": run_request.get("manifest"),
-        "new_run": bool(run_request.get("new_run")),
-        "initial_peers": run_request.get("initial_peers") or config.dht.initial_peers,
-        "paths": {
-            "state_dir": str(paths.state_dir),
-            "cache_dir": str(paths.cache_dir),
-            "checkpoints_dir": str(slot.checkpoints_dir),
-            "identity_key": str(slot.identity_key),
-        },
-        "dht": dht,
-        "nickname": f"{config.nickname}-{slot.name}" if workers > 1 else config.nickname,
-        "plan": plan,
-        "uplink_mbit_s": config.training.uplink_mbit_s,
-        "torch_threads": plan.get("cpu_threads") if plan else None,
-        "start_paused": start_paused,
-        "checkpoint_interval_s": config.training.checkpoint_interval_s,
-        "log_level": config.log_level,
-        "environment": slot.environment(),
-        "device_label": slot.device_label,  # what peers are shown: the worker itself sees only cuda:0
-    }
+    dht = config.dht
+    return WorkerSpec(
+        run_id=run_request["run_id"],
+        manifest=run_request.get("manifest"),
+        new_run=bool(run_request.get("new_run")),
+        initial_peers=run_request.get("initial_peers") or config.dht.initial_peers,
+        paths=WorkerPaths(
+            state_dir=str(paths.state_dir),
+            cache_dir=str(paths.cache_dir),
+            checkpoints_dir=str(slot.checkpoints_dir),
+            identity_key=str(slot.identity_key),
+        ),
+        dht=DhtOptions(
+            host_maddrs=shifted_ports(dht.host_maddrs, slot.position),
+            announce_maddrs=shifted_ports(dht.announce_maddrs, slot.position),
+            use_relay=dht.use_relay,
+            use_auto_relay=dht.use_auto_relay,
+            client_mode=dht.client_mode,
+            start_timeout_s=dht.start_timeout_s,
+        ),
+        nickname=f"{config.nickname}-{slot.name}" if workers > 1 else config.nickname,
+        plan=plan,
+        uplink_mbit_s=config.training.uplink_mbit_s,
+        start_paused=start_paused,
+        checkpoint_interval_s=config.training.checkpoint_interval_s,
+        log_level=config.log_level,
+        environment=slot.environment(),
+        temp_dir=str(worker_temp_dir(paths, slot.name)),  # its TMPDIR: see temp_files.py
+        device_label=slot.device_label,  # what peers are shown: the worker itself sees only cuda:0
+    )

@@ -1,6 +1,6 @@
 """Starting, talking to and stopping one training worker process.
 
-The worker runs ``p2ptrain.peers.worker.main`` in a ``spawn`` process, so the
+The worker runs ``p2ptrain.peers.training_worker.main`` in a ``spawn`` process, so the
 supervisor never imports torch or hivemind. The worker makes itself a
 process-group leader (its DHT process, averagers and p2pd stay in that group)
 and asks the kernel for SIGTERM when the daemon dies. The group id is written
@@ -22,16 +22,20 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import pickle
 import resource
 import signal
+import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import psutil
 
-from p2ptrain.daemon.workers import leftover_pgid_files
+from p2ptrain.daemon.temp_files import remove_worker_temp_dir
+from p2ptrain.daemon.worker_slots import leftover_pgid_files
 from p2ptrain.processes import group_alive, kill_group
+from p2ptrain.worker_pipe import Command, Joined, MalformedMessage, Report, WorkerSpec, decode_report, encode
 
 MEMORY_HEADROOM_ENV = "P2PTRAIN_WORKER_MEMORY_HEADROOM_MB"
 EXIT_POLL_S = 1.0
@@ -42,12 +46,32 @@ def _run_worker(conn, spec: dict) -> None:
     """The spawn target: only here, in the child, do torch and hivemind get imported.
 
     The spec's ``environment`` (``CUDA_VISIBLE_DEVICES`` of a GPU worker) is
-    set first, so CUDA sees only the worker's own GPU.
+    set first, so CUDA sees only the worker's own GPU, and so is its own
+    ``TMPDIR`` (``temp_dir``), so its leftovers go with it.
     """
-    os.environ.update(spec.get("environment") or {})
-    from p2ptrain.peers.worker import main
+    os.environ.update(spec["environment"])
+    if spec.get("temp_dir"):
+        os.environ["TMPDIR"] = tempfile.tempdir = spec["temp_dir"]
+    from p2ptrain.peers.training_worker import main
 
     main(conn, spec)
+
+
+def received_reports(conn, name: str) -> Iterator[Report]:
+    """The reports waiting on the daemon's end of a worker's pipe; a malformed one is logged and skipped.
+
+    Args:
+        conn: the pipe.
+        name: the worker's name, for the log.
+
+    Raises:
+        EOFError, OSError: the worker's end is closed.
+    """
+    while conn.poll():
+        try:
+            yield decode_report(conn.recv())
+        except (MalformedMessage, pickle.UnpicklingError, AttributeError, ImportError) as error:
+            log.warning("ignoring a report of worker %s: %s", name, error)
 
 
 def reap_leftover_group(pgid_file: Path) -> int | None:
@@ -70,18 +94,19 @@ def reap_leftover_groups(state_dir: Path) -> list[int]:
     return [pgid for pgid in ended if pgid is not None]
 
 
-class WorkerHandle:
+class WorkerProcess:
     """One running training worker.
 
     Args:
-        spec: the worker spec (DEVELOPERS.md, "Worker pipe").
+        spec: what the worker runs.
         pgid_file: where to record the worker's process group.
-        on_report: called in the event loop with each report dict the worker sends.
+        on_report: called in the event loop with each report the worker sends
+            (a malformed one is logged and dropped).
         on_exit: called in the event loop once the process has ended, with its exit code.
         name: the worker's name in logs and its process title (``gpu1``, ``cpu``).
     """
 
-    def __init__(self, spec: dict, pgid_file: Path, on_report: Callable[[dict], None], on_exit: Callable[[int | None], None], name: str = ""):
+    def __init__(self, spec: WorkerSpec, pgid_file: Path, on_report: Callable[[Report], None], on_exit: Callable[[int | None], None], name: str = ""):
         self.spec = spec
         self.name = name
         self.pgid_file = pgid_file
@@ -98,9 +123,11 @@ class WorkerHandle:
         return self._process.pid if self._process else None
 
     def start(self) -> None:
+        if self.spec.temp_dir:
+            os.makedirs(self.spec.temp_dir, mode=0o700, exist_ok=True)
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
-        self._process = context.Process(target=_run_worker, args=(child_conn, self.spec), name=f"p2ptrain-worker-{self.name}" if self.name else "p2ptrain-worker")
+        self._process = context.Process(target=_run_worker, args=(child_conn, self.spec.to_dict()), name=f"p2ptrain-worker-{self.name}" if self.name else "p2ptrain-worker")
         self._process.start()
         child_conn.close()
         self.pgid_file.write_text(f"{self._process.pid}\n")
@@ -110,26 +137,22 @@ class WorkerHandle:
         self._loop.call_later(EXIT_POLL_S, self._poll_exit)
         log.info("training worker %s started (pid %d)", self.name, self._process.pid)
 
-    def send(self, command: str) -> bool:
-        """Send a command (pause, resume, finish, leave); False if the worker is gone."""
+    def send(self, command: Command) -> bool:
+        """Send a command; False if the worker is gone."""
         if self._exited or self._conn is None:
             return False
         try:
-            self._conn.send({"cmd": command})
+            self._conn.send(encode(command))
             return True
         except (BrokenPipeError, OSError):
             return False
 
     def _read_reports(self) -> None:
         try:
-            while self._conn.poll():
-                report = self._conn.recv()
-                if isinstance(report, dict) and isinstance(report.get("type"), str):
-                    if report["type"] == "joined":
-                        self._cap_address_space()
-                    self.on_report(report)
-                else:
-                    log.warning("ignoring a malformed report from the worker: %.200r", report)
+            for report in received_reports(self._conn, self.name):
+                if isinstance(report, Joined):
+                    self._cap_address_space()
+                self.on_report(report)
         except (EOFError, OSError):
             self._loop.remove_reader(self._conn.fileno())
 
@@ -168,6 +191,7 @@ class WorkerHandle:
         # its forked children hold the pipe's write end, so after a SIGKILL in
         # the middle of a report, reading would wait for the rest of it forever.
         kill_group(self._process.pid)
+        remove_worker_temp_dir(self.spec.temp_dir)
         self._read_reports_if_open()
         self._process.join(0)
         exitcode = self._process.exitcode

@@ -19,49 +19,56 @@ import time
 from pathlib import Path
 
 from p2ptrain import processes
-from p2ptrain.daemon.calibrate import is_out_of_memory
-from p2ptrain.peers import process
+from p2ptrain.peers.out_of_memory import is_out_of_memory
 from p2ptrain.peers.known_peers import peers_file, remember_peers
 from p2ptrain.peers.run_setup import WorkerFailure, build_model_and_data, join_dht, make_trainer, run_manifest
+from p2ptrain.peers.trainer import Trainer
+from p2ptrain.worker_pipe import (
+    DAEMON_GONE_DEADLINE_S, FAILED_EXIT_CODE, OUT_OF_MEMORY_EXIT_CODE, STOP_DEADLINE_EXIT_CODE, STOP_DEADLINE_S,
+    Command, Epoch, Error, Event, Finish, Joined, Leave, Left, MalformedMessage, Pause, Report, Resume, StateChanged,
+    Step, WorkerSpec, decode_command, encode,
+)
 
 logger = logging.getLogger(__name__)
 
 STEP_REPORT_INTERVAL_S = 1.0
 SWARM_REPORT_INTERVAL_S = 5.0
-METRICS_INTERVAL_S = 5.0
 GOODBYE_EXPIRATION_S = 1.0
-OUT_OF_MEMORY_EXIT_CODE = 3  # the daemon restarts the worker with half the micro-batch
-STOP_DEADLINE_EXIT_CODE = 4  # a stop signal was not honoured in time: ended without a final checkpoint
-# after a stop signal the worker finishes its step and checkpoints; a step can
-# block in averaging for up to the averaging timeout, so past these deadlines
-# it ends its process group without a final checkpoint (the timer's one stays)
-STOP_DEADLINE_S = 30.0  # the daemon asked (SIGTERM while it lives)
-DAEMON_GONE_DEADLINE_S = 4.0  # the daemon died: leave no orphan for long
 
 
 class Stopped(KeyboardInterrupt):
     """SIGTERM arrived while the worker was blocked outside the training loop."""
 
 
-def main(conn, spec: dict) -> None:
-    """Entry point of the worker process (see the module docstring)."""
-    pgid = process.become_group_leader()
-    process.die_with_parent()
+def main(conn, spec_dict: dict) -> None:
+    """Entry point of the worker process (see the module docstring).
+
+    Args:
+        conn: this end of the pipe to the daemon.
+        spec_dict: a ``WorkerSpec`` in its dict form (``WorkerSpec.to_dict``).
+    """
+    pgid = processes.become_group_leader()
+    processes.die_with_parent()
+    try:
+        spec = WorkerSpec.from_dict(spec_dict)
+    except MalformedMessage as error:
+        conn.send(encode(Error(f"bad worker spec: {error}", "a bug in the daemon: report it with the daemon log", fatal=True)))
+        os._exit(FAILED_EXIT_CODE)
     # a spawned child inherits "spawn" as its default start method, but
     # hivemind's averagers are plain mp.Process objects that must be forked
     multiprocessing.set_start_method("fork", force=True)
     logging.basicConfig(
-        level=getattr(logging, str(spec.get("log_level", "INFO")).upper(), logging.INFO),
+        level=getattr(logging, spec.log_level.upper(), logging.INFO),
         format="%(asctime)s worker[%(process)d] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     # `kill -USR1 <worker pid>` writes every thread's stack to the log: for a stuck worker
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     worker = Worker(conn, spec, pgid)
-    process.install_stop_handlers(worker.on_signal)
+    processes.install_stop_handlers(worker.on_signal)
     # hivemind's DHT and averager processes are forked from here: they must die
     # on the group's SIGTERM, not run the worker's handler
-    os.register_at_fork(after_in_child=process.default_stop_handlers)
+    os.register_at_fork(after_in_child=processes.default_stop_handlers)
     exit_code = 0
     try:
         worker.start()
@@ -69,8 +76,8 @@ def main(conn, spec: dict) -> None:
     except Stopped:
         logger.info("Stopped by a signal")
     except WorkerFailure as failure:
-        worker.report("error", message=failure.message, fix=failure.fix, fatal=True)
-        exit_code = 1
+        worker.report(Error(failure.message, failure.fix, fatal=True))
+        exit_code = FAILED_EXIT_CODE
     except Exception as error:
         if worker.stop_requested:
             # ending the group under a busy step can break what it was using (a pipe, shared memory)
@@ -79,12 +86,12 @@ def main(conn, spec: dict) -> None:
             logger.exception("The training worker ran out of memory")
             # not fatal: the daemon restarts the worker with half the micro-batch
             micro_batch = getattr(worker, "micro_batch", None)
-            worker.report("error", kind="oom", message=f"out of memory at micro-batch {micro_batch}: {error}", fix="the daemon retries with a smaller micro-batch", fatal=False, micro_batch=micro_batch)
+            worker.report(Error(f"out of memory at micro-batch {micro_batch}: {error}", "the daemon retries with a smaller micro-batch", out_of_memory=True))
             exit_code = OUT_OF_MEMORY_EXIT_CODE
         else:
             logger.exception("The training worker failed")
-            worker.report("error", message=f"training worker failed: {error}", fix="see the worker log; the daemon restarts the worker", fatal=True)
-            exit_code = 1
+            worker.report(Error(f"training worker failed: {error}", "see the worker log; the daemon restarts the worker", fatal=True))
+            exit_code = FAILED_EXIT_CODE
     finally:
         worker.close()
         # hivemind's processes were asked to shut down by close(); p2pd and the
@@ -101,16 +108,16 @@ def main(conn, spec: dict) -> None:
 class Worker:
     """Holds one run's DHT, model, data and trainer, and the loop that drives them."""
 
-    def __init__(self, conn, spec: dict, pgid: int):
-        """``conn``: the pipe to the daemon; ``spec``: what to run (see
-        ``p2ptrain.daemon.workers.worker_spec`` and DEVELOPERS.md); ``pgid``: the
+    def __init__(self, conn, spec: WorkerSpec, pgid: int):
+        """``conn``: the pipe to the daemon; ``spec``: what to run; ``pgid``: the
         process group this worker leads."""
         self.conn, self.spec, self.pgid = conn, spec, pgid
         self.daemon_pid = os.getppid()
         self.send_lock = threading.Lock()
         self.stop_requested = False
         self.interruptible = True  # a signal may interrupt setup, never a training step
-        self.dht = self.trainer = self.loaded = self.batches = None
+        self.dht = self.loaded = self.batches = None
+        self.trainer: Trainer | None = None
         self.state = "joining"
         self.finish_at_epoch: int | None = None
         self.contributed_samples = 0
@@ -118,18 +125,19 @@ class Worker:
         self.samples_per_second = 0.0
         self.peer_id = ""
         self.left = False
+        self.command_handlers = {Pause: self.on_pause, Resume: self.on_resume, Finish: self.on_finish, Leave: self.leave}
 
     # --- pipe ---------------------------------------------------------
-    def report(self, report_type: str, **fields) -> None:
+    def report(self, report: Report) -> None:
         try:
             with self.send_lock:
-                self.conn.send({"type": report_type, **fields})
+                self.conn.send(encode(report))
         except (BrokenPipeError, OSError, EOFError):
-            logger.warning("The daemon is gone; could not send %s", report_type)
+            logger.warning("The daemon is gone; could not send %s", report.KIND)
 
     def event(self, kind: str, message: str, **data) -> None:
         logger.info("%s: %s", kind, message)
-        self.report("event", kind=kind, message=message, data=data)
+        self.report(Event(kind, message, data))
 
     def daemon_gone(self) -> bool:
         return os.getppid() != self.daemon_pid
@@ -158,28 +166,30 @@ class Worker:
         """Join the run: DHT, manifest, model, data, trainer (``run_setup``), the checkpoint, then report ``joined``."""
         import torch
 
-        from p2ptrain.peers.dht import reachability, visible_addresses
+        from p2ptrain.peers.dht import port_moves, reachability, visible_addresses
 
-        spec, plan = self.spec, self.spec.get("plan") or {}
-        if spec.get("torch_threads"):
-            torch.set_num_threads(int(spec["torch_threads"]))
+        spec, plan = self.spec, self.spec.plan
+        if plan.cpu_threads:
+            torch.set_num_threads(plan.cpu_threads)
         self.dht = join_dht(spec, peers_file(self._checkpoint_file()))
+        self.port_moves = port_moves(self.dht)
+        for move in self.port_moves:
+            details = {name: value for name, value in move.to_dict().items() if name != "message"}
+            self.event("port-taken", move.message, **details)
         # ask now: once the averagers are up, hivemind can stall this query for minutes
         self.addresses, self.reachability = visible_addresses(self.dht), reachability(self.dht)
         self.manifest = manifest = run_manifest(spec, self.dht)
 
-        self.device = plan.get("device", "cpu")
-        self.precision = plan.get("precision", "fp32")
-        self.quantization = plan.get("quantization", "none")
-        self.micro_batch = int(plan.get("micro_batch") or manifest.micro_batch_hint)
-        self.grad_accum = int(plan.get("grad_accum") or 1)
+        self.device, self.precision, self.quantization = plan.device, plan.precision, plan.quantization
+        self.micro_batch = plan.micro_batch or manifest.micro_batch_hint
+        self.grad_accum = plan.grad_accum
         self.manifest_hash = manifest.manifest_hash()
         self.peer_id = self.dht.peer_id.to_base58()
         checkpoint = self._read_checkpoint()
         start_position = int(checkpoint.get("data_position", 0)) if checkpoint else 0
         self.loaded, self.batches, self.validation = build_model_and_data(
             manifest, self.device, self.precision, self.quantization, self.micro_batch, self.peer_id,
-            Path(spec["paths"]["cache_dir"]), start_position,
+            Path(spec.paths.cache_dir), start_position,
         )
         if checkpoint:
             try:
@@ -189,19 +199,20 @@ class Worker:
                 checkpoint = None
         self.trainer = make_trainer(spec, manifest, self.dht, self.loaded.trainable(), self.micro_batch * self.grad_accum)
         # hivemind's averagers set SIGINT to ignored when they start
-        process.install_stop_handlers(self.on_signal)
+        processes.install_stop_handlers(self.on_signal)
         if checkpoint:
             self.trainer.load_state_dict(checkpoint["trainer"])
             self.contributed_samples = int(checkpoint.get("contributed_samples", 0))
             self.event("checkpoint-loaded", f"resumed from a checkpoint at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
         self._catch_up()
-        self.report(
-            "joined", peer_id=self.peer_id, addresses=self.addresses, reachability=self.reachability,
+        self.report(Joined(
+            peer_id=self.peer_id, addresses=self.addresses, reachability=self.reachability,
             manifest=manifest.model_dump(mode="json"), manifest_hash=self.manifest_hash, device=self.device,
             precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             grad_accum=self.grad_accum, parameters=self.loaded.parameters,
-            trainable_parameters=self.loaded.trainable_parameters, nickname=spec.get("nickname", ""),
-        )
+            trainable_parameters=self.loaded.trainable_parameters, nickname=spec.nickname,
+            port_moves=self.port_moves,
+        ))
 
     def _catch_up(self) -> None:
         """Download the swarm's state if it is ahead of ours (checkpoint or fresh model)."""
@@ -215,7 +226,7 @@ class Worker:
     def _checkpoint_file(self) -> Path:
         from p2ptrain.peers.checkpoint import checkpoint_path
 
-        return checkpoint_path(self.spec["paths"]["checkpoints_dir"], self.spec["run_id"])
+        return checkpoint_path(self.spec.paths.checkpoints_dir, self.spec.run_id)
 
     def _read_checkpoint(self) -> dict | None:
         from p2ptrain.peers.checkpoint import load_checkpoint
@@ -241,7 +252,7 @@ class Worker:
             save_checkpoint(self._checkpoint_file(), state)
             remember_peers(self.dht, peers_file(self._checkpoint_file()))
         except OSError as error:
-            self.report("error", message=f"could not write the checkpoint: {error}", fix="free disk space or fix permissions of the state directory", fatal=False)
+            self.report(Error(f"could not write the checkpoint: {error}", "free disk space or fix permissions of the state directory"))
             return
         self.last_checkpoint = time.monotonic()
         self.event("checkpoint-saved", f"checkpoint saved ({why}) at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch, reason=why)
@@ -251,8 +262,8 @@ class Worker:
         """Train until ``leave`` or a signal; commands are polled between micro-steps."""
         self.interruptible = False
         self.last_checkpoint = time.monotonic()
-        self.checkpoint_interval_s = float(self.spec.get("checkpoint_interval_s", 600))
-        self.set_state("paused" if self.spec.get("start_paused") else "training")
+        self.checkpoint_interval_s = self.spec.checkpoint_interval_s
+        self.set_state("paused" if self.spec.start_paused else "training")
         threading.Thread(target=self._report_swarm_forever, name="swarm-reporter", daemon=True).start()
         self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
         self.epoch_started_at, self.epoch_losses = time.time(), []
@@ -275,32 +286,46 @@ class Worker:
 
     def set_state(self, state: str) -> None:
         self.state = state
-        self.report("state", state=state)
+        self.report(StateChanged(state))
 
     def handle_commands(self) -> None:
+        """Run the daemon's waiting commands, each by its handler in ``command_handlers``."""
         while self.conn.poll():
             try:
-                command = self.conn.recv()
+                command = self.receive_command()
             except (EOFError, OSError):
                 logger.warning("The daemon closed the pipe: stopping")
                 self.stop_requested = True
                 return
-            name = command.get("cmd") if isinstance(command, dict) else None
-            if name == "pause" and self.state == "training":
-                self.pause()
-            elif name == "resume" and self.state != "training":
-                self.finish_at_epoch = None
-                self._catch_up()
-                self.set_state("training")
-            elif name == "finish":
-                self.finish_at_epoch = self.trainer.local_epoch + 1
-                if self.state != "training":
-                    self.set_state("training")
-            elif name == "leave":
-                self.leave()
+            if command is not None:
+                self.command_handlers[type(command)]()
+            if self.left:
                 return
-            elif name not in ("pause", "resume"):
-                self.report("error", message=f"unknown worker command {command!r}", fix="send pause, resume, finish or leave", fatal=False)
+
+    def receive_command(self) -> Command | None:
+        """The next command; None (and an ``Error`` report) for one this worker does not know."""
+        received = self.conn.recv()
+        try:
+            return decode_command(received)
+        except MalformedMessage as error:
+            logger.warning("Ignoring a command: %s", error)
+            self.report(Error(f"unknown worker command {received!r:.200}", "send pause, resume, finish or leave"))
+            return None
+
+    def on_pause(self) -> None:
+        if self.state == "training":
+            self.pause()
+
+    def on_resume(self) -> None:
+        if self.state != "training":
+            self.finish_at_epoch = None
+            self._catch_up()
+            self.set_state("training")
+
+    def on_finish(self) -> None:
+        self.finish_at_epoch = self.trainer.local_epoch + 1
+        if self.state != "training":
+            self.set_state("training")
 
     def pause(self, finished: bool = False) -> None:
         self.trainer.skip_batch()
@@ -321,7 +346,7 @@ class Worker:
             except Exception:
                 logger.exception("Error while shutting down %s", type(closing).__name__)
         self.trainer = self.dht = None
-        self.report("left")
+        self.report(Left())
 
     def train_one_step(self) -> None:
         """Accumulate ``grad_accum`` micro-batches and hand them to the trainer,
@@ -364,11 +389,11 @@ class Worker:
         if elapsed < STEP_REPORT_INTERVAL_S or not self.window["losses"]:
             return
         self.samples_per_second = self.window["samples"] / elapsed
-        self.report(
-            "step", ts=time.time(), epoch=self.trainer.local_epoch,
+        self.report(Step(
+            ts=time.time(), epoch=self.trainer.local_epoch,
             loss=sum(self.window["losses"]) / len(self.window["losses"]),
             samples=self.window["samples"], samples_per_second=self.samples_per_second,
-        )
+        ))
         self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
 
     def after_step(self, outcome) -> None:
@@ -389,12 +414,12 @@ class Worker:
     def end_epoch(self, epoch: int) -> None:
         now = time.time()
         progress = self.trainer.tracker.global_progress
-        self.report(
-            "epoch", epoch=epoch, started_at=self.epoch_started_at, ended_at=now, duration_s=now - self.epoch_started_at,
+        self.report(Epoch(
+            epoch=epoch, started_at=self.epoch_started_at, ended_at=now, duration_s=now - self.epoch_started_at,
             num_peers=max(progress.num_peers, 1), global_samples=self.manifest.target_batch_size,
             loss=sum(self.epoch_losses) / len(self.epoch_losses) if self.epoch_losses else None,
             val_loss=self.validation_loss(), averaged_with=getattr(self, "last_group", 1),
-        )
+        ))
         self.epoch_started_at, self.epoch_losses, self.last_group = now, [], 1
         if self.finish_at_epoch is not None and self.trainer.local_epoch >= self.finish_at_epoch:
             self.finish_at_epoch = None
@@ -413,8 +438,8 @@ class Worker:
         from p2ptrain.peers.records import LocalMetrics
 
         return LocalMetrics(
-            peer_id=self.peer_id, nickname=self.spec.get("nickname", "")[:64],
-            device=self.spec.get("device_label") or self.device, precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
+            peer_id=self.peer_id, nickname=self.spec.nickname[:64],
+            device=self.spec.device_label or self.device, precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             samples_per_second=samples_per_second, loss=self.last_loss, epoch=self.trainer.local_epoch,
             contributed_samples=self.contributed_samples, manifest_hash=self.manifest_hash,
             version=__version__, reachability=self.reachability, time=get_dht_time(),
@@ -430,12 +455,7 @@ class Worker:
             try:
                 training = self.state == "training"
                 publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(self.samples_per_second if training else 0.0))
-                view = read_swarm(self.dht, self.manifest.run_id, self.manifest_hash, self.manifest.target_batch_size)
-                self.report(
-                    "swarm", epoch=view.epoch, samples_accumulated=view.samples_accumulated,
-                    target_batch_size=view.target_batch_size, eta_next_epoch_s=view.eta_next_epoch_s,
-                    num_peers=view.num_peers, peers=view.peers,
-                )
+                self.report(read_swarm(self.dht, self.manifest.run_id, self.manifest_hash, self.manifest.target_batch_size))
             except Exception:
                 logger.exception("Could not publish metrics or read the swarm")
             time.sleep(SWARM_REPORT_INTERVAL_S)

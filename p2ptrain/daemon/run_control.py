@@ -1,0 +1,253 @@
+"""The daemon's state machine: what the user asked for, the state now, and every rule that moves it.
+
+The verbs (join, pause, resume, finish, leave), the volunteer policies, a
+timed pause running out, and what the workers do (join the swarm, finish an
+epoch, fail, exit) all change the state here, and only here. The desired
+state (``state.py``) is saved at every change, so a restarted daemon goes
+back to it. Verbs go to every worker; the state is the daemon's: ``joining``
+becomes ``training`` when the first worker joins, ``finish`` pauses once every
+running worker has finished its epoch, and a crash changes the state only
+when no other worker is in the swarm.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from p2ptrain import protocol
+from p2ptrain.daemon import state as states
+from p2ptrain.daemon.event_log import EventLog
+from p2ptrain.daemon.run_view import RunView
+from p2ptrain.daemon.server import RequestError
+from p2ptrain.daemon.state import DESIRED_STATE_KEY, DesiredState, Lifecycle
+from p2ptrain.daemon.worker_pool import WorkerPool
+from p2ptrain.daemon.worker_process import WorkerProcess
+from p2ptrain.daemon.worker_slots import WorkerSlot
+from p2ptrain.storage.database import Database
+from p2ptrain.worker_pipe import Finish, Leave, Pause, Resume
+
+log = logging.getLogger(__name__)
+
+
+class RunControl:
+    """Keeps ``lifecycle`` (the state now) and ``desired`` (what the user asked for), and moves them.
+
+    Args:
+        db: where the desired state is saved, and runs joined and left are recorded.
+        pool: the run's workers, which the verbs start and command.
+        run: the run view, reset when a run starts or ends.
+        events: where every change is recorded.
+        on_change: called after every change of state (the daemon pushes a new status).
+    """
+
+    def __init__(self, db: Database, pool: WorkerPool, run: RunView, events: EventLog, on_change: Callable[[], None]):
+        self.db, self.pool, self.run, self.events = db, pool, run, events
+        self._on_change = on_change
+        self.lifecycle = Lifecycle()
+        self.desired = DesiredState.from_dict(db.get_setting(DESIRED_STATE_KEY))
+
+    # ----- verbs -----------------------------------------------------------------
+
+    def join(self, run_request: dict[str, Any]) -> None:
+        """Join (or create) a run: ``run_id``, ``initial_peers``, ``new_run``, ``manifest``."""
+        if self.lifecycle.state in states.IN_RUN or self.lifecycle.state == states.LEAVING:
+            raise RequestError(
+                protocol.INVALID_STATE,
+                f"already in run {self.run.run_id!r} ({self.lifecycle.state})",
+                "leave it first: p2ptrain leave",
+            )
+        self.desired = DesiredState(run=run_request)
+        self._save_desired()
+        self.events.record("join", f"joining run {run_request['run_id']!r}", {"new_run": run_request.get("new_run", False)})
+        self._start_workers()
+
+    def pause(self, reason: str = "user", for_s: float | None = None) -> None:
+        """Pause every worker; a ``user`` pause (for ``for_s`` seconds, or until resumed) is kept across restarts."""
+        self._require_in_run("pause")
+        if reason == "user":
+            self.desired.paused = True
+            self.desired.pause_until = time.time() + for_s if for_s else None
+            self._save_desired()
+        self.pool.send_all(Pause())
+        until = f" for {for_s:.0f} s" if for_s else ""
+        self.events.record("paused", f"paused ({reason}){until}", {"reason": reason, "for_s": for_s})
+        self._enter(states.PAUSED, reason)
+
+    def resume(self) -> None:
+        self._require_in_run("resume")
+        self.desired.paused = False
+        self.desired.pause_until = None
+        self._save_desired()
+        if self.lifecycle.state in (states.PAUSED, states.FINISHING):
+            self.pool.send_all(Resume())
+            self.events.record("resumed", "resumed training")
+            self._enter(states.TRAINING if self.run.joined else states.JOINING)
+
+    def finish(self) -> None:
+        """Complete the current epoch, then pause."""
+        self._require_in_run("finish")
+        if self.lifecycle.state == states.PAUSED:
+            raise RequestError(protocol.INVALID_STATE, "already paused", "resume first: p2ptrain resume")
+        self.pool.send_all(Finish())
+        self.events.record("finishing", "finishing the current epoch, then pausing")
+        self._enter(states.FINISHING)
+
+    def leave(self) -> None:
+        if self.lifecycle.state == states.ERROR and self.desired.run is None:
+            # Leaving after a fatal error only acknowledges it.
+            self.events.record("left", "error acknowledged; idle")
+            self._left()
+            return
+        self._require_in_run("leave")
+        run_id = self.desired.run["run_id"] if self.desired.run else self.run.run_id
+        self.desired = DesiredState()
+        self._save_desired()
+        self.pool.cancel_restarts()
+        self.events.record("leaving", f"leaving run {run_id!r}")
+        if self.pool.send_all(Leave()):
+            self._enter(states.LEAVING)
+        else:
+            self._left()
+
+    def _require_in_run(self, verb: str) -> None:
+        if self.desired.run is None:
+            raise RequestError(protocol.INVALID_STATE, f"cannot {verb}: not in a run", "join one first: p2ptrain join RUN --peers MULTIADDR")
+
+    # ----- the clock and the policies --------------------------------------------------
+
+    def resume_desired(self) -> None:
+        """At the daemon's start: go back to what the user last asked for (a run, paused or not)."""
+        if self.desired.run is not None:
+            self._start_workers()
+
+    def tick(self) -> None:
+        """End a timed pause that is over, and start the workers whose back-off is over."""
+        if self.desired.paused and self.desired.pause_until and time.time() >= self.desired.pause_until:
+            self.events.record("pause-ended", "timed pause is over; resuming")
+            self.resume()
+        if self.desired.run is not None:
+            for slot in self.pool.due_restarts():
+                self._start_worker(slot)
+
+    def apply_policy(self, reason: str | None) -> None:
+        """Follow the volunteer policies: ``reason`` is the pause reason that holds now, or None."""
+        state = self.lifecycle.state
+        if reason and state in (states.TRAINING, states.JOINING, states.FINISHING):
+            self.pause(reason)
+        elif reason and state == states.PAUSED and self.lifecycle.pause_reason != reason and not self.desired.paused:
+            self._enter(states.PAUSED, reason)
+        elif not reason and state == states.PAUSED and self.lifecycle.pause_reason in states.POLICY_REASONS and not self.desired.paused:
+            self.resume()
+
+    # ----- the workers ------------------------------------------------------------------
+
+    def _start_workers(self) -> None:
+        """Start the run's workers, one per selected device (a join, or the daemon's start)."""
+        run_request = self.desired.run
+        try:
+            self.pool.plan_run()
+        except ValueError as error:
+            self.desired = DesiredState()
+            self._save_desired()
+            self.events.record("worker-error", str(error), {"fatal": True})
+            self._enter(states.ERROR, error={"message": str(error), "fix": "fix training.gpus (p2ptrain config set training.gpus all), then join again"})
+            return
+        self.run.reset(run_request["run_id"], run_request.get("manifest") or {})
+        for slot in self.pool.slots:
+            self._start_worker(slot)
+        if self.desired.paused:
+            self._enter(states.PAUSED, "user")
+        else:
+            self._enter(states.JOINING)
+
+    def _start_worker(self, slot: WorkerSlot) -> None:
+        # a worker restarted while a policy holds the others paused starts paused too
+        policy_paused = self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason in states.POLICY_REASONS
+        process = self.pool.start(slot, self.desired.run, self.desired.paused or policy_paused)
+        if self.lifecycle.state == states.FINISHING:
+            process.send(Finish())  # the others are finishing their epoch: so does this one
+        elif self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason == "oom-backoff":
+            self._enter(states.JOINING)
+
+    def worker_joined(self, manifest: dict) -> None:
+        """A worker is in the swarm with ``manifest``."""
+        if self.desired.run is not None and manifest:
+            # Keep the manifest: a restarted daemon can rejoin even if the creator is gone.
+            self.desired.run["manifest"] = manifest
+            self._save_desired()
+        if self.lifecycle.state == states.JOINING:
+            self._enter(states.TRAINING)
+
+    def worker_state(self, worker_state: str) -> None:
+        """A worker reported its state (the run view has it already)."""
+        if worker_state == "finished":
+            # every running worker completes its epoch before the daemon pauses
+            if any(self.run.workers[name].state != "finished" for name in self.pool.processes):
+                return
+            self.desired.paused = True
+            self.desired.pause_until = None
+            self._save_desired()
+            self.events.record("finished", "finished the epoch; paused")
+            self._enter(states.PAUSED, "user")
+        elif worker_state == "training" and self.lifecycle.state == states.JOINING:
+            self._enter(states.TRAINING)
+
+    def worker_failed(self, message: str, fix: str) -> None:
+        """A worker had a fatal error (no such run, a bad manifest...): it needs the user, so stop
+        retrying and end the other workers."""
+        self.desired = DesiredState()
+        self._save_desired()
+        self.pool.send_all(Leave())
+        self._enter(states.ERROR, error={"message": message, "fix": f"{fix}; then join again (p2ptrain leave clears this error)"})
+
+    def worker_exited(self, name: str, process: WorkerProcess, exitcode: int | None) -> None:
+        """Worker ``name`` has ended: the run is over, or it is restarted after its back-off."""
+        if self.desired.run is None:
+            if self.pool.processes:
+                return  # the others are still leaving
+            if self.lifecycle.state == states.ERROR:
+                self.run.reset()  # the error stays shown until the user leaves or joins again
+            else:
+                self._left()
+            return
+        if self.pool.stopping:
+            return
+        ended = self.pool.schedule_restart(name, exitcode)
+        others_training = any(view.joined for other, view in self.run.workers.items() if other != name)
+        words = self.pool.worker_words(name)
+        if ended.out_of_memory:
+            plan = process.spec.plan
+            self.events.record(
+                "worker-oom",
+                f"training worker{words} ran out of memory; restarting in {ended.restart_in_s} s with a smaller micro-batch",
+                {"exitcode": exitcode, "restart_in_s": ended.restart_in_s, "micro_batch_halvings": ended.restarts.micro_batch_halvings,
+                 "micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "worker": name},
+            )
+            if self.lifecycle.state != states.PAUSED and not others_training:
+                self._enter(states.PAUSED, "oom-backoff")
+            return
+        self.events.record(
+            "worker-crashed",
+            f"training worker{words} exited with code {exitcode}; restarting in {ended.restart_in_s} s",
+            {"exitcode": exitcode, "restart_in_s": ended.restart_in_s, "crashes_in_a_row": ended.restarts.crashes_in_a_row, "worker": name},
+        )
+        if self.lifecycle.state != states.PAUSED and not others_training:
+            self._enter(states.JOINING)
+
+    def _left(self) -> None:
+        if self.run.run_id:
+            self.db.record_run_left(self.run.run_id)
+        self.run.reset()
+        self._enter(states.IDLE)
+
+    # ----- the state --------------------------------------------------------------------
+
+    def _enter(self, state: str, pause_reason: str | None = None, error: dict | None = None) -> None:
+        if self.lifecycle.enter(state, pause_reason, error):
+            log.info("state: %s%s", state, f" ({pause_reason})" if pause_reason else "")
+            self._on_change()
+
+    def _save_desired(self) -> None:
+        self.db.set_setting(DESIRED_STATE_KEY, self.desired.to_dict())

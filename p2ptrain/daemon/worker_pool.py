@@ -1,0 +1,239 @@
+"""The run's training workers: one per selected device, started, restarted with back-off, told what to do.
+
+``worker_slots.py`` says which workers a run has and what each starts with;
+``worker_process.py`` runs one. This module keeps the running ones (by slot
+name) and each one's crash and out-of-memory record in this run, so a worker
+that crashed is started again after its own back-off, with half the
+micro-batch after an out-of-memory error. What the daemon's state does about
+a crash is ``run_control.py``'s call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from p2ptrain.daemon.config_file import ConfigFile
+from p2ptrain.daemon.event_log import EventLog
+from p2ptrain.daemon.plan import DeviceFacts, PlanPolicy
+from p2ptrain.daemon.run_view import RunView
+from p2ptrain.daemon.worker_process import WorkerProcess
+from p2ptrain.daemon.worker_slots import (
+    WorkerRestarts,
+    WorkerSlot,
+    hardware_plan,
+    restart_delay_s,
+    select_devices,
+    smaller_after_out_of_memory,
+    worker_plan,
+    worker_slots,
+    worker_spec,
+)
+from p2ptrain.paths import Paths
+from p2ptrain.worker_pipe import OUT_OF_MEMORY_EXIT_CODE, Command, Report
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """What became of a worker that ended while its run goes on.
+
+    Attributes:
+        out_of_memory: it ran out of memory (it said so, or by its exit code);
+            its next start has half the micro-batch.
+        restart_in_s: its back-off before the next start.
+        restarts: its record in this run, already counting this exit.
+    """
+
+    out_of_memory: bool
+    restart_in_s: int
+    restarts: WorkerRestarts
+
+
+class WorkerPool:
+    """The training workers of the run the daemon is in.
+
+    Args:
+        paths: the daemon's directories (each worker's files are derived from them).
+        config: the daemon's config, read at every start (DHT, training and policy settings).
+        run: the run view, where each worker's state (``joining``, ``restarting``...) is kept.
+        events: where plan failures and the worker list are recorded.
+        on_report: ``on_report(name, report)``, for each report of a current worker.
+        on_exit: ``on_exit(name, process, exitcode)``, once a current worker's process has ended.
+    """
+
+    def __init__(
+        self,
+        paths: Paths,
+        config: ConfigFile,
+        run: RunView,
+        events: EventLog,
+        on_report: Callable[[str, Report], None],
+        on_exit: Callable[[str, WorkerProcess, int | None], None],
+    ):
+        self.paths, self.config, self.run, self.events = paths, config, run, events
+        self.on_report, self.on_exit = on_report, on_exit
+        self.slots: list[WorkerSlot] = []  # the workers of the current run, first one first
+        self.processes: dict[str, WorkerProcess] = {}  # by slot name: the running ones
+        self.restarts: dict[str, WorkerRestarts] = {}
+        self.stopping = False  # the daemon is stopping: workers that end are not restarted
+
+    # ----- which devices ---------------------------------------------------------
+
+    def devices(self) -> list[DeviceFacts]:
+        """The devices to train on now (free memory as of this probe); ValueError for a bad training.gpus."""
+        from p2ptrain.daemon.hardware_probe import probe
+
+        return select_devices(self.config.config, probe(retries=0))
+
+    def gpu_index(self) -> int | None:
+        """The GPU the policies watch (busy, temperature): the first worker's."""
+        try:
+            device = self.devices()[0]
+        except ValueError as error:
+            log.warning("no device to train on: %s", error)
+            return None
+        return device.index if device.kind == "cuda" else None
+
+    def pids(self) -> set[int]:
+        """The running workers' process ids (the GPU-busy policy does not count them).
+
+        Called from the sensors' thread: it copies the workers first, as the event loop may change them."""
+        return {process.pid for process in list(self.processes.values()) if process.pid}
+
+    def worker_words(self, name: str) -> str:
+        """' (gpu1)' when there are several workers, so events say which one."""
+        return f" ({name})" if len(self.slots) > 1 else ""
+
+    # ----- starting ----------------------------------------------------------------
+
+    def plan_run(self) -> None:
+        """Take the run's workers, one per selected device, each with a clean record.
+
+        Raises:
+            ValueError: ``training.gpus`` names a GPU this machine does not have.
+        """
+        self.slots = worker_slots(self.devices(), self.paths)
+        self.restarts = {slot.name: WorkerRestarts() for slot in self.slots}
+        if len(self.slots) > 1:
+            names = [slot.name for slot in self.slots]
+            self.events.record("workers", f"one worker per GPU: {', '.join(names)}", {"workers": names})
+
+    def start(self, slot: WorkerSlot, run_request: dict, start_paused: bool) -> WorkerProcess:
+        """Start (or restart) one worker, with a plan sized from its device's free memory (as last probed).
+
+        Args:
+            slot: the worker.
+            run_request: the desired run (``run_id``, ``manifest``, ``new_run``, ``initial_peers``).
+            start_paused: it waits for ``Resume`` once it has joined.
+        """
+        manifest = run_request.get("manifest") or {}
+        restarts = self.restarts[slot.name]
+        plan = smaller_after_out_of_memory(self._plan(slot, run_request.get("manifest")), manifest, restarts.micro_batch_halvings)
+        if restarts.micro_batch_halvings:
+            log.info("plan %s: micro-batch %d x %d after %d out-of-memory error(s)", slot.name, plan.micro_batch, plan.grad_accum, restarts.micro_batch_halvings)
+        spec = worker_spec(slot, run_request, self.config.config, self.paths, plan, start_paused, len(self.slots))
+        restarts.ran_out_of_memory = False
+        self.run.worker(slot.name, slot.device_label).state = "joining"
+        name = slot.name
+        # the callbacks name their worker: after a fatal error and a quick new
+        # join, the old run's workers may still be ending while new ones start
+        process = WorkerProcess(
+            spec,
+            slot.pgid_file,
+            lambda report: self.on_report(name, report) if self.processes.get(name) is process else None,
+            lambda exitcode: self._ended(name, process, exitcode),
+            name=name,
+        )
+        self.processes[name] = process
+        process.start()
+        return process
+
+    def _plan(self, slot: WorkerSlot, manifest: dict | None):
+        """What one worker trains with, sized from its device's free memory now."""
+        plan, failure = hardware_plan(slot, manifest, PlanPolicy.from_settings(self.config.config.policy),
+                                      self.config.config.training.uplink_mbit_s)
+        if failure:
+            self.events.record("plan-failed", f"no hardware plan for {slot.name}: {failure}", {"worker": slot.name})
+        for line in plan.rationale if plan else ():
+            log.info("plan %s: %s", slot.name, line)
+        return worker_plan(slot, plan)
+
+    def due_restarts(self) -> list[WorkerSlot]:
+        """The workers whose back-off is over, each with its device probed again (it plans from the free memory now)."""
+        due = []
+        for slot in self.slots:
+            restarts = self.restarts[slot.name]
+            if restarts.restart_at is not None and time.monotonic() >= restarts.restart_at:
+                restarts.restart_at = None
+                due.append(self._refreshed(slot))
+        return due
+
+    def cancel_restarts(self) -> None:
+        for restarts in self.restarts.values():
+            restarts.restart_at = None
+
+    def _refreshed(self, slot: WorkerSlot) -> WorkerSlot:
+        try:
+            devices = self.devices()
+        except ValueError:
+            return slot
+        same = [device for device in devices if (device.kind, device.index) == (slot.device.kind, slot.device.index)]
+        return replace(slot, device=same[0]) if same else slot
+
+    # ----- running -------------------------------------------------------------------
+
+    def send_all(self, command: Command) -> bool:
+        """Send a command to every running worker; True if at least one got it."""
+        return sum(process.send(command) for process in self.processes.values()) > 0
+
+    def joined(self, name: str) -> None:
+        """Worker ``name`` is in the swarm again: its crashes are forgiven."""
+        self.restarts[name].crashes_in_a_row = 0
+
+    def ran_out_of_memory(self, name: str) -> None:
+        """Worker ``name`` reported an out-of-memory error (it exits next)."""
+        self.restarts[name].ran_out_of_memory = True
+
+    def _ended(self, name: str, process: WorkerProcess, exitcode: int | None) -> None:
+        if self.processes.get(name) is not process:
+            return  # a worker of an earlier run, which had already been given up on
+        del self.processes[name]
+        self.on_exit(name, process, exitcode)
+
+    def schedule_restart(self, name: str, exitcode: int | None) -> WorkerExit:
+        """Count the exit of worker ``name`` and set its restart after its back-off."""
+        restarts = self.restarts[name]
+        restarts.crashes_in_a_row += 1
+        delay = restart_delay_s(restarts.crashes_in_a_row)
+        restarts.restart_at = time.monotonic() + delay
+        out_of_memory = restarts.ran_out_of_memory or exitcode == OUT_OF_MEMORY_EXIT_CODE
+        if out_of_memory:
+            restarts.micro_batch_halvings += 1
+        self.run.workers[name].stopped("oom-backoff" if out_of_memory else "restarting")
+        return WorkerExit(out_of_memory, delay, restarts)
+
+    def crash_health(self) -> list[dict]:
+        """A line per worker that crashed, from the crash until it is back in the swarm (not only until its restart begins)."""
+        lines = []
+        for name, restarts in self.restarts.items():
+            view = self.run.workers.get(name)
+            if restarts.crashes_in_a_row and not (view and view.joined):
+                lines.append(
+                    {"level": "warning", "message": f"training worker{self.worker_words(name)} crashed {restarts.crashes_in_a_row} time(s) in a row; restarting", "fix": "see p2ptrain events and the daemon log"}
+                )
+        return lines
+
+    async def stop_all(self, timeout_s: float) -> None:
+        """Ask every worker to checkpoint and exit; none is restarted from now on.
+
+        The workers stay registered while they stop: their last reports (the
+        stop checkpoint) are handled only from registered workers.
+        """
+        self.stopping = True
+        await asyncio.gather(*(process.stop(timeout_s) for process in list(self.processes.values())))
+        self.processes = {}

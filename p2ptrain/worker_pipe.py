@@ -1,0 +1,431 @@
+"""The pipe between the daemon and its training workers: every message, typed.
+
+The daemon starts a worker with a ``WorkerSpec`` and then talks to it over a
+``multiprocessing`` pipe: commands down (``Pause``, ``Resume``, ``Finish``,
+``Leave``), reports up (``Joined``, ``Step``, ``Epoch``, ``Swarm``,
+``StateChanged``, ``Event``, ``Error``, ``Left``). Both sides import this
+module, and nothing else of each other.
+
+Messages cross the pipe as plain dicts of builtins: a report as
+``{"type": KIND, field: value, ...}``, a command as ``{"cmd": KIND}``
+(``encode``). ``decode_report`` and ``decode_command`` check every field's
+type against the dataclass (``pipe_codec.py``) and raise ``MalformedMessage``
+(one line) for anything else, a key the message does not have included, so a broken worker
+costs a log line, never the daemon, and the two sides cannot drift apart
+silently.
+
+To add a field, add it to its dataclass here (with a default, if older
+senders may leave it out); to add a kind, add a ``Report`` subclass with its
+``kind=`` and a handler in the daemon's table (``daemon/reports.py``;
+``tests/unit/test_worker_pipe.py`` fails while one is missing).
+
+``PeerRow`` is one peer of a swarm as every part sees it: the worker's swarm
+view, the daemon's run view, the ``peers`` table of the database and the
+``peers`` result of the control protocol.
+
+Stdlib only: the daemon imports it without torch or hivemind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Literal
+
+from p2ptrain.pipe_codec import MalformedMessage, Message, shown
+
+# Exit codes of a worker process the daemon acts on (any other code is a crash).
+FAILED_EXIT_CODE = 1  # a fatal error, reported as ``Error(fatal=True)`` before the exit
+OUT_OF_MEMORY_EXIT_CODE = 3  # the daemon restarts the worker with half the micro-batch
+STOP_DEADLINE_EXIT_CODE = 4  # a stop signal was not honoured in time: ended without a final checkpoint
+
+# After a stop signal the worker finishes its step and checkpoints; a step can
+# block in averaging for up to the averaging timeout, so past these deadlines
+# it ends its process group without a final checkpoint (the timer's one stays).
+STOP_DEADLINE_S = 30.0  # the daemon asked (SIGTERM while it lives)
+DAEMON_GONE_DEADLINE_S = 4.0  # the daemon died: leave no orphan for long
+
+WorkerState = Literal["training", "paused", "finished"]
+
+
+# ----- the spec a worker is started with ---------------------------------------
+
+
+@dataclasses.dataclass
+class WorkerPaths(Message):
+    """The worker's files: ``state_dir`` (known peers), ``cache_dir`` (datasets,
+    shared by all workers), ``checkpoints_dir`` and ``identity_key`` (its own)."""
+
+    state_dir: str
+    cache_dir: str
+    checkpoints_dir: str
+    identity_key: str
+
+
+@dataclasses.dataclass
+class DhtOptions(Message):
+    """How the worker's DHT listens and joins (config ``[dht]``, ports shifted per worker).
+
+    Attributes:
+        host_maddrs: addresses to listen on; empty: any free port on all interfaces.
+        announce_maddrs: public addresses to tell peers instead of the local ones.
+        use_relay, use_auto_relay: libp2p circuit relays, for peers behind NAT.
+        client_mode: this peer accepts no connections.
+        start_timeout_s: how long the DHT may take to start and reach a bootstrap peer.
+    """
+
+    host_maddrs: list[str] = dataclasses.field(default_factory=list)
+    announce_maddrs: list[str] = dataclasses.field(default_factory=list)
+    use_relay: bool = True
+    use_auto_relay: bool = False
+    client_mode: bool = False
+    start_timeout_s: float = 60.0
+
+
+@dataclasses.dataclass
+class WorkerPlan(Message):
+    """What the worker trains with, from the daemon's hardware plan.
+
+    Attributes:
+        device: the device as the worker sees it: ``cpu``, or ``cuda:0`` in a
+            GPU worker (it sees only its own card).
+        precision: ``fp32``, ``bf16`` or ``fp16``.
+        quantization: ``none``, ``int8`` or ``nf4``.
+        micro_batch: samples per forward/backward; None: the manifest's
+            ``micro_batch_hint``.
+        grad_accum: micro-batches accumulated into one step.
+        cpu_threads: threads torch may use; None: torch's default.
+        compression: the compression rung it sends pseudo-gradients with
+            (``compression_ladder``); None: a plan made without the run's
+            manifest, so the worker picks it from ``WorkerSpec.uplink_mbit_s``.
+    """
+
+    device: str = "cpu"
+    precision: str = "fp32"
+    quantization: str = "none"
+    micro_batch: int | None = None
+    grad_accum: int = 1
+    cpu_threads: int | None = None
+    compression: str | None = None
+
+
+@dataclasses.dataclass
+class AveragingTimings(Message):
+    """Seconds peers spend forming an averaging group, and before a stuck round is abandoned."""
+
+    matchmaking_time: float
+    averaging_timeout: float
+
+
+@dataclasses.dataclass
+class WorkerSpec(Message):
+    """Everything one worker process is started with (the argument of ``peers.training_worker.main``).
+
+    Attributes:
+        run_id: the run to join.
+        paths: the worker's files.
+        manifest: the run manifest as JSON (``Manifest.model_dump``); None or
+            empty when joining an existing run (the worker reads it from the DHT).
+        new_run: create the run from ``manifest`` instead of fetching it.
+        initial_peers: bootstrap multiaddrs; empty: the peers the worker remembers.
+        dht: how its DHT listens.
+        nickname: shown to other peers.
+        plan: what it trains with.
+        uplink_mbit_s: the machine's upload bandwidth (config
+            ``training.uplink_mbit_s``), which picks the compression rung when
+            the plan has none; None: unknown (the run's top rung).
+        start_paused: wait for ``Resume`` once joined.
+        checkpoint_interval_s: seconds between timer checkpoints while training.
+        log_level: the worker log's level name.
+        environment: variables set before torch is imported
+            (``CUDA_VISIBLE_DEVICES`` of a GPU worker).
+        device_label: the device in the host's numbering (``cuda:1``), what
+            other peers are shown; None: the plan's device.
+        averaging: averaging timings; None: chosen from the listen addresses.
+        manifest_timeout_s: how long to look for the manifest of an existing run.
+        temp_dir: the worker's ``TMPDIR`` (``daemon/temp_files.py``: removed
+            once its process group has ended); None: the inherited one.
+    """
+
+    run_id: str
+    paths: WorkerPaths
+    manifest: dict | None = None
+    new_run: bool = False
+    initial_peers: list[str] = dataclasses.field(default_factory=list)
+    dht: DhtOptions = dataclasses.field(default_factory=DhtOptions)
+    nickname: str = ""
+    plan: WorkerPlan = dataclasses.field(default_factory=WorkerPlan)
+    uplink_mbit_s: float | None = None
+    start_paused: bool = False
+    checkpoint_interval_s: float = 600.0
+    log_level: str = "INFO"
+    environment: dict[str, str] = dataclasses.field(default_factory=dict)
+    device_label: str | None = None
+    averaging: AveragingTimings | None = None
+    manifest_timeout_s: float = 60.0
+    temp_dir: str | None = None
+
+
+# ----- one peer of the swarm ------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PeerRow(Message):
+    """One peer of a run, as this machine sees it (the ``peers`` result of the control protocol).
+
+    All but the last three come from the peer's signed metrics record
+    (``peers/records.py``: ``LocalMetrics``); a peer seen only in hivemind's
+    progress records has None where it says nothing.
+
+    Attributes:
+        compatible: it trains with our manifest (its ``manifest_hash``), so we average with it.
+        last_seen: Unix (DHT) time of its latest record.
+        is_local: one of this machine's own workers (the daemon sets it).
+    """
+
+    peer_id: str
+    nickname: str | None = None
+    device: str | None = None
+    precision: str | None = None
+    quantization: str | None = None
+    micro_batch: int | None = None
+    samples_per_second: float | None = None
+    loss: float | None = None
+    epoch: int | None = None
+    contributed_samples: int | None = None
+    manifest_hash: str | None = None
+    compatible: bool | None = None
+    reachability: str | None = None
+    version: str | None = None
+    last_seen: float | None = None
+    is_local: bool = False
+
+
+@dataclasses.dataclass
+class PortMove(Message):
+    """A fixed listening port that was taken when the worker's DHT started, and the port used
+    instead (``peers/ports.py``): ``port`` 0 is a random one; ``holder`` says who held it, in
+    words; ``message`` and ``fix`` are the warning ``status.health`` shows."""
+
+    protocol: str
+    configured: int
+    port: int
+    holder: str
+    message: str
+    fix: str
+
+
+# ----- commands: daemon -> worker --------------------------------------------------
+
+
+class _OfAKind(Message):
+    """A message with a name on the pipe: ``class Step(Report, kind="step")`` registers ``Step`` as ``step``."""
+
+    KIND: ClassVar[str]
+    KINDS: ClassVar[dict[str, type]]
+
+    def __init_subclass__(cls, kind: str = "", **options):
+        super().__init_subclass__(**options)
+        if kind:
+            cls.KIND = kind
+            cls.KINDS[kind] = cls
+
+
+COMMANDS: dict[str, type[Command]] = {}
+
+
+class Command(_OfAKind):
+    """A command to the worker; ``KIND`` names it on the pipe (``{"cmd": KIND}``)."""
+
+    KINDS = COMMANDS
+
+
+@dataclasses.dataclass(frozen=True)
+class Pause(Command, kind="pause"):
+    """Stop training after the current step, checkpoint, free GPU memory."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Resume(Command, kind="resume"):
+    """Train again (catching up with the swarm first); also cancels a ``Finish``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Finish(Command, kind="finish"):
+    """Complete the current epoch, then pause and report ``StateChanged("finished")``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Leave(Command, kind="leave"):
+    """Checkpoint, say goodbye to the swarm, report ``Left`` and exit 0."""
+
+
+# ----- reports: worker -> daemon ----------------------------------------------------
+
+REPORTS: dict[str, type[Report]] = {}
+
+
+class Report(_OfAKind):
+    """A report from the worker; ``KIND`` names it on the pipe (``{"type": KIND, ...}``)."""
+
+    KINDS = REPORTS
+
+
+@dataclasses.dataclass
+class Joined(Report, kind="joined"):
+    """The worker is in the swarm: who it is and what it trains with.
+
+    All fields but the manifest are ``status.local`` (``daemon/run_view.py``).
+
+    Attributes:
+        addresses: multiaddrs others can dial it at, best first.
+        reachability: ``direct``, ``relayed`` or ``unknown``.
+        parameters, trainable_parameters: the model's sizes.
+        manifest: the run manifest it trains with (JSON), and its hash.
+        port_moves: the configured listening ports that were taken, and where it listens instead.
+    """
+
+    peer_id: str
+    nickname: str
+    addresses: list[str]
+    reachability: str
+    device: str
+    precision: str
+    quantization: str
+    micro_batch: int
+    grad_accum: int
+    parameters: int
+    trainable_parameters: int
+    manifest: dict
+    manifest_hash: str
+    port_moves: list[PortMove] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Step(Report, kind="step"):
+    """Local training since the previous ``Step`` (at most about one a second).
+
+    Attributes:
+        ts: Unix time of the report.
+        epoch: the worker's local epoch.
+        loss: mean training loss over the report's steps.
+        samples: samples trained since the previous report.
+        samples_per_second: over the same window.
+    """
+
+    ts: float
+    epoch: int
+    loss: float | None
+    samples: int
+    samples_per_second: float
+
+
+@dataclasses.dataclass
+class Epoch(Report, kind="epoch"):
+    """An epoch ended (a global step in sync mode, an outer step in DiLoCo).
+
+    Attributes:
+        num_peers: peers in the swarm at its end.
+        global_samples: samples the swarm gathered for it.
+        loss: mean local training loss of the epoch; ``val_loss`` on held-out data after it.
+        averaged_with: peers in its last averaging round, this one included.
+    """
+
+    epoch: int
+    started_at: float
+    ended_at: float
+    duration_s: float
+    num_peers: int
+    global_samples: int
+    loss: float | None
+    val_loss: float | None = None
+    averaged_with: int = 1
+
+
+@dataclasses.dataclass
+class Swarm(Report, kind="swarm"):
+    """The run as the worker reads it from the DHT (every few seconds).
+
+    Attributes:
+        epoch: the swarm's epoch; ``samples_accumulated`` towards the next.
+        eta_next_epoch_s: None while nobody reports a speed.
+        num_peers: compatible peers seen.
+        peers: every peer seen (``is_local`` is the daemon's to set).
+    """
+
+    epoch: int
+    samples_accumulated: int
+    target_batch_size: int
+    eta_next_epoch_s: float | None
+    num_peers: int
+    peers: list[PeerRow] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class StateChanged(Report, kind="state"):
+    """The worker's own state: ``training``, ``paused`` or ``finished`` (a ``Finish`` completed its epoch)."""
+
+    state: WorkerState
+
+
+@dataclasses.dataclass
+class Event(Report, kind="event"):
+    """Something worth a line in the ``events`` table (DEVELOPERS.md lists the kinds)."""
+
+    kind: str
+    message: str
+    data: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Error(Report, kind="error"):
+    """A failure: ``fatal`` ones end the run's workers (the user must act), others are shown as warnings.
+
+    Attributes:
+        out_of_memory: the worker ran out of memory and exits with
+            ``OUT_OF_MEMORY_EXIT_CODE``; the daemon restarts it with half the micro-batch.
+    """
+
+    message: str
+    fix: str = ""
+    fatal: bool = False
+    out_of_memory: bool = False
+
+
+@dataclasses.dataclass
+class Left(Report, kind="left"):
+    """The worker checkpointed, said goodbye and is about to exit 0 (after ``Leave``)."""
+
+
+def encode(message: Command | Report) -> dict[str, Any]:
+    """The dict that crosses the pipe for ``message``."""
+    if isinstance(message, Command):
+        return {"cmd": message.KIND}
+    return {"type": message.KIND, **message.to_dict()}
+
+
+def decode_report(data: Any) -> Report:
+    """The report a received dict stands for.
+
+    Raises:
+        MalformedMessage: not a dict, an unknown ``type``, or a field of the wrong type.
+    """
+    return _decode(data, "type", REPORTS, "report")
+
+
+def decode_command(data: Any) -> Command:
+    """The command a received dict stands for.
+
+    Raises:
+        MalformedMessage: not a dict or an unknown ``cmd``.
+    """
+    return _decode(data, "cmd", COMMANDS, "command")
+
+
+def _decode(data: Any, key: str, kinds: dict[str, type], what: str):
+    if not isinstance(data, dict):
+        raise MalformedMessage(f"a worker {what} must be a dict, not {shown(data)}")
+    kind = data.get(key)
+    if kind not in kinds:
+        raise MalformedMessage(f"unknown worker {what} {key}={shown(kind)}; known: {', '.join(kinds)}")
+    fields = {name: value for name, value in data.items() if name != key}
+    return kinds[kind].from_dict(fields, where=f"{kind} {what}")

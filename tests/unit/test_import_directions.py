@@ -1,0 +1,213 @@
+"""Imports flow one way (DEVELOPERS.md, "Import rules"): read from every module's source
+with ``ast``, imports inside functions included, so a lazy import breaks a rule as surely
+as one at the top of a file."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import p2ptrain
+
+PACKAGE_DIR = Path(p2ptrain.__file__).parent
+
+HEAVY = {"torch", "hivemind", "transformers", "peft", "bitsandbytes"}
+# Modules that import nothing of p2ptrain but each other: anything may use them.
+LEAVES = {"config", "paths", "protocol", "worker_pipe", "pipe_codec", "multiaddr", "processes", "durations"}
+# Every part of p2ptrain (a subpackage or a top-level module), so a new one must be placed here.
+PARTS = LEAVES | {"p2ptrain", "cli", "tui", "daemon", "peers", "storage", "service", "demo"}
+# What each part must never import.
+FORBIDDEN = {
+    # the CLI and TUI start fast; the pipe module is what the daemon and the worker share
+    **dict.fromkeys(("cli", "tui", "protocol", "paths", "durations", "worker_pipe", "pipe_codec"), HEAVY | {"peers", "storage", "daemon"}),
+    "peers": {"daemon", "tui"},
+    "storage": {"peers", "daemon", "tui"},
+    "daemon": {"tui"},
+}
+# `p2ptrain daemon` runs the daemon in the CLI's process, imported only when typed.
+ALLOWED = {
+    ("p2ptrain.cli", "cmd_daemon", "p2ptrain.daemon.main"),
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # p2ptrain.daemon.supervisor
+    imported: str  # p2ptrain.worker_pipe, torch.nn...
+    function: str | None  # the function it sits in, None at module level
+    line: int
+
+    def __str__(self) -> str:
+        where = f" (in {self.function})" if self.function else ""
+        return f"{self.importer}:{self.line}{where} imports {self.imported}"
+
+
+def module_name(path: Path, package_dir: Path) -> str:
+    parts = path.relative_to(package_dir.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str, package_dir: Path) -> bool:
+    relative = Path(*name.split(".")[1:]) if "." in name else Path()
+    base = package_dir / relative
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def imports_in(path: Path, package_dir: Path) -> list[Import]:
+    """Every import in one file, wherever it sits (``from a import b`` counts as ``a.b`` when ``b`` is a module)."""
+    module = module_name(path, package_dir)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+
+    def visit(node: ast.AST, function: str | None) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name if function is None else f"{function}.{node.name}"
+        if isinstance(node, ast.Import):
+            found.extend(Import(module, alias.name, function, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                imported = submodule if base.split(".")[0] == package_dir.name and is_module(submodule, package_dir) else base
+                found.append(Import(module, imported, function, node.lineno))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(ast.parse(path.read_text(), filename=str(path)), None)
+    return found
+
+
+def all_imports(package_dir: Path = PACKAGE_DIR) -> list[Import]:
+    return [found for path in sorted(package_dir.rglob("*.py")) for found in imports_in(path, package_dir)]
+
+
+def part_of(module: str, package_name: str = "p2ptrain") -> str:
+    """``p2ptrain.daemon.supervisor`` -> ``daemon``; ``p2ptrain`` -> ``p2ptrain``; ``torch.nn`` -> ``torch``."""
+    parts = module.split(".")
+    if parts[0] != package_name:
+        return parts[0]
+    return parts[1] if len(parts) > 1 else package_name
+
+
+def broken_rules(imports: list[Import], package_name: str = "p2ptrain") -> list[str]:
+    """One line per import that goes a forbidden way."""
+    broken = []
+    for found in imports:
+        importer, imported = part_of(found.importer, package_name), part_of(found.imported, package_name)
+        ours = found.imported.split(".")[0] == package_name
+        if (found.importer, found.function, found.imported) in ALLOWED or importer == imported:
+            continue
+        if imported in FORBIDDEN.get(importer, ()):
+            broken.append(f"{found}: {importer} must not import {imported}")
+        elif importer in LEAVES and ours and imported not in LEAVES:
+            broken.append(f"{found}: {importer} is a leaf, it may import only the other leaves ({', '.join(sorted(LEAVES))})")
+    return broken
+
+
+def package_cycles(imports: list[Import], package_name: str = "p2ptrain") -> list[list[str]]:
+    """Groups of parts that import each other, directly or through others (Tarjan's strongly connected components)."""
+    edges: dict[str, set[str]] = {}
+    for found in imports:
+        if found.imported.split(".")[0] != package_name or (found.importer, found.function, found.imported) in ALLOWED:
+            continue
+        importer, imported = part_of(found.importer, package_name), part_of(found.imported, package_name)
+        if importer != imported and imported != package_name:  # p2ptrain/__init__ only holds __version__
+            edges.setdefault(importer, set()).add(imported)
+    index: dict[str, int] = {}
+    lowest: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def connect(part: str) -> None:
+        index[part] = lowest[part] = len(index)
+        stack.append(part)
+        for other in sorted(edges.get(part, ())):
+            if other not in index:
+                connect(other)
+                lowest[part] = min(lowest[part], lowest[other])
+            elif other in stack:
+                lowest[part] = min(lowest[part], index[other])
+        if lowest[part] == index[part]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == part:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for part in sorted(edges):
+        if part not in index:
+            connect(part)
+    return cycles
+
+
+def test_every_part_of_p2ptrain_has_its_place_in_the_rules():
+    found = {part_of(module_name(path, PACKAGE_DIR)) for path in PACKAGE_DIR.rglob("*.py")}
+    assert found - PARTS == set(), "place the new part in PARTS (and LEAVES or FORBIDDEN) of this test"
+
+
+def test_no_import_goes_a_forbidden_way():
+    assert broken_rules(all_imports()) == []
+
+
+def test_no_two_packages_import_each_other():
+    assert package_cycles(all_imports()) == []
+
+
+def test_the_supervisor_starts_without_torch_or_hivemind():
+    code = (
+        "import p2ptrain.daemon.supervisor, sys\n"
+        "assert 'torch' not in sys.modules and 'hivemind' not in sys.modules, sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'hivemind'})"
+    )
+    environment = dict(os.environ, PYTHONPATH=str(PACKAGE_DIR.parent))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environment)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+# ----- the rules can fail: the same checks over a small package with bad imports -----
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    for name, source in files.items():
+        path = root / "p2ptrain" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    return root / "p2ptrain"
+
+
+@pytest.mark.parametrize(
+    ("files", "complaint"),
+    [
+        ({"cli.py": "def cmd_status():\n    import torch\n"}, "p2ptrain.cli:2 (in cmd_status) imports torch: cli must not import torch"),
+        ({"tui/app.py": "from p2ptrain.daemon import supervisor\n"}, "tui must not import daemon"),
+        ({"peers/worker.py": "from ..daemon.calibrate import is_out_of_memory\n"}, "imports p2ptrain.daemon.calibrate: peers must not import daemon"),
+        ({"storage/db.py": "from p2ptrain.peers import records\n"}, "storage must not import peers"),
+        ({"config.py": "from p2ptrain.daemon.policies import PolicySettings\n"}, "config is a leaf"),
+        ({"worker_pipe.py": "import hivemind.utils\n"}, "worker_pipe must not import hivemind"),
+    ],
+)
+def test_a_forbidden_import_is_named_with_its_line(tmp_path, files, complaint):
+    package_dir = write_package(tmp_path, {"__init__.py": "", "daemon/__init__.py": "", "peers/__init__.py": "", **files})
+    broken = broken_rules(all_imports(package_dir))
+    assert len(broken) == 1 and complaint in broken[0], broken
+
+
+def test_a_cycle_between_packages_is_found(tmp_path):
+    package_dir = write_package(tmp_path, {
+        "__init__.py": "", "daemon/__init__.py": "", "peers/__init__.py": "",
+        "daemon/supervisor.py": "from p2ptrain.peers.worker import OUT_OF_MEMORY_EXIT_CODE\n",
+        "peers/worker.py": "def main():\n    from p2ptrain.daemon import calibrate\n",
+        "daemon/calibrate.py": "",
+    })
+    assert package_cycles(all_imports(package_dir)) == [["daemon", "peers"]]
