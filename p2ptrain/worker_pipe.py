@@ -47,6 +47,28 @@ DAEMON_GONE_DEADLINE_S = 4.0  # the daemon died: leave no orphan for long
 WorkerState = Literal["training", "paused", "finished"]
 
 
+def halved_micro_batch(micro_batch: int, grad_accum: int) -> tuple[int, int] | None:
+    """The one out-of-memory back-off: what to try after running out of memory at ``micro_batch``.
+
+    The worker uses it before its first step (its start-up check), the daemon
+    when it restarts a worker that ran out of memory while training.
+
+    Args:
+        micro_batch: samples per forward/backward that did not fit.
+        grad_accum: micro-batches per step at that micro-batch.
+
+    Returns:
+        ``(micro_batch, grad_accum)`` with about half the micro-batch (the
+        largest divisor of the samples per step at most half of it, so a step
+        still has as many samples), or None at micro-batch 1: nothing smaller.
+    """
+    if micro_batch <= 1:
+        return None
+    samples_per_step = micro_batch * grad_accum
+    smaller = next(size for size in range(micro_batch // 2, 0, -1) if samples_per_step % size == 0)
+    return smaller, samples_per_step // smaller
+
+
 # ----- the spec a worker is started with ---------------------------------------
 
 
@@ -91,9 +113,12 @@ class WorkerPlan(Message):
         precision: ``fp32``, ``bf16`` or ``fp16``.
         quantization: ``none``, ``int8`` or ``nf4``.
         micro_batch: samples per forward/backward; None: the manifest's
-            ``micro_batch_hint``.
+            ``micro_batch_hint``. The worker confirms it with real steps
+            before its first one, halving it on out-of-memory.
         grad_accum: micro-batches accumulated into one step.
         cpu_threads: threads torch may use; None: torch's default.
+        device_name: the device's model (``NVIDIA RTX 4090``, the CPU's name),
+            which keys the measured speed in the plan cache.
         compression: the compression rung it sends pseudo-gradients with
             (``compression_ladder``); None: a plan made without the run's
             manifest, so the worker picks it from ``WorkerSpec.uplink_mbit_s``.
@@ -105,6 +130,7 @@ class WorkerPlan(Message):
     micro_batch: int | None = None
     grad_accum: int = 1
     cpu_threads: int | None = None
+    device_name: str = ""
     compression: str | None = None
 
 
@@ -133,7 +159,9 @@ class WorkerSpec(Message):
         uplink_mbit_s: the machine's upload bandwidth (config
             ``training.uplink_mbit_s``), which picks the compression rung when
             the plan has none; None: unknown (the run's top rung).
-        start_paused: wait for ``Resume`` once joined.
+        start_paused: wait for ``Resume`` once joined, before the first step
+            (a benchmark starting several workers, so none trains alone; the
+            daemon starts no worker while it is paused).
         checkpoint_interval_s: seconds between timer checkpoints while training.
         log_level: the worker log's level name.
         environment: variables set before torch is imported
@@ -241,17 +269,19 @@ class Command(_OfAKind):
 
 @dataclasses.dataclass(frozen=True)
 class Pause(Command, kind="pause"):
-    """Stop training after the current step, checkpoint, free GPU memory."""
+    """Stop after the current step, checkpoint, leave the swarm, report ``StateChanged("paused")``
+    and exit 0: the process ends, so all its memory (model, optimizer, CUDA cache) goes back.
+    ``resume`` is a new worker that loads that checkpoint."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Resume(Command, kind="resume"):
-    """Train again (catching up with the swarm first); also cancels a ``Finish``."""
+    """Cancel a ``Finish``; a worker started paused (``WorkerSpec.start_paused``) starts training."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Finish(Command, kind="finish"):
-    """Complete the current epoch, then pause and report ``StateChanged("finished")``."""
+    """Complete the current epoch, then do what ``Pause`` does, reporting ``StateChanged("finished")``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,9 +309,15 @@ class Joined(Report, kind="joined"):
     Attributes:
         addresses: multiaddrs others can dial it at, best first.
         reachability: ``direct``, ``relayed`` or ``unknown``.
+        micro_batch, grad_accum: what it trains with, confirmed by real steps
+            (halved from the plan's if that ran out of memory).
         parameters, trainable_parameters: the model's sizes.
         manifest: the run manifest it trains with (JSON), and its hash.
         port_moves: the configured listening ports that were taken, and where it listens instead.
+        contributed_samples: its total in the run so far, from its checkpoint
+            (the one count: ``Step`` carries it on).
+        calibrated_samples_per_second: forward/backward speed measured at
+            ``micro_batch`` before the first step (None if not measured).
     """
 
     peer_id: str
@@ -298,6 +334,8 @@ class Joined(Report, kind="joined"):
     manifest: dict
     manifest_hash: str
     port_moves: list[PortMove] = dataclasses.field(default_factory=list)
+    contributed_samples: int = 0
+    calibrated_samples_per_second: float | None = None
 
 
 @dataclasses.dataclass
@@ -310,6 +348,7 @@ class Step(Report, kind="step"):
         loss: mean training loss over the report's steps.
         samples: samples trained since the previous report.
         samples_per_second: over the same window.
+        contributed_samples: the worker's total in the run (its checkpoint's, plus since).
     """
 
     ts: float
@@ -317,6 +356,7 @@ class Step(Report, kind="step"):
     loss: float | None
     samples: int
     samples_per_second: float
+    contributed_samples: int = 0
 
 
 @dataclasses.dataclass
@@ -362,7 +402,9 @@ class Swarm(Report, kind="swarm"):
 
 @dataclasses.dataclass
 class StateChanged(Report, kind="state"):
-    """The worker's own state: ``training``, ``paused`` or ``finished`` (a ``Finish`` completed its epoch)."""
+    """The worker's own state: ``training``; ``paused`` or ``finished`` (a ``Finish`` completed its
+    epoch) once it has checkpointed and left the swarm, right before it exits 0 (a worker
+    started paused reports ``paused`` and waits for ``Resume``)."""
 
     state: WorkerState
 
@@ -381,14 +423,19 @@ class Error(Report, kind="error"):
     """A failure: ``fatal`` ones end the run's workers (the user must act), others are shown as warnings.
 
     Attributes:
-        out_of_memory: the worker ran out of memory and exits with
-            ``OUT_OF_MEMORY_EXIT_CODE``; the daemon restarts it with half the micro-batch.
+        out_of_memory: the worker ran out of memory while training and exits
+            with ``OUT_OF_MEMORY_EXIT_CODE``; the daemon restarts it with
+            ``halved_micro_batch(micro_batch, grad_accum)``. At micro-batch 1
+            the error is fatal instead.
+        micro_batch, grad_accum: what it trained with when it ran out of memory.
     """
 
     message: str
     fix: str = ""
     fatal: bool = False
     out_of_memory: bool = False
+    micro_batch: int | None = None
+    grad_accum: int | None = None
 
 
 @dataclasses.dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def save_small_llama(directory: Path) -> None:
-    """A small pretrained-looking Llama (~0.3 M parameters) with its own byte-level BPE tokenizer."""
+def save_small_llama(directory: Path, hidden_size: int = 128, intermediate_size: int = 344, layers: int = 2, heads: int = 4) -> None:
+    """A small pretrained-looking Llama (~0.3 M parameters by default) with its own byte-level BPE tokenizer."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -18,8 +18,8 @@ def save_small_llama(directory: Path) -> None:
     bpe.train_from_iterator(["def main():\n    return 0\n", "import os\nprint(os.getcwd())\n", "class A:\n    pass\n"], trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
     tokenizer.save_pretrained(directory)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256, eos_token_id=1)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=256, eos_token_id=1)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(directory)
 

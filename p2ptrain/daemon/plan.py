@@ -3,9 +3,12 @@
 `make_plan` is a pure function of (model facts, manifest, device facts,
 policy). It sizes from the memory that is *free* now (a desktop's browser and
 compositor hold VRAM too), not from the card's total, and says why it chose
-each value in one line. `calibrate.calibrate` then confirms it with a real
-step. `run` is `p2ptrain plan` (its arguments: `add_arguments`): the same answer for a hypothetical
-device, so a run organiser sees what a T4, a 4090 or an A100 would do.
+each value in one line. The training worker then confirms it with real
+passes before its first step (`p2ptrain.peers.calibration`), halving the
+micro-batch on out-of-memory, and records the speed it measured. `run` is
+`p2ptrain plan` (its arguments: `add_arguments`): the same answer for a hypothetical
+device, so a run organiser sees what a T4, a 4090 or an A100 would do, and
+for this machine's own device with what its worker measured.
 """
 
 from __future__ import annotations
@@ -105,10 +108,12 @@ class PlanPolicy:
 class Plan:
     """What one worker runs with; `rationale` has one line per choice.
 
-    `samples_per_second` and `calibrated` are filled by a real step
-    (`calibrate`); `memory_estimate_gib` is the plan's own arithmetic.
-    `compression` is the rung this peer sends averaged tensors with (None when
-    the plan was made without the run's manifest: `choose_compression` then).
+    `samples_per_second` is what this machine's training worker measured for
+    the same model, device, precision and quantization (the plan cache), and
+    `calibrated` says it was at this plan's micro-batch and seq_len;
+    `memory_estimate_gib` is the plan's own arithmetic. `compression` is the
+    rung this peer sends averaged tensors with (None when the plan was made
+    without the run's manifest: `choose_compression` then).
     """
 
     model: str
@@ -335,6 +340,24 @@ def parse_compute_capability(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+def with_measurement(plan: Plan, home: str | None) -> Plan:
+    """`plan` with what this machine's worker measured for it, if it ever ran it (`cache_dir/plans.json`)."""
+    import time
+
+    from p2ptrain.paths import resolve_paths
+    from p2ptrain.peers.calibration import cache_key, read_plan_cache
+
+    measured = read_plan_cache(resolve_paths(home).cache_dir).get(cache_key(plan.model, plan.device_name, plan.precision, plan.quantization))
+    if not isinstance(measured, dict) or not isinstance(measured.get("samples_per_second"), (int, float)):
+        return plan
+    same = measured.get("micro_batch") == plan.micro_batch and measured.get("seq_len") == plan.seq_len
+    when = time.strftime("%Y-%m-%d", time.localtime(measured.get("measured_at") or 0))
+    line = (f"measured here on {when}: {measured['samples_per_second']:.2f} samples/s forward and backward at micro-batch "
+            f"{measured.get('micro_batch')} x {measured.get('seq_len')} tokens")
+    return Plan(**{**asdict(plan), "samples_per_second": measured["samples_per_second"], "calibrated": same,
+                   "rationale": [*plan.rationale, line]})
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `p2ptrain plan` (the CLI adds its global options)."""
     parser.add_argument("--model", required=True, help="built-in name (tiny, gemma-2b, ...), hub id or local dir")
@@ -401,6 +424,8 @@ def run(options: argparse.Namespace) -> int:
             device = replace(device, uplink_mbit_s=parse_rate_mbit(options.uplink) if options.uplink else None)
         facts = model_facts(options.model, lora)
         plan = make_plan(facts, manifest, device, PlanPolicy(memory_share=options.memory_share))
+        if not options.gpu_memory:
+            plan = with_measurement(plan, getattr(options, "home", None))
     except (ValueError, ModelFactsError) as error:
         print(f"p2ptrain plan: {error}", file=sys.stderr)
         return 2

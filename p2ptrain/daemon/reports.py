@@ -67,7 +67,10 @@ class WorkerReports:
         self.control.worker_joined(report.manifest)
 
     def state_changed(self, name: str, report: StateChanged) -> None:
-        self.run.workers[name].state = report.state
+        if report.state == "training":
+            self.run.workers[name].state = report.state
+        else:
+            self.run.workers[name].stopped(report.state)  # it has left the swarm and exits next
         self.control.worker_state(report.state)
 
     def step(self, name: str, report: Step) -> None:
@@ -103,8 +106,8 @@ class WorkerReports:
 
     def error(self, name: str, report: Error) -> None:
         message = report.message + self.pool.worker_words(name)
-        if report.out_of_memory:
-            self.pool.ran_out_of_memory(name)
+        if report.out_of_memory and not report.fatal:
+            self.pool.ran_out_of_memory(name, report)
         self.events.record("worker-error", message, {"fix": report.fix, "fatal": report.fatal, "worker": name})
         if report.fatal:
             self.control.worker_failed(message, report.fix)

@@ -8,6 +8,14 @@ back to it. Verbs go to every worker; the state is the daemon's: ``joining``
 becomes ``training`` when the first worker joins, ``finish`` pauses once every
 running worker has finished its epoch, and a crash changes the state only
 when no other worker is in the swarm.
+
+A pause, the user's or a policy's, ends the workers (each checkpoints and
+leaves the swarm first), so a paused daemon holds no training memory and no
+peer of it takes part in matchmaking; ``resume`` starts them again from their
+checkpoints. No worker starts while the daemon is paused: not after a crash,
+not when the daemon itself starts paused. The policies' hold times
+(``policy.min_pause_s``, ``resume_after_s``) bound how often a flapping
+condition can make the workers rejoin.
 """
 
 from __future__ import annotations
@@ -21,12 +29,12 @@ from p2ptrain.daemon import state as states
 from p2ptrain.daemon.event_log import EventLog
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import RequestError
-from p2ptrain.daemon.state import DESIRED_STATE_KEY, DesiredState, Lifecycle
+from p2ptrain.daemon.state import DESIRED_STATE_KEY, PAUSED_VIEW_KEY, DesiredState, Lifecycle
 from p2ptrain.daemon.worker_pool import WorkerPool
 from p2ptrain.daemon.worker_process import WorkerProcess
 from p2ptrain.daemon.worker_slots import WorkerSlot
 from p2ptrain.storage.database import Database
-from p2ptrain.worker_pipe import Finish, Leave, Pause, Resume
+from p2ptrain.worker_pipe import Finish, Leave, Resume
 
 log = logging.getLogger(__name__)
 
@@ -64,26 +72,34 @@ class RunControl:
         self._start_workers()
 
     def pause(self, reason: str = "user", for_s: float | None = None) -> None:
-        """Pause every worker; a ``user`` pause (for ``for_s`` seconds, or until resumed) is kept across restarts."""
+        """End every worker, each once it has checkpointed; a ``user`` pause (for ``for_s``
+        seconds, or until resumed) is kept across restarts."""
         self._require_in_run("pause")
         if reason == "user":
             self.desired.paused = True
             self.desired.pause_until = time.time() + for_s if for_s else None
             self._save_desired()
-        self.pool.send_all(Pause())
+        self.pool.release_all()
+        self._save_paused_view()
         until = f" for {for_s:.0f} s" if for_s else ""
         self.events.record("paused", f"paused ({reason}){until}", {"reason": reason, "for_s": for_s})
         self._enter(states.PAUSED, reason)
 
     def resume(self) -> None:
+        """Train again: cancel a finish, or start the workers a pause ended (from their checkpoints)."""
         self._require_in_run("resume")
         self.desired.paused = False
         self.desired.pause_until = None
         self._save_desired()
-        if self.lifecycle.state in (states.PAUSED, states.FINISHING):
+        if self.lifecycle.state == states.FINISHING:
             self.pool.send_all(Resume())
-            self.events.record("resumed", "resumed training")
-            self._enter(states.TRAINING if self.run.joined else states.JOINING)
+        elif self.lifecycle.state != states.PAUSED:
+            return
+        self.events.record("resumed", "resumed training")
+        self._enter(states.TRAINING if self.run.joined else states.JOINING)
+        # a worker still pausing (finishing its step) starts again once it has gone: worker_exited
+        for slot in self.pool.stopped_slots():
+            self._start_worker(slot)
 
     def finish(self) -> None:
         """Complete the current epoch, then pause."""
@@ -123,13 +139,17 @@ class RunControl:
             self._start_workers()
 
     def tick(self) -> None:
-        """End a timed pause that is over, and start the workers whose back-off is over."""
+        """End a timed pause that is over, and start the workers whose back-off is over (unless paused)."""
         if self.desired.paused and self.desired.pause_until and time.time() >= self.desired.pause_until:
             self.events.record("pause-ended", "timed pause is over; resuming")
             self.resume()
-        if self.desired.run is not None:
+        if self.desired.run is not None and not self.holding():
             for slot in self.pool.due_restarts():
                 self._start_worker(slot)
+
+    def holding(self) -> bool:
+        """Paused for a reason that keeps the workers ended (any but ``oom-backoff``, which waits for a restart)."""
+        return self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason != "oom-backoff"
 
     def apply_policy(self, reason: str | None) -> None:
         """Follow the volunteer policies: ``reason`` is the pause reason that holds now, or None."""
@@ -155,17 +175,27 @@ class RunControl:
             self._enter(states.ERROR, error={"message": str(error), "fix": "fix training.gpus (p2ptrain config set training.gpus all), then join again"})
             return
         self.run.reset(run_request["run_id"], run_request.get("manifest") or {})
+        if self.desired.paused:
+            # the daemon started paused: no worker, the run as it was last seen
+            self._restore_paused_view()
+            self._enter(states.PAUSED, "user")
+            return
         for slot in self.pool.slots:
             self._start_worker(slot)
-        if self.desired.paused:
-            self._enter(states.PAUSED, "user")
-        else:
-            self._enter(states.JOINING)
+        self._enter(states.JOINING)
+
+    def _restore_paused_view(self) -> None:
+        for slot in self.pool.slots:
+            self.run.worker(slot.name, slot.device_label).state = "paused"
+        snapshot = self.db.get_setting(PAUSED_VIEW_KEY)
+        if isinstance(snapshot, dict) and snapshot.get("run_id") == self.run.run_id:
+            try:
+                self.run.restore(snapshot, "paused")
+            except (KeyError, TypeError, ValueError) as error:
+                log.warning("not showing the run as last seen: its record is unreadable (%s)", error)
 
     def _start_worker(self, slot: WorkerSlot) -> None:
-        # a worker restarted while a policy holds the others paused starts paused too
-        policy_paused = self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason in states.POLICY_REASONS
-        process = self.pool.start(slot, self.desired.run, self.desired.paused or policy_paused)
+        process = self.pool.start(slot, self.desired.run)
         if self.lifecycle.state == states.FINISHING:
             process.send(Finish())  # the others are finishing their epoch: so does this one
         elif self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason == "oom-backoff":
@@ -193,6 +223,8 @@ class RunControl:
             self._enter(states.PAUSED, "user")
         elif worker_state == "training" and self.lifecycle.state == states.JOINING:
             self._enter(states.TRAINING)
+        if worker_state != "training" and self.holding():
+            self._save_paused_view()  # with the totals of its last step report
 
     def worker_failed(self, message: str, fix: str) -> None:
         """A worker had a fatal error (no such run, a bad manifest...): it needs the user, so stop
@@ -214,16 +246,22 @@ class RunControl:
             return
         if self.pool.stopping:
             return
+        view = self.run.workers[name]
+        released = exitcode == 0 and view.state in ("pausing", "paused", "finished")
+        if released or self.holding():
+            self._released(name, finished=released and view.state == "finished")
+            return
         ended = self.pool.schedule_restart(name, exitcode)
         others_training = any(view.joined for other, view in self.run.workers.items() if other != name)
         words = self.pool.worker_words(name)
         if ended.out_of_memory:
             plan = process.spec.plan
+            micro_batch, grad_accum = ended.restarts.out_of_memory_at or (plan.micro_batch, plan.grad_accum)
             self.events.record(
                 "worker-oom",
                 f"training worker{words} ran out of memory; restarting in {ended.restart_in_s} s with a smaller micro-batch",
                 {"exitcode": exitcode, "restart_in_s": ended.restart_in_s, "micro_batch_halvings": ended.restarts.micro_batch_halvings,
-                 "micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "worker": name},
+                 "micro_batch": micro_batch, "grad_accum": grad_accum, "worker": name},
             )
             if self.lifecycle.state != states.PAUSED and not others_training:
                 self._enter(states.PAUSED, "oom-backoff")
@@ -236,7 +274,22 @@ class RunControl:
         if self.lifecycle.state != states.PAUSED and not others_training:
             self._enter(states.JOINING)
 
+    def _released(self, name: str, finished: bool) -> None:
+        """Worker ``name`` has ended for a pause (or a finish that completed its epoch)."""
+        self.run.workers[name].stopped("finished" if finished else "paused")
+        if self.holding() or (finished and self.lifecycle.state == states.FINISHING):
+            self._save_paused_view()
+            return
+        # resumed while it was still finishing its step: it starts again now
+        for slot in self.pool.stopped_slots({name}):
+            self._start_worker(slot)
+
+    def _save_paused_view(self) -> None:
+        """What ``status`` shows of the run while paused, kept for a restart of the daemon (``_restore_paused_view``)."""
+        self.db.set_setting(PAUSED_VIEW_KEY, self.run.snapshot())
+
     def _left(self) -> None:
+        self.db.set_setting(PAUSED_VIEW_KEY, None)
         if self.run.run_id:
             self.db.record_run_left(self.run.run_id)
         self.run.reset()

@@ -5,6 +5,11 @@ progress), ``epoch`` (an averaging round is done) and ``swarm`` (the global
 progress and the other peers). This module keeps the latest of each, per
 worker where it is a worker's own, and shapes the ``run``, ``local`` and
 ``peers`` parts of the control protocol.
+
+A paused daemon has no worker (a pause ends it, to give its memory back): the
+view then shows the last reports, ``run.as_of`` saying when they came.
+``snapshot`` and ``restore`` keep that view across a restart of the daemon
+while it is paused.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 from p2ptrain.worker_pipe import Epoch, Joined, PeerRow, PortMove, Step, Swarm
 
 # what status.local shows of a worker's Joined report: all of it but the run's manifest
-LOCAL_FIELDS = tuple(report_field.name for report_field in fields(Joined) if report_field.name not in ("manifest", "manifest_hash"))
+LOCAL_FIELDS = tuple(report_field.name for report_field in fields(Joined) if report_field.name not in ("manifest", "manifest_hash", "port_moves"))
 
 WORKER_FIELDS = (
     "device",
@@ -41,10 +46,12 @@ class WorkerView:
             ``cpu``); it wins over the worker's own name for it, which is
             ``cuda:0`` in every GPU worker (each sees only its card).
         state: ``joining`` from its start, then what the worker reports
-            (``training``, ``paused``, ``finished``; it reports one right after
-            ``joined``); ``restarting`` or ``oom-backoff`` between a crash and
-            the next start.
-        contributed_samples: kept across restarts of the worker within the run.
+            (``training``; it reports it right after ``joined``); ``pausing``
+            from a pause until the worker has checkpointed and left, then
+            ``paused`` (or ``finished``, after a ``finish``) while it is gone;
+            ``restarting`` or ``oom-backoff`` between a crash and the next start.
+        contributed_samples: the worker's own total, as it last reported it
+            (it restores it from its checkpoint, so it survives restarts).
     """
 
     device: str
@@ -61,14 +68,15 @@ class WorkerView:
         self.local = {name: getattr(report, name) for name in LOCAL_FIELDS}
         self.local["device"] = self.device
         self.port_moves = list(report.port_moves)
+        self.contributed_samples = report.contributed_samples
 
     def apply_step(self, report: Step) -> None:
-        self.contributed_samples += report.samples
+        self.contributed_samples = report.contributed_samples
         self.samples_per_second = report.samples_per_second
         self.loss = report.loss
 
     def stopped(self, state: str) -> None:
-        """The process has ended; ``state`` says what comes next (``restarting``, ``oom-backoff``)."""
+        """The process has ended; ``state`` says what comes next (``paused``, ``restarting``, ``oom-backoff``)."""
         self.joined = False
         self.samples_per_second = None
         self.state = state
@@ -102,6 +110,7 @@ class RunView:
     eta_next_epoch_s: float | None = None
     num_peers: int = 0
     last_epoch_at: float | None = None
+    reported_at: float | None = None
     peers: list[PeerRow] = field(default_factory=list)
     warnings: list[dict] = field(default_factory=list)
 
@@ -125,14 +134,17 @@ class RunView:
         self.manifest_hash = report.manifest_hash
         self.target_batch_size = self.manifest.get("target_batch_size", self.target_batch_size)
         self.workers[name].apply_joined(report)
+        self.reported_at = time.time()
 
     def apply_step(self, name: str, report: Step) -> None:
         self.workers[name].apply_step(report)
         self.epoch = max(self.epoch, report.epoch)
+        self.reported_at = time.time()
 
     def apply_epoch(self, report: Epoch) -> None:
         self.epoch = max(self.epoch, report.epoch)
         self.last_epoch_at = report.ended_at or time.time()
+        self.reported_at = time.time()
 
     def apply_swarm(self, report: Swarm) -> list[PeerRow]:
         """Take a swarm snapshot; returns the peer rows (ours marked ``is_local``)."""
@@ -141,10 +153,15 @@ class RunView:
         self.target_batch_size = report.target_batch_size or self.target_batch_size
         self.eta_next_epoch_s = report.eta_next_epoch_s
         self.num_peers = report.num_peers
-        now = time.time()
+        now = self.reported_at = time.time()
         own_ids = {view.local.get("peer_id") for view in self.workers.values() if view.local}
         self.peers = [replace(row, last_seen=row.last_seen or now, is_local=row.peer_id in own_ids) for row in report.peers]
         return self.peers
+
+    @property
+    def as_of(self) -> float | None:
+        """None while a worker is in the swarm; else when a worker last reported what is shown (paused: none runs)."""
+        return None if self.joined else self.reported_at
 
     def run_status(self) -> dict:
         return {
@@ -155,16 +172,19 @@ class RunView:
             "epoch": self.epoch,
             "samples_accumulated": self.samples_accumulated,
             "target_batch_size": self.target_batch_size,
-            "eta_next_epoch_s": self.eta_next_epoch_s,
+            "eta_next_epoch_s": self.eta_next_epoch_s if self.joined else None,
             "num_peers": self.num_peers,
             "last_epoch_at": self.last_epoch_at,
+            "as_of": self.as_of,
         }
 
     def local_status(self) -> dict | None:
-        """DESIGN's ``local``: the first joined worker's view, with ``workers``
+        """DESIGN's ``local``: the first joined worker's view (or, with none joined, as
+        while paused, the first that ever joined: its last numbers), with ``workers``
         (every worker's view) and, when there are several, ``samples_per_second``
         and ``contributed_samples`` summed over all of them. None before any joined."""
-        first = next((view for view in self.workers.values() if view.joined), None)
+        views = self.workers.values()
+        first = next((view for view in views if view.joined), None) or next((view for view in views if view.local), None)
         if first is None:
             return None
         views = list(self.workers.values())
@@ -185,6 +205,26 @@ class RunView:
             if view.joined
             for move in view.port_moves
         ]
+
+    def snapshot(self) -> dict:
+        """What a paused daemon shows of the run, as JSON, for ``restore`` after a restart of the daemon."""
+        return {
+            "run_id": self.run_id, "manifest_hash": self.manifest_hash, "epoch": self.epoch,
+            "samples_accumulated": self.samples_accumulated, "target_batch_size": self.target_batch_size,
+            "num_peers": self.num_peers, "last_epoch_at": self.last_epoch_at, "reported_at": self.reported_at,
+            "peers": [peer.to_dict() for peer in self.peers],
+            "workers": {name: {"device": view.device, "local": view.local, "loss": view.loss,
+                               "contributed_samples": view.contributed_samples} for name, view in self.workers.items()},
+        }
+
+    def restore(self, snapshot: dict, state: str) -> None:
+        """Show ``snapshot`` (of this run) until the workers report again; each worker's view is in ``state``."""
+        for name in ("manifest_hash", "epoch", "samples_accumulated", "target_batch_size", "num_peers", "last_epoch_at", "reported_at"):
+            setattr(self, name, snapshot[name])
+        self.peers = [PeerRow.from_dict(row) for row in snapshot["peers"]]
+        for name, worker in snapshot["workers"].items():
+            view = self.worker(name, worker["device"])
+            view.local, view.loss, view.contributed_samples, view.state = worker["local"], worker["loss"], worker["contributed_samples"], state
 
     def reachability_health(self) -> list[dict]:
         if not any(view.local.get("reachability") == "relayed" for view in self.workers.values()):

@@ -30,6 +30,8 @@ PAUSE_REASONS = ("user", "user-active", "battery", "gpu-busy", "temperature", "s
 POLICY_REASONS = ("user-active", "battery", "gpu-busy", "temperature", "schedule")
 
 DESIRED_STATE_KEY = "desired_state"
+# the run as a paused daemon shows it (``RunView.snapshot``), for a restart while paused
+PAUSED_VIEW_KEY = "paused_view"
 
 
 @dataclass

@@ -4,8 +4,10 @@
 ``worker_process.py`` runs one. This module keeps the running ones (by slot
 name) and each one's crash and out-of-memory record in this run, so a worker
 that crashed is started again after its own back-off, with half the
-micro-batch after an out-of-memory error. What the daemon's state does about
-a crash is ``run_control.py``'s call.
+micro-batch it ran out of memory at (``halved_micro_batch``, the back-off the
+worker itself uses before its first step). A pause ends the workers
+(``release_all``): they start again at resume. What the daemon's state does
+about a crash or a pause is ``run_control.py``'s call.
 """
 
 from __future__ import annotations
@@ -27,13 +29,12 @@ from p2ptrain.daemon.worker_slots import (
     hardware_plan,
     restart_delay_s,
     select_devices,
-    smaller_after_out_of_memory,
     worker_plan,
     worker_slots,
     worker_spec,
 )
 from p2ptrain.paths import Paths
-from p2ptrain.worker_pipe import OUT_OF_MEMORY_EXIT_CODE, Command, Report
+from p2ptrain.worker_pipe import OUT_OF_MEMORY_EXIT_CODE, Command, Error, Pause, Report
 
 log = logging.getLogger(__name__)
 
@@ -123,20 +124,20 @@ class WorkerPool:
             names = [slot.name for slot in self.slots]
             self.events.record("workers", f"one worker per GPU: {', '.join(names)}", {"workers": names})
 
-    def start(self, slot: WorkerSlot, run_request: dict, start_paused: bool) -> WorkerProcess:
+    def start(self, slot: WorkerSlot, run_request: dict) -> WorkerProcess:
         """Start (or restart) one worker, with a plan sized from its device's free memory (as last probed).
 
         Args:
             slot: the worker.
             run_request: the desired run (``run_id``, ``manifest``, ``new_run``, ``initial_peers``).
-            start_paused: it waits for ``Resume`` once it has joined.
         """
-        manifest = run_request.get("manifest") or {}
         restarts = self.restarts[slot.name]
-        plan = smaller_after_out_of_memory(self._plan(slot, run_request.get("manifest")), manifest, restarts.micro_batch_halvings)
-        if restarts.micro_batch_halvings:
+        plan = self._plan(slot, run_request.get("manifest"))
+        cap = restarts.micro_batch_cap()
+        if cap and (plan.micro_batch is None or plan.micro_batch > cap[0]):
+            plan = replace(plan, micro_batch=cap[0], grad_accum=cap[1])
             log.info("plan %s: micro-batch %d x %d after %d out-of-memory error(s)", slot.name, plan.micro_batch, plan.grad_accum, restarts.micro_batch_halvings)
-        spec = worker_spec(slot, run_request, self.config.config, self.paths, plan, start_paused, len(self.slots))
+        spec = worker_spec(slot, run_request, self.config.config, self.paths, plan, len(self.slots))
         restarts.ran_out_of_memory = False
         self.run.worker(slot.name, slot.device_label).state = "joining"
         name = slot.name
@@ -177,6 +178,18 @@ class WorkerPool:
         for restarts in self.restarts.values():
             restarts.restart_at = None
 
+    def stopped_slots(self, names: set[str] | None = None) -> list[WorkerSlot]:
+        """The workers with no process (paused, or waiting for a restart), each with its device probed again;
+        their pending restarts are cancelled: the caller starts them now.
+
+        Args:
+            names: only these workers; None: all.
+        """
+        stopped = [slot for slot in self.slots if slot.name not in self.processes and (names is None or slot.name in names)]
+        for slot in stopped:
+            self.restarts[slot.name].restart_at = None
+        return [self._refreshed(slot) for slot in stopped]
+
     def _refreshed(self, slot: WorkerSlot) -> WorkerSlot:
         try:
             devices = self.devices()
@@ -195,9 +208,23 @@ class WorkerPool:
         """Worker ``name`` is in the swarm again: its crashes are forgiven."""
         self.restarts[name].crashes_in_a_row = 0
 
-    def ran_out_of_memory(self, name: str) -> None:
-        """Worker ``name`` reported an out-of-memory error (it exits next)."""
-        self.restarts[name].ran_out_of_memory = True
+    def release_all(self) -> None:
+        """End every worker for a pause: one in the swarm checkpoints and leaves after its
+        current step (``Pause``), one still joining is stopped (SIGTERM). Each is ``pausing`` until it has gone."""
+        for name, process in self.processes.items():
+            view = self.run.workers[name]
+            if view.joined:
+                process.send(Pause())
+            else:
+                process.terminate()
+            view.state = "pausing"
+
+    def ran_out_of_memory(self, name: str, report: Error) -> None:
+        """Worker ``name`` ran out of memory while training (it exits next): its next start has half its micro-batch."""
+        restarts = self.restarts[name]
+        restarts.ran_out_of_memory = True
+        if report.micro_batch is not None and report.grad_accum is not None:
+            restarts.out_of_memory_at = (report.micro_batch, report.grad_accum)
 
     def _ended(self, name: str, process: WorkerProcess, exitcode: int | None) -> None:
         if self.processes.get(name) is not process:

@@ -211,13 +211,21 @@ class WorkerProcess:
                     pass
                 self._conn.close()
 
-    async def stop(self, timeout_s: float) -> None:
-        """Ask the worker to checkpoint and exit (SIGTERM), then kill its group after ``timeout_s``."""
+    def terminate(self) -> bool:
+        """Ask the worker to checkpoint (if it has joined) and exit: SIGTERM, without waiting. False if it is gone.
+
+        It honours it within ``STOP_DEADLINE_S`` (then it ends its group itself)."""
         if self._exited or self._process is None:
-            return
+            return False
         try:
             os.kill(self._process.pid, signal.SIGTERM)
         except ProcessLookupError:
+            return False
+        return True
+
+    async def stop(self, timeout_s: float) -> None:
+        """Ask the worker to checkpoint and exit (SIGTERM), then kill its group after ``timeout_s``."""
+        if not self.terminate():
             return
         deadline = time.monotonic() + timeout_s
         while not self._exited and time.monotonic() < deadline:

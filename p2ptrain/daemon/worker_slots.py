@@ -18,7 +18,7 @@ torch, no processes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from p2ptrain.config import Config
@@ -27,7 +27,7 @@ from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
 from p2ptrain.daemon.plan import DeviceFacts, Plan, PlanError, PlanPolicy, make_plan
 from p2ptrain.daemon.temp_files import worker_temp_dir
 from p2ptrain.paths import Paths
-from p2ptrain.worker_pipe import DhtOptions, WorkerPaths, WorkerPlan, WorkerSpec
+from p2ptrain.worker_pipe import DhtOptions, WorkerPaths, WorkerPlan, WorkerSpec, halved_micro_batch
 
 _PORT = re.compile(r"/(tcp|udp)/(\d+)")
 RESTART_BACKOFF_S = (5, 10, 30, 60, 120, 300)
@@ -80,14 +80,21 @@ class WorkerRestarts:
     Attributes:
         crashes_in_a_row: exits since it last joined the swarm.
         restart_at: ``time.monotonic()`` of its next start, None when none is due.
-        micro_batch_halvings: out-of-memory errors so far (``smaller_after_out_of_memory``).
+        micro_batch_halvings: out-of-memory errors so far.
+        out_of_memory_at: ``(micro_batch, grad_accum)`` it last ran out of
+            memory at; its next starts use at most half of it (``halved_micro_batch``).
         ran_out_of_memory: its current process reported an out-of-memory error.
     """
 
     crashes_in_a_row: int = 0
     restart_at: float | None = None
     micro_batch_halvings: int = 0
+    out_of_memory_at: tuple[int, int] | None = None
     ran_out_of_memory: bool = False
+
+    def micro_batch_cap(self) -> tuple[int, int] | None:
+        """The largest ``(micro_batch, grad_accum)`` its next start may use, None for the plan's."""
+        return halved_micro_batch(*self.out_of_memory_at) if self.out_of_memory_at else None
 
 
 def select_devices(config: Config, hardware: HardwareFacts) -> list[DeviceFacts]:
@@ -183,29 +190,12 @@ def worker_plan(slot: WorkerSlot, plan: Plan | None) -> WorkerPlan:
     with the manifest's hints rather than on the CPU.
     """
     if plan is None:
-        return WorkerPlan(device=slot.worker_device)
+        return WorkerPlan(device=slot.worker_device, device_name=slot.device.name)
     return WorkerPlan(
         device=slot.worker_device, precision=plan.precision, quantization=plan.quantization,
-        micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, cpu_threads=plan.cpu_threads,
+        micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, cpu_threads=plan.cpu_threads, device_name=slot.device.name,
         compression=plan.compression,
     )
-
-
-def smaller_after_out_of_memory(plan: WorkerPlan, manifest: dict, halvings: int) -> WorkerPlan:
-    """The plan with the micro-batch halved ``halvings`` times (never below one),
-    and grad_accum raised to keep the samples per step.
-
-    Args:
-        plan: what the worker would train with (a micro-batch of None: the manifest's hint).
-        manifest: the run manifest, for its ``micro_batch_hint``.
-        halvings: out-of-memory errors of this worker so far in this run.
-    """
-    if not halvings:
-        return plan
-    micro_batch = plan.micro_batch or int(manifest.get("micro_batch_hint") or 1)
-    samples_per_step = micro_batch * plan.grad_accum
-    smaller = max(1, micro_batch >> halvings)
-    return replace(plan, micro_batch=smaller, grad_accum=max(1, samples_per_step // smaller))
 
 
 def restart_delay_s(crashes_in_a_row: int) -> int:
@@ -214,7 +204,7 @@ def restart_delay_s(crashes_in_a_row: int) -> int:
 
 
 def worker_spec(
-    slot: WorkerSlot, run_request: dict, config: Config, paths: Paths, plan: WorkerPlan, start_paused: bool, workers: int
+    slot: WorkerSlot, run_request: dict, config: Config, paths: Paths, plan: WorkerPlan, workers: int
 ) -> WorkerSpec:
     """The spec one worker is started with.
 
@@ -223,8 +213,7 @@ def worker_spec(
         run_request: the desired run (``run_id``, ``manifest``, ``new_run``, ``initial_peers``).
         config: the daemon's config (DHT settings, nickname, checkpoint interval, log level).
         paths: the daemon's directories (state and the shared data cache).
-        plan: from ``worker_plan`` (and ``smaller_after_out_of_memory``).
-        start_paused: the worker waits for ``resume`` once it has joined.
+        plan: from ``worker_plan`` (its micro-batch capped after an out-of-memory error).
         workers: how many workers this daemon runs; with several, each
             nickname says its GPU, so the swarm's peer table tells them apart.
 
@@ -254,7 +243,6 @@ def worker_spec(
         nickname=f"{config.nickname}-{slot.name}" if workers > 1 else config.nickname,
         plan=plan,
         uplink_mbit_s=config.training.uplink_mbit_s,
-        start_paused=start_paused,
         checkpoint_interval_s=config.training.checkpoint_interval_s,
         log_level=config.log_level,
         environment=slot.environment(),

@@ -1,6 +1,7 @@
 """Setting up a worker's run from its spec: the DHT, the manifest, the model, the data and the trainer.
 
-``p2ptrain.peers.training_worker`` calls these in order while it joins a run and keeps
+``p2ptrain.peers.training_worker`` calls these in order while it joins a run (confirming
+its micro-batch with ``calibration`` between the model and the data) and keeps
 each part as soon as it is built (so it can shut down what exists if a stop
 signal interrupts the rest). Importable without torch or hivemind: they are
 imported inside the functions.
@@ -19,6 +20,7 @@ from p2ptrain.worker_pipe import WorkerSpec
 logger = logging.getLogger(__name__)
 
 VALIDATION_BATCHES = 3
+UNAVAILABLE_FIX = "use the 'tiny' model and the built-in stdlib dataset, or make the model/data available offline"
 
 
 class WorkerFailure(Exception):
@@ -105,33 +107,51 @@ def run_manifest(spec: WorkerSpec, dht):
     return manifest
 
 
-def build_model_and_data(manifest, device: str, precision: str, quantization: str, micro_batch: int, peer_id: str, cache_dir: Path, start_position: int):
-    """Build the model and this peer's training and validation batches; returns ``(loaded, batches, validation)``.
+def load_model(manifest, device: str, precision: str, quantization: str):
+    """Build the run's model (``models.LoadedModel``) on ``device`` as the hardware plan says.
 
     Args:
         manifest: the run manifest.
         device, precision, quantization: from the hardware plan (``cuda:0``, ``bf16``, ``nf4``...).
-        micro_batch: samples per micro-batch.
-        peer_id: this peer's id (it seeds its sample stream, see ``stream_seed``).
-        cache_dir: where datasets are cached.
-        start_position: how many training batches to skip (from a checkpoint).
 
     Raises:
-        WorkerFailure: the model or data is unavailable, or the manifest or plan is invalid.
+        WorkerFailure: the model is unavailable, or the manifest or plan is invalid.
     """
-    from p2ptrain.peers.data import DatasetUnavailable, train_batches, validation_batches
     from p2ptrain.peers.models import build_model
     from p2ptrain.peers.tokenizers import ModelUnavailable
 
     try:
-        loaded = build_model(manifest.model, manifest.lora.model_dump() if manifest.lora else None, precision, quantization, device, manifest.seed)
-        batches = train_batches(manifest.dataset, loaded.tokenizer, manifest.seq_len, micro_batch, stream_seed(manifest.seed, peer_id), cache_dir, start_position)
-        validation = validation_batches(manifest.dataset, loaded.tokenizer, manifest.seq_len, micro_batch, cache_dir, max_batches=VALIDATION_BATCHES)
-    except (ModelUnavailable, DatasetUnavailable) as error:
-        raise WorkerFailure(str(error), "use the 'tiny' model and the built-in stdlib dataset, or make the model/data available offline") from error
+        return build_model(manifest.model, manifest.lora.model_dump() if manifest.lora else None, precision, quantization, device, manifest.seed)
+    except ModelUnavailable as error:
+        raise WorkerFailure(str(error), UNAVAILABLE_FIX) from error
     except ValueError as error:
         raise WorkerFailure(str(error), "fix the run manifest or the hardware plan") from error
-    return loaded, batches, validation
+
+
+def load_data(manifest, tokenizer, micro_batch: int, peer_id: str, cache_dir: Path, start_position: int):
+    """This peer's training batches and the validation batches; returns ``(batches, validation)``.
+
+    Args:
+        manifest: the run manifest.
+        tokenizer: the model's.
+        micro_batch: samples per micro-batch (as confirmed by ``calibration``).
+        peer_id: this peer's id (it seeds its sample stream, see ``stream_seed``).
+        cache_dir: where datasets are cached.
+        start_position: how many training samples to skip (from a checkpoint).
+
+    Raises:
+        WorkerFailure: the data is unavailable or too short for the manifest's ``seq_len``.
+    """
+    from p2ptrain.peers.data import DatasetUnavailable, train_batches, validation_batches
+
+    try:
+        batches = train_batches(manifest.dataset, tokenizer, manifest.seq_len, micro_batch, stream_seed(manifest.seed, peer_id), cache_dir, start_position)
+        validation = validation_batches(manifest.dataset, tokenizer, manifest.seq_len, micro_batch, cache_dir, max_batches=VALIDATION_BATCHES)
+    except DatasetUnavailable as error:
+        raise WorkerFailure(str(error), UNAVAILABLE_FIX) from error
+    except ValueError as error:
+        raise WorkerFailure(str(error), "fix the run manifest or the hardware plan") from error
+    return batches, validation
 
 
 def peer_compression(spec: WorkerSpec, manifest, trainable_parameters: int) -> str:

@@ -4,6 +4,13 @@
 (commands down, reports up: see "Worker pipe" in DEVELOPERS.md). It leads its
 own process group and dies with the daemon (PR_SET_PDEATHSIG); on SIGTERM it
 checkpoints and ends everything it started (DHT process, averagers, p2pd).
+
+A worker lives from join to pause: ``pause`` (and ``finish``, once its epoch
+is complete) checkpoints, leaves the swarm and ends the process, so the memory
+of the model, its gradients, the optimizer and the CUDA context all go back to
+the volunteer; the daemon's ``resume`` starts a new worker from that checkpoint.
+Before its first step the worker confirms its micro-batch with real passes
+(``calibration``), halving it on out-of-memory.
 """
 
 from __future__ import annotations
@@ -21,12 +28,12 @@ from pathlib import Path
 from p2ptrain import processes
 from p2ptrain.peers.out_of_memory import is_out_of_memory
 from p2ptrain.peers.known_peers import peers_file, remember_peers
-from p2ptrain.peers.run_setup import WorkerFailure, build_model_and_data, join_dht, make_trainer, run_manifest
+from p2ptrain.peers.run_setup import WorkerFailure, join_dht, load_data, load_model, make_trainer, run_manifest
 from p2ptrain.peers.trainer import Trainer
 from p2ptrain.worker_pipe import (
     DAEMON_GONE_DEADLINE_S, FAILED_EXIT_CODE, OUT_OF_MEMORY_EXIT_CODE, STOP_DEADLINE_EXIT_CODE, STOP_DEADLINE_S,
     Command, Epoch, Error, Event, Finish, Joined, Leave, Left, MalformedMessage, Pause, Report, Resume, StateChanged,
-    Step, WorkerSpec, decode_command, encode,
+    Step, WorkerSpec, decode_command, encode, halved_micro_batch,
 )
 
 logger = logging.getLogger(__name__)
@@ -84,10 +91,7 @@ def main(conn, spec_dict: dict) -> None:
             logger.info("Stopped by a signal during a step (%s: %s)", type(error).__name__, error)
         elif isinstance(error, MemoryError) or is_out_of_memory(error):
             logger.exception("The training worker ran out of memory")
-            # not fatal: the daemon restarts the worker with half the micro-batch
-            micro_batch = getattr(worker, "micro_batch", None)
-            worker.report(Error(f"out of memory at micro-batch {micro_batch}: {error}", "the daemon retries with a smaller micro-batch", out_of_memory=True))
-            exit_code = OUT_OF_MEMORY_EXIT_CODE
+            exit_code = worker.report_out_of_memory(error)
         else:
             logger.exception("The training worker failed")
             worker.report(Error(f"training worker failed: {error}", "see the worker log; the daemon restarts the worker", fatal=True))
@@ -120,6 +124,7 @@ class Worker:
         self.trainer: Trainer | None = None
         self.state = "joining"
         self.finish_at_epoch: int | None = None
+        self.micro_batch: int | None = None  # known once the plan is read; confirmed by calibration
         self.contributed_samples = 0
         self.last_loss: float | None = None
         self.samples_per_second = 0.0
@@ -138,6 +143,24 @@ class Worker:
     def event(self, kind: str, message: str, **data) -> None:
         logger.info("%s: %s", kind, message)
         self.report(Event(kind, message, data))
+
+    def report_out_of_memory(self, error: BaseException) -> int:
+        """Report an out-of-memory error while training; returns the exit code.
+
+        Not fatal while the micro-batch can be halved: the daemon restarts the
+        worker with ``halved_micro_batch``. At micro-batch 1, or before the model
+        was even built, nothing smaller would fit: a fatal error for the volunteer.
+        """
+        from p2ptrain.peers.calibration import out_of_memory_failure
+
+        if self.micro_batch is None or halved_micro_batch(self.micro_batch, self.grad_accum) is None:
+            model = self.manifest.model if getattr(self, "manifest", None) else "the run's model"
+            failure = out_of_memory_failure(model, self.spec.plan.device, error, self.micro_batch)
+            self.report(Error(failure.message, failure.fix, fatal=True, out_of_memory=True, micro_batch=self.micro_batch))
+            return FAILED_EXIT_CODE
+        self.report(Error(f"out of memory at micro-batch {self.micro_batch}: {error}", "the daemon retries with a smaller micro-batch",
+                          out_of_memory=True, micro_batch=self.micro_batch, grad_accum=self.grad_accum))
+        return OUT_OF_MEMORY_EXIT_CODE
 
     def daemon_gone(self) -> bool:
         return os.getppid() != self.daemon_pid
@@ -181,16 +204,15 @@ class Worker:
         self.manifest = manifest = run_manifest(spec, self.dht)
 
         self.device, self.precision, self.quantization = plan.device, plan.precision, plan.quantization
-        self.micro_batch = plan.micro_batch or manifest.micro_batch_hint
         self.grad_accum = plan.grad_accum
         self.manifest_hash = manifest.manifest_hash()
         self.peer_id = self.dht.peer_id.to_base58()
         checkpoint = self._read_checkpoint()
         start_position = int(checkpoint.get("data_position", 0)) if checkpoint else 0
-        self.loaded, self.batches, self.validation = build_model_and_data(
-            manifest, self.device, self.precision, self.quantization, self.micro_batch, self.peer_id,
-            Path(spec.paths.cache_dir), start_position,
-        )
+        self.loaded = load_model(manifest, self.device, self.precision, self.quantization)
+        self.micro_batch = plan.micro_batch or manifest.micro_batch_hint
+        self.calibration = self._confirm_micro_batch()
+        self.batches, self.validation = load_data(manifest, self.loaded.tokenizer, self.micro_batch, self.peer_id, Path(spec.paths.cache_dir), start_position)
         if checkpoint:
             try:
                 self.loaded.load_trainable_state(checkpoint["trainable"])
@@ -212,7 +234,28 @@ class Worker:
             grad_accum=self.grad_accum, parameters=self.loaded.parameters,
             trainable_parameters=self.loaded.trainable_parameters, nickname=spec.nickname,
             port_moves=self.port_moves,
+            contributed_samples=self.contributed_samples, calibrated_samples_per_second=self.calibration.samples_per_second,
         ))
+
+    def _confirm_micro_batch(self):
+        """Real forward/backward passes at the planned micro-batch, halved until they fit (``calibration``);
+        the result is this worker's micro-batch, recorded in the plan cache and the events."""
+        from p2ptrain.peers.calibration import cache_key, calibrate, record_calibration
+
+        plan, manifest = self.spec.plan, self.manifest
+        calibration = calibrate(self.loaded.model, manifest.model, self.device, self.micro_batch, self.grad_accum, manifest.seq_len)
+        self.micro_batch, self.grad_accum = calibration.micro_batch, calibration.grad_accum
+        key = cache_key(manifest.model, plan.device_name or self.device, self.precision, self.quantization)
+        try:
+            record_calibration(self.spec.paths.cache_dir, key, calibration, manifest.seq_len)
+        except OSError as error:
+            logger.warning("Could not write the plan cache: %s", error)
+        halved = f" after running out of memory at micro-batch {', '.join(map(str, calibration.out_of_memory_at))}" if calibration.out_of_memory_at else ""
+        self.event("calibrated", f"micro-batch {self.micro_batch} x {self.grad_accum} fits{halved}: "
+                   f"{calibration.samples_per_second:.2f} samples/s forward and backward",
+                   micro_batch=self.micro_batch, grad_accum=self.grad_accum, samples_per_second=calibration.samples_per_second,
+                   out_of_memory_at=list(calibration.out_of_memory_at))
+        return calibration
 
     def _catch_up(self) -> None:
         """Download the swarm's state if it is ahead of ours (checkpoint or fresh model)."""
@@ -313,12 +356,11 @@ class Worker:
             return None
 
     def on_pause(self) -> None:
-        if self.state == "training":
-            self.pause()
+        self.pause()
 
     def on_resume(self) -> None:
-        if self.state != "training":
-            self.finish_at_epoch = None
+        self.finish_at_epoch = None
+        if self.state != "training":  # started paused
             self._catch_up()
             self.set_state("training")
 
@@ -328,16 +370,21 @@ class Worker:
             self.set_state("training")
 
     def pause(self, finished: bool = False) -> None:
+        """Checkpoint, leave the swarm and end the worker: a paused peer holds no memory
+        and takes no part in matchmaking. ``resume`` starts a new worker from this checkpoint."""
         self.trainer.skip_batch()
         self.save_checkpoint("pause")
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        self.report_steps(last=True)  # what the daemon shows while paused: the checkpoint's totals
+        self.leave_swarm()
         self.set_state("finished" if finished else "paused")
 
     def leave(self) -> None:
         self.save_checkpoint("leave")
+        self.leave_swarm()
+        self.report(Left())
+
+    def leave_swarm(self) -> None:
+        """Say goodbye and shut the trainer and the DHT down; the loop ends and the process exits 0."""
         self.left = True
         self.goodbye()
         for closing in (self.trainer, self.dht):
@@ -346,7 +393,6 @@ class Worker:
             except Exception:
                 logger.exception("Error while shutting down %s", type(closing).__name__)
         self.trainer = self.dht = None
-        self.report(Left())
 
     def train_one_step(self) -> None:
         """Accumulate ``grad_accum`` micro-batches and hand them to the trainer,
@@ -366,7 +412,9 @@ class Worker:
             losses.append(loss.item())
             if self.grad_accum > 1:
                 self.handle_commands()
-                if self.state != "training" or self.left or self.stop_requested:
+                if self.left:
+                    return  # paused or left: the batch was skipped
+                if self.stop_requested:
                     self.trainer.skip_batch()
                     return
         gradients = [p.grad for p in self.trainer.parameters if p.grad is not None]
@@ -382,17 +430,21 @@ class Worker:
         self.window["losses"].append(self.last_loss)
         self.epoch_losses.append(self.last_loss)
         self.after_step(outcome)
-        self.report_steps()
+        if not self.left:  # a finish that completed its epoch sent the last report
+            self.report_steps()
 
-    def report_steps(self) -> None:
+    def report_steps(self, last: bool = False) -> None:
+        """Report the steps since the last report, at most every ``STEP_REPORT_INTERVAL_S``; ``last``: now."""
         elapsed = time.monotonic() - self.window["started"]
-        if elapsed < STEP_REPORT_INTERVAL_S or not self.window["losses"]:
+        if (elapsed < STEP_REPORT_INTERVAL_S and not last) or not self.window["losses"]:
             return
-        self.samples_per_second = self.window["samples"] / elapsed
+        if elapsed >= STEP_REPORT_INTERVAL_S:  # a last window shorter than that measures no rate
+            self.samples_per_second = self.window["samples"] / elapsed
         self.report(Step(
             ts=time.time(), epoch=self.trainer.local_epoch,
             loss=sum(self.window["losses"]) / len(self.window["losses"]),
             samples=self.window["samples"], samples_per_second=self.samples_per_second,
+            contributed_samples=self.contributed_samples,
         ))
         self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
 

@@ -22,7 +22,6 @@ from p2ptrain.daemon.worker_slots import (
     restart_delay_s,
     select_devices,
     shifted_ports,
-    smaller_after_out_of_memory,
     worker_plan,
     worker_slots,
     worker_spec,
@@ -51,7 +50,7 @@ def config(**training) -> Config:
 def specs(slots, paths, manifest=LORA_MANIFEST, cfg=None):
     cfg = cfg or config()
     plans = [worker_plan(slot, hardware_plan(slot, manifest, PlanPolicy())[0]) for slot in slots]
-    return [worker_spec(slot, {"run_id": "r", "manifest": manifest}, cfg, paths, plan, False, len(slots)) for slot, plan in zip(slots, plans)]
+    return [worker_spec(slot, {"run_id": "r", "manifest": manifest}, cfg, paths, plan, len(slots)) for slot, plan in zip(slots, plans)]
 
 
 def test_two_gpus_get_two_workers_each_its_own_peer_files(tmp_path):
@@ -156,18 +155,9 @@ def test_a_gpu_worker_without_a_plan_still_trains_on_its_gpu(tmp_path):
     [slot] = worker_slots(select_devices(config(gpus=[1]), two_gpus()), paths)
     plan, failure = hardware_plan(slot, {**LORA_MANIFEST, "model": "no-such-model-here"}, PlanPolicy())
     assert plan is None and "no-such-model-here" in failure
-    assert worker_plan(slot, plan) == WorkerPlan(device="cuda:0")
+    assert worker_plan(slot, plan) == WorkerPlan(device="cuda:0", device_name=slot.device.name)
     # joining an existing run: no manifest yet, so no plan and nothing failed
     assert hardware_plan(slot, None, PlanPolicy()) == (None, None)
-
-
-def test_out_of_memory_halves_one_workers_micro_batch_and_keeps_samples_per_step():
-    plan = WorkerPlan(device="cuda:0", micro_batch=8, grad_accum=2)
-    assert smaller_after_out_of_memory(plan, LORA_MANIFEST, 0) is plan
-    assert smaller_after_out_of_memory(plan, LORA_MANIFEST, 1) == WorkerPlan(device="cuda:0", micro_batch=4, grad_accum=4)
-    assert smaller_after_out_of_memory(plan, LORA_MANIFEST, 5) == WorkerPlan(device="cuda:0", micro_batch=1, grad_accum=16)
-    # without a micro-batch in the plan, the manifest's hint is what gets halved
-    assert smaller_after_out_of_memory(WorkerPlan(device="cpu"), LORA_MANIFEST, 1) == WorkerPlan(device="cpu", micro_batch=8, grad_accum=2)
 
 
 def test_restart_back_off_grows_then_stays_at_its_longest():

@@ -20,8 +20,10 @@ def joined_report(peer_id: str, micro_batch: int, precision: str = "bf16") -> Jo
     })
 
 
-def step(samples: int, samples_per_second: float, loss: float) -> Step:
-    return decode_report({"type": "step", "ts": 1.0, "epoch": 3, "loss": loss, "samples": samples, "samples_per_second": samples_per_second})
+def step(contributed_samples: int, samples_per_second: float, loss: float) -> Step:
+    """A step report: the worker's own total of contributed samples (it counts; the daemon shows it)."""
+    return decode_report({"type": "step", "ts": 1.0, "epoch": 3, "loss": loss, "samples": 8, "samples_per_second": samples_per_second,
+                          "contributed_samples": contributed_samples})
 
 
 def two_workers_training() -> RunView:
@@ -34,7 +36,7 @@ def two_workers_training() -> RunView:
         run.workers[name].state = "training"
     run.apply_step("gpu0", step(80, 20.0, 2.5))
     run.apply_step("gpu1", step(30, 6.5, 2.75))
-    run.apply_step("gpu0", step(40, 21.0, 2.25))
+    run.apply_step("gpu0", step(120, 21.0, 2.25))
     return run
 
 

@@ -1,0 +1,70 @@
+"""What a paused daemon shows: no worker runs, so ``status`` shows the run as last seen (marked with
+``run.as_of``), the contributed samples as the worker last counted them, and the same after a restart
+of the daemon (``RunView.snapshot`` / ``restore``)."""
+
+from __future__ import annotations
+
+import json
+
+from test_multi_gpu_status import joined_report, step
+
+from p2ptrain.daemon.run_view import RunView
+from p2ptrain.worker_pipe import decode_report
+
+
+def swarm_report(*peer_ids: str) -> object:
+    return decode_report({"type": "swarm", "epoch": 7, "samples_accumulated": 40, "target_batch_size": 512,
+                          "eta_next_epoch_s": 12.0, "num_peers": len(peer_ids), "peers": [{"peer_id": peer_id, "loss": 2.0} for peer_id in peer_ids]})
+
+
+def training_view() -> RunView:
+    run = RunView(run_id="r")
+    run.worker("gpu0", "cuda:0")
+    run.apply_joined("gpu0", joined_report("QmMine", 8))
+    run.workers["gpu0"].state = "training"
+    run.apply_step("gpu0", step(960, 20.0, 2.5))
+    run.apply_swarm(swarm_report("QmMine", "QmOther"))
+    return run
+
+
+def test_a_joined_worker_shows_its_checkpointed_total_at_once():
+    run = RunView(run_id="r")
+    run.worker("cpu", "cpu")
+    joined = decode_report({**json.loads(json.dumps(joined_report("QmMine", 4).to_dict())), "type": "joined", "contributed_samples": 5000})
+    run.apply_joined("cpu", joined)
+    assert run.local_status()["contributed_samples"] == 5000, "not 0 until the first step report"
+    run.apply_step("cpu", step(5016, 3.0, 2.0))
+    assert run.local_status()["contributed_samples"] == 5016
+
+
+def test_a_paused_run_shows_its_last_numbers_marked_with_when_the_swarm_was_seen():
+    run = training_view()
+    live = run.run_status()
+    assert live["as_of"] is None and live["eta_next_epoch_s"] == 12.0
+
+    run.workers["gpu0"].stopped("paused")
+
+    paused = run.run_status()
+    assert paused["as_of"] == run.reported_at is not None
+    assert paused["eta_next_epoch_s"] is None, "no estimate without a worker"
+    assert (paused["epoch"], paused["num_peers"]) == (7, 2)
+    local = run.local_status()
+    assert local["peer_id"] == "QmMine" and local["contributed_samples"] == 960
+    assert local["samples_per_second"] is None
+    assert local["workers"][0]["state"] == "paused"
+    assert [peer.peer_id for peer in run.peers] == ["QmMine", "QmOther"]
+
+
+def test_a_restarted_daemon_shows_the_paused_run_as_it_was_last_seen():
+    run = training_view()
+    run.workers["gpu0"].stopped("paused")
+    stored = json.loads(json.dumps(run.snapshot()))  # what the settings table keeps
+
+    # the daemon starts the view with the manifest its desired state kept, then restores the rest
+    restarted = RunView(run_id="r", manifest=run.manifest)
+    restarted.restore(stored, "paused")
+
+    assert restarted.run_status() == run.run_status()
+    assert restarted.local_status() == run.local_status()
+    assert [peer.to_dict() for peer in restarted.peers] == [peer.to_dict() for peer in run.peers]
+    assert restarted.peers[0].is_local and not restarted.joined
