@@ -18,7 +18,7 @@ torch, no processes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from p2ptrain.config import Config
