@@ -58,6 +58,7 @@ def _local() -> dict:
         "samples_per_second": 41.7,
         "loss": 2.871,
         "contributed_samples": 153_600,
+        "calibrated_samples_per_second": 44.9,
     }
 
 
@@ -82,6 +83,7 @@ def run_status(run_id: str = RUN_ID) -> dict:
         "eta_next_epoch_s": 31.0,
         "num_peers": 3,
         "last_epoch_at": FROZEN_NOW - 5 * 60,
+        "as_of": None,
     }
 
 
@@ -108,6 +110,7 @@ def paused_status(reason: str = "battery", paused_until: float | None = None) ->
     status.update(state="paused", pause_reason=reason, since=FROZEN_NOW - 12 * 60)
     status["local"]["samples_per_second"] = 0.0
     status["local"]["workers"][0].update(samples_per_second=0.0, state="paused")
+    status["run"].update(as_of=FROZEN_NOW - 12 * 60, eta_next_epoch_s=None)
     status["hardware"]["gpus"][0].update(utilization_pct=0, memory_used_mib=410, temperature_c=41, power_w=14.0)
     status["paused_until"] = paused_until
     return status

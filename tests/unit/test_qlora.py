@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from p2ptrain.peers.models import add_lora, build_model, causal_lm_loss, load_pretrained
-from local_models import save_small_llama
+from test_export import save_small_llama
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": None}
 

@@ -59,9 +59,12 @@ class SwarmPanel(Widget):
         target = run.get("target_batch_size") or 0
         show_text(epoch, f"Epoch [b]{run.get('epoch', 0)}[/b] · samples {format_count(accumulated)} / {format_count(target)}")
         progress.fraction = min(1.0, accumulated / target) if target else None
+        # A paused daemon shows the run as its worker last reported it (``as_of``), not a live estimate.
+        as_of = run.get("as_of")
+        timing = f"as of {format_age(as_of, self.now)}" if as_of else f"next epoch in {format_duration(run.get('eta_next_epoch_s'))}"
         show_text(
             facts,
-            f"next epoch in {format_duration(run.get('eta_next_epoch_s'))} · "
+            f"{timing} · "
             f"{run.get('num_peers', 0)} peers · "
             f"last averaging {format_age(self.last_averaging, self.now)}"
         )
