@@ -18,7 +18,7 @@ that directory, on the stdlib corpus, from the same weights:
 
 Every configuration trains on the same total number of samples: DiLoCo peers
 finish after the outer step that completes it; sync peers are paused once the
-samples they contributed add up to it (hivemind keeps accumulating local batches
+samples they trained add up to it (hivemind keeps accumulating local batches
 while a round's matchmaking runs, so counting epochs would overshoot). The eval loss is
 measured here, on the same fixed validation windows, for each peer's final model
 (read from the checkpoint the worker writes when it finishes), averaged over peers.
@@ -221,7 +221,7 @@ class Worker:
         self.local_epoch = 0
         self.finish_sent = False
         self.pause_sent = False
-        self.contributed = 0
+        self.trained = 0
 
     def drain(self) -> None:
         while True:
@@ -233,7 +233,7 @@ class Worker:
                 return
             self.reports.append(report)
             if report["type"] == "step":
-                self.contributed += report["samples"]
+                self.trained += report["samples"]
             elif report["type"] == "epoch":
                 self.local_epoch = max(self.local_epoch, report["epoch"] + 1)
             elif report["type"] == "event" and report["kind"] == "state-downloaded":
@@ -330,6 +330,8 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
     manifest = {
         "run_id": run_id, "mode": mode, "model": setup.model, "dataset": DATASET, "seq_len": setup.seq_len,
         "target_batch_size": per_epoch, "local_steps": local_steps, "micro_batch_hint": setup.micro_batch,
+        # the paper's setting on equal peers: every round is H inner steps on every peer
+        "round_end": "local_steps",
         "inner_lr": setup.inner_lr, "outer_lr": setup.outer_lr, "outer_momentum": setup.outer_momentum, "compression": compression,
         "error_feedback_decay": setup.error_feedback_decay,
         "seed": SEED, "created_at": time.time(), "lr_schedule": setup.lr_schedule,
@@ -367,7 +369,7 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
                 if mode == "diloco" and not worker.finish_sent and worker.local_epoch >= epochs - 1:
                     worker.conn.send({"cmd": "finish"})
                     worker.finish_sent = True
-            if mode == "sync" and sum(worker.contributed for worker in workers) >= setup.total_samples:
+            if mode == "sync" and sum(worker.trained for worker in workers) >= setup.total_samples:
                 for worker in workers:
                     if not worker.pause_sent:
                         worker.conn.send({"cmd": "pause"})
@@ -387,7 +389,7 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
         loaded = build_model(setup.model, seed=SEED)
         loaded.load_trainable_state(state["trainable"])
         eval_losses.append(mean_loss(loaded.model, setup.final_windows))
-    samples = sum(int(state["contributed_samples"]) for state in states)
+    samples = sum(int(state["trained_samples"]) for state in states)
     rounds = [worker.rounds() for worker in workers]
     if parse_rung(compression).sparse:
         # what the sparse codecs encoded: the parts sent to reducers and the reducers' answers
@@ -403,7 +405,7 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
         # hivemind.Optimizer also averages the parameters after each epoch (average_state_every=1)
         computed *= 2
         notes += ("; gradients and parameters averaged each epoch; stopped by pausing every peer once the samples "
-                  "they contributed reached the total (an epoch gathers more than its target while matchmaking runs)")
+                  "they trained reached the total (an epoch gathers more than its target while matchmaking runs)")
     # a sync epoch gathers more samples than its target, so its reports have no sample count to plot against
     curve = [] if mode == "sync" else [((report["epoch"] + 1) * per_epoch, report["val_loss"]) for report in workers[0].of_type("epoch")]
     return Result(name, samples, eval_losses, curve, rounds=max(len(r) for r in rounds),

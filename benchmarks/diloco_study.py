@@ -43,7 +43,7 @@ from p2ptrain.peers.data import train_batches, validation_batches
 from p2ptrain.peers.error_feedback import ErrorFeedback
 from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
 from p2ptrain.peers.optimizers import learning_rate_factor
-from p2ptrain.peers.sync import Blockwise8Bit
+from p2ptrain.peers.compression import Blockwise8Bit
 from p2ptrain.peers.run_setup import stream_seed
 
 from convergence import pretrained_model  # benchmarks/convergence.py, beside this script

@@ -3,7 +3,7 @@
 Both train the built-in `tiny` model on the built-in corpus, seq 128, micro-batch 8.
 The bare loop runs first (in a subprocess, so it gets the same cores), then a real
 `p2ptrain daemon` creates a `sync` run alone and trains; its rate is read from the
-contributed-samples counter of `p2ptrain status` over the measuring window.
+trained-samples counter of `p2ptrain status` over the measuring window.
 Goal: ratio >= 0.97.
 
     .venv/bin/python benchmarks/peer_throughput.py [--seconds 60] [--json]
@@ -69,13 +69,13 @@ def daemon_peer(seconds: float, home: Path) -> dict:
         joined_at = time.monotonic()
         # A large target batch: the lone peer trains without an averaging round inside the window.
         client.call("join", run="bench", new_run=True, manifest={"mode": "sync", "target_batch_size": 1_000_000, "micro_batch_hint": 8})
-        _wait(client, lambda status: ((status.get("local") or {}).get("contributed_samples") or 0) > 0, 300)
+        _wait(client, lambda status: ((status.get("local") or {}).get("trained_samples") or 0) > 0, 300)
         first_sample_s = time.monotonic() - joined_at
         time.sleep(10)  # warm-up: caches, allocator, thread pools
-        start = client.call("status")["local"]["contributed_samples"]
+        start = client.call("status")["local"]["trained_samples"]
         started = time.monotonic()
         time.sleep(seconds)
-        end = client.call("status")["local"]["contributed_samples"]
+        end = client.call("status")["local"]["trained_samples"]
         rate = (end - start) / (time.monotonic() - started)
     finally:
         daemon.send_signal(signal.SIGTERM)

@@ -115,6 +115,18 @@ def _worker_line(worker: dict) -> str:
     )
 
 
+def _samples_words(local: dict) -> str:
+    """What share of this peer's work the run used, and why the rest was not (``status.local``)."""
+    trained, used = local.get("trained_samples") or 0, local.get("contributed_samples") or 0
+    unused = {reason: count for reason, count in (local.get("unused_samples") or {}).items() if count}
+    words = f"{trained} trained, {used} used by the run ({used / trained:.0%})" if trained else "0 trained"
+    if unused:
+        reasons = ", ".join(f"{count} {reason.replace('_', ' ')}" for reason, count in unused.items())
+        words += f", {sum(unused.values())} not used ({reasons})"
+    pending = trained - used - sum(unused.values())
+    return words + (f", {pending} in the current round" if pending > 0 else "")
+
+
 def format_status(status: dict) -> str:
     """The human form of ``status``, in the manner of ``systemctl status``."""
     state = status["state"]
@@ -142,6 +154,13 @@ def format_status(status: dict) -> str:
             f"  Training: {_fmt(local.get('samples_per_second'), '.1f')} samples/s{total}, loss {_fmt(local.get('loss'), '.3f')},"
             f" {local.get('contributed_samples', 0)} samples contributed{total}"
         )
+        if local.get("trained_samples"):
+            lines.append(f"   Samples: {_samples_words(local)}" + (" (all workers)" if total else ""))
+        traffic = local.get("traffic")
+        if traffic:
+            kinds = ", ".join(f"{kind} {rate / 1000:.1f}" for kind, rate in traffic["bytes_per_s"].items() if rate >= 50)
+            lines.append(f"   Traffic: {sum(traffic['bytes_per_s'].values()) / 1000:.1f} KB/s ({kinds or 'idle'}),"
+                         f" ~{traffic['month_gb']:.1f} GB a month at this rate, {traffic['month_used_gb']:.2f} GB this month")
         for address in (local.get("addresses") or [])[:2]:
             lines.append(f"   Address: {address}")
     for health in status.get("health") or []:
@@ -178,6 +197,8 @@ def _manifest_options(args) -> dict:
         "model": args.model,
         "target_batch_size": args.target_batch_size,
         "local_steps": args.local_steps,
+        "round_end": args.round_end,
+        "round_time_limit_s": args.round_time_limit,
         "seq_len": args.seq_len,
         "inner_lr": args.inner_lr,
         "outer_lr": args.outer_lr,
@@ -365,8 +386,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     new_run = sub.add_argument_group("settings of a new run (the run's manifest)")
     new_run.add_argument("--mode", choices=["sync", "diloco"])
     new_run.add_argument("--model", help="'tiny', a hub id or a local directory")
-    new_run.add_argument("--target-batch-size", type=int, help="samples per epoch across the swarm (sync)")
-    new_run.add_argument("--local-steps", type=int, help="DiLoCo inner steps between averaging rounds (H)")
+    new_run.add_argument("--target-batch-size", type=int, help="samples per epoch across the swarm (sync; DiLoCo: per round)")
+    new_run.add_argument("--local-steps", type=int, help="DiLoCo's H: inner steps per round with --round-end local_steps; "
+                                                         "the unit of the inner lr's warm-up and schedule either way")
+    new_run.add_argument("--round-end", choices=["samples", "local_steps"],
+                         help="when a DiLoCo round ends: when the swarm trained --target-batch-size samples in it, every peer "
+                              "training until then (samples, the default: for mixed hardware), or after --local-steps inner "
+                              "steps on every peer (local_steps: the DiLoCo paper's setting, for equal hardware)")
+    new_run.add_argument("--round-time-limit", type=float, metavar="SECONDS",
+                         help="with --round-end samples, also end a round this many seconds after it began")
     new_run.add_argument("--seq-len", type=int)
     new_run.add_argument("--micro-batch", type=int, help="suggested micro-batch per peer")
     new_run.add_argument("--inner-lr", type=float, help="learning rate: sync's optimizer and DiLoCo's inner AdamW (default 0.001)")

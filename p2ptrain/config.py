@@ -99,6 +99,9 @@ class PolicySettings(_Section):
     max_vram_share: float = Field(0.9, gt=0, le=1, description="share of free GPU memory training may take")
     max_ram_share: float = Field(0.5, gt=0, le=1, description="share of available RAM for CPU training")
     max_cpu_threads: int | None = Field(None, ge=1, description="cap on CPU threads (unset: all cores)")
+    max_monthly_traffic_gb: float | None = Field(
+        None, gt=0, description="pause training once this machine's peers sent and received this many GB "
+        "this calendar month (unset: no limit); the DHT stays up, so a few KB/s go on while paused")
     min_pause_s: float = Field(60.0, ge=0, description="a pause lasts at least this long")
     resume_after_s: float = Field(30.0, ge=0, description="a reason must stay clear this long to resume")
 

@@ -2,8 +2,8 @@
 
 The daemon starts a worker with a ``WorkerSpec`` and then talks to it over a
 ``multiprocessing`` pipe: commands down (``Pause``, ``Resume``, ``Finish``,
-``Leave``), reports up (``Joined``, ``Step``, ``Epoch``, ``Swarm``,
-``StateChanged``, ``Event``, ``Error``, ``Left``). Both sides import this
+``Leave``), reports up (``Joined``, ``Network``, ``Traffic``, ``Step``,
+``Epoch``, ``Swarm``, ``StateChanged``, ``Event``, ``Error``, ``Left``). Both sides import this
 module, and nothing else of each other.
 
 Messages cross the pipe as plain dicts of builtins: a report as
@@ -193,6 +193,25 @@ class WorkerSpec(Message):
     temp_dir: str | None = None
 
 
+# ----- what became of a peer's samples ----------------------------------------------
+
+
+@dataclasses.dataclass
+class UnusedSamples(Message):
+    """Samples a peer trained that will never enter an average or optimizer step, by reason
+    (``peers/sample_account.py``).
+
+    Attributes:
+        late: its local progress was more rounds behind the swarm than may be kept.
+        failed_round: the round they were in cannot be finished (the worker restarted during it).
+        rejected: non-finite (a loss, gradients, a pseudo-gradient or the average of its round).
+    """
+
+    late: int = 0
+    failed_round: int = 0
+    rejected: int = 0
+
+
 # ----- one peer of the swarm ------------------------------------------------------
 
 
@@ -219,6 +238,7 @@ class PeerRow(Message):
     samples_per_second: float | None = None
     loss: float | None = None
     epoch: int | None = None
+    trained_samples: int | None = None
     contributed_samples: int | None = None
     manifest_hash: str | None = None
     compatible: bool | None = None
@@ -307,15 +327,19 @@ class Joined(Report, kind="joined"):
     All fields but the manifest are ``status.local`` (``daemon/run_view.py``).
 
     Attributes:
-        addresses: multiaddrs others can dial it at, best first.
-        reachability: ``direct``, ``relayed`` or ``unknown``.
+        addresses: multiaddrs others can dial it at, best first (the one peers reached first).
+        reachability: ``direct``, ``relayed``, ``unreachable`` or ``unknown``, as peers
+            measured it by dialing back (``peers/dial_back.py``) when it joined.
+        reachability_checked_at: when that check ended; None when nobody could be asked.
+        averaging_client: it averages as a client (sends its share, never reduces):
+            peers could not dial it directly.
         micro_batch, grad_accum: what it trains with, confirmed by real steps
             (halved from the plan's if that ran out of memory).
         parameters, trainable_parameters: the model's sizes.
         manifest: the run manifest it trains with (JSON), and its hash.
         port_moves: the configured listening ports that were taken, and where it listens instead.
-        contributed_samples: its total in the run so far, from its checkpoint
-            (the one count: ``Step`` carries it on).
+        trained_samples, contributed_samples, unused_samples: its totals in the
+            run so far, from its checkpoint (``Step`` carries them on).
         calibrated_samples_per_second: forward/backward speed measured at
             ``micro_batch`` before the first step (None if not measured).
     """
@@ -334,8 +358,54 @@ class Joined(Report, kind="joined"):
     manifest: dict
     manifest_hash: str
     port_moves: list[PortMove] = dataclasses.field(default_factory=list)
+    trained_samples: int = 0
     contributed_samples: int = 0
+    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
     calibrated_samples_per_second: float | None = None
+    reachability_checked_at: float | None = None
+    averaging_client: bool = False
+
+
+@dataclasses.dataclass
+class Network(Report, kind="network"):
+    """A reachability check ended (after ``Joined``, then every few minutes; ``peers/network.py``).
+
+    Attributes:
+        reachability: ``direct``, ``relayed``, ``unreachable`` or ``unknown`` (nobody answered).
+        addresses: this peer's addresses, those peers reached first.
+        checked_at: Unix time the check ended; ``asked`` and ``answered``: how many peers.
+        reached: the addresses the answering peers reached.
+        averaging_client: it averages as a client (fixed when it joined).
+    """
+
+    reachability: str
+    addresses: list[str]
+    checked_at: float | None = None
+    asked: int = 0
+    answered: int = 0
+    reached: list[str] = dataclasses.field(default_factory=list)
+    averaging_client: bool = False
+
+
+@dataclasses.dataclass
+class Traffic(Report, kind="traffic"):
+    """What this peer sent and received (every 15 s; ``peers/traffic.py``).
+
+    Attributes:
+        bytes_per_s: by kind (``averaging``, ``matchmaking``, ``progress``, ``metrics``,
+            ``dht``, ``other``), sent + received, over the last minute.
+        sent_bytes_per_s, received_bytes_per_s: the totals over the same minute.
+        sent_bytes, received_bytes: since ``since`` (Unix time this worker began counting).
+        measured_at: ``kernel`` (totals from p2pd's TCP sockets) or ``messages`` (hivemind's messages only).
+    """
+
+    bytes_per_s: dict[str, float]
+    sent_bytes_per_s: float
+    received_bytes_per_s: float
+    sent_bytes: float
+    received_bytes: float
+    since: float
+    measured_at: str
 
 
 @dataclasses.dataclass
@@ -348,7 +418,13 @@ class Step(Report, kind="step"):
         loss: mean training loss over the report's steps.
         samples: samples trained since the previous report.
         samples_per_second: over the same window.
-        contributed_samples: the worker's total in the run (its checkpoint's, plus since).
+        idle_s, longest_idle_s: seconds between training two batches while
+            training (averaging, downloads, waiting for the swarm), summed and
+            the longest, over the same window.
+        trained_samples, contributed_samples, unused_samples: the worker's
+            totals for the run: every sample it trained, those that entered an
+            adopted average or optimizer step, and those that never will (its
+            checkpoint's, plus since).
     """
 
     ts: float
@@ -356,7 +432,11 @@ class Step(Report, kind="step"):
     loss: float | None
     samples: int
     samples_per_second: float
+    idle_s: float = 0.0
+    longest_idle_s: float = 0.0
+    trained_samples: int = 0
     contributed_samples: int = 0
+    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
 
 
 @dataclasses.dataclass
@@ -368,6 +448,9 @@ class Epoch(Report, kind="epoch"):
         global_samples: samples the swarm gathered for it.
         loss: mean local training loss of the epoch; ``val_loss`` on held-out data after it.
         averaged_with: peers in its last averaging round, this one included.
+        trained_samples, contributed_samples, unused_samples: the sample totals as in
+            ``Step``, right after the round (pending then: what the peer trained
+            while the round was averaged).
     """
 
     epoch: int
@@ -379,6 +462,9 @@ class Epoch(Report, kind="epoch"):
     loss: float | None
     val_loss: float | None = None
     averaged_with: int = 1
+    trained_samples: int = 0
+    contributed_samples: int = 0
+    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
 
 
 @dataclasses.dataclass

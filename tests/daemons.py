@@ -58,10 +58,12 @@ def write_local_config(home: Path) -> None:
     (home / "config.toml").write_text("\n".join(lines) + "\n")
 
 
-def cli(home: Path, *args: str, timeout: float = 30, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``p2ptrain ARGS --home HOME`` and return the finished process (text output)."""
+def cli(home: Path, *args: str, timeout: float = 30, env: dict | None = None, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Run ``p2ptrain ARGS --home HOME`` and return the finished process (text output).
+
+    ``prefix`` runs it under another command, e.g. ``ip netns exec NS`` in the network lab."""
     return subprocess.run(
-        [*P2PTRAIN, *args, "--home", str(home)], capture_output=True, text=True, timeout=timeout, env=child_environment(env)
+        [*prefix, *P2PTRAIN, *args, "--home", str(home)], capture_output=True, text=True, timeout=timeout, env=child_environment(env)
     )
 
 
@@ -136,13 +138,15 @@ class DaemonProcess:
             pass
 
 
-def start_daemon(home: Path, env: dict | None = None, wait: bool = True, log_level: str = "info") -> DaemonProcess:
-    """Start ``p2ptrain daemon --home HOME`` in its own session; wait until it answers ``status``."""
+def start_daemon(home: Path, env: dict | None = None, wait: bool = True, log_level: str = "info", prefix: tuple[str, ...] = ()) -> DaemonProcess:
+    """Start ``p2ptrain daemon --home HOME`` in its own session; wait until it answers ``status``.
+
+    ``prefix`` runs it under another command, e.g. ``ip netns exec NS`` in the network lab."""
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / f"daemon-{time.time_ns()}.log"
     with open(log_path, "w") as log_file:
         process = subprocess.Popen(
-            [*P2PTRAIN, "daemon", "--home", str(home), "--log-level", log_level],
+            [*prefix, *P2PTRAIN, "daemon", "--home", str(home), "--log-level", log_level],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=child_environment(env),

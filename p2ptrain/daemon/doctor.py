@@ -155,8 +155,8 @@ def check_dht_port(config, home: str | None) -> dict:
         return check("dht-port", False, f"cannot listen on TCP port {port}: {error.strerror}",
                      "set dht.host_maddrs to a port above 1024, e.g. /ip4/0.0.0.0/tcp/31337")
     if free:
-        return check("dht-port", True, f"TCP port {port} is free to listen on; whether the internet can reach it is "
-                     f"found by hivemind when joining (forward it in your router to be directly reachable)")
+        return check("dht-port", True, f"TCP port {port} is free to listen on; whether peers can dial it is measured "
+                     f"once the daemon is in a run (the reachability check)")
     holder = port_holder(port) or PortHolder(None)
     if holder.p2ptrain_daemon_pid is not None and holder.p2ptrain_daemon_pid == _daemon_pid(home):
         return check("dht-port", True, f"TCP port {port}: this daemon's DHT listens on it")
@@ -195,6 +195,36 @@ def _listening_port(home: str | None) -> int | None:
     return None
 
 
+def check_reachability(home: str | None, config) -> dict:
+    """What peers of the run measured when they dialed this peer back (asked from the running daemon)."""
+    from p2ptrain.paths import resolve_paths
+    from p2ptrain.peers.reachability import fix_for
+    from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
+
+    try:
+        local = ControlClient(str(resolve_paths(home).socket), timeout=5).call("status").get("local") or {}
+    except (DaemonNotRunning, DaemonError, OSError):
+        local = {}
+    reachability = local.get("reachability")
+    addresses = local.get("addresses") or []
+    if not reachability:
+        return check("reachability", True, "measured when the daemon is in a run (peers dial it back): join a run, "
+                     "then run p2ptrain doctor again", level="info")
+    if reachability == "unknown":
+        return check("reachability", True, "not measured yet: no other peer of the run has dialed this one back",
+                     level="info")
+    if reachability == "direct":
+        return check("reachability", True, f"peers dial this peer directly at {addresses[0] if addresses else '?'}")
+    dht = config.dht if config is not None else None
+    fix = fix_for(reachability, dht.host_maddrs if dht else [f"/ip4/0.0.0.0/tcp/{DEFAULT_DHT_PORT}"],
+                  dht.announce_maddrs if dht else [], addresses)
+    message = {"relayed": "peers reach this one only through a relay",
+               "unreachable": "peers of the run cannot dial this one (behind NAT or a firewall)"}[reachability]
+    if local.get("averaging_client"):
+        message += "; it averages as a client (sends its share, never reduces)"
+    return check("reachability", False, message, fix, level="warning")
+
+
 def check_clock() -> dict:
     """Whether the kernel's clock is synchronized (NTP): DHT records expire by wall-clock time."""
     try:
@@ -227,7 +257,7 @@ def diagnose(home: str | None, model: str) -> dict:
     hardware = probe()
     config = _load_config(home)
     checks = [check_nvml(hardware), check_cuda(hardware), check_bitsandbytes(hardware), check_device_groups(),
-              check_dht_port(config, home), check_clock(), check_user_activity()]
+              check_dht_port(config, home), check_reachability(home, config), check_clock(), check_user_activity()]
     policy = _plan_policy(config)
     plans = []
     for device in hardware.devices():

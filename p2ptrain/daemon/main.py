@@ -111,7 +111,7 @@ async def _serve(paths: Paths, config: Config, database: Database) -> int:
         return _fail(f"cannot listen on {paths.socket}: {error.strerror}; check that directory's permissions")
     paths.daemon_pid_file.write_text(f"{os.getpid()}\n")
     # retention reads the storage settings before each pass: `config set storage.*` applies at the next one
-    retention = RetentionThread(paths.database, lambda: RetentionLimits(daemon.config.storage.keep_steps_days, daemon.config.storage.keep_events))
+    retention = RetentionThread(paths.database, lambda: RetentionLimits(daemon.config.config.storage.keep_steps_days, daemon.config.config.storage.keep_events))
     retention.start()
     try:
         await daemon.start()

@@ -2,7 +2,7 @@
 
 `PolicySettings` (in `p2ptrain.config`) is the `[policy]` table of the config. `PolicyEngine.evaluate`
 turns sensor readings into the `pause_reason` that applies now ('battery',
-'temperature', 'schedule', 'user-active', 'gpu-busy') or None. Nothing flaps:
+'temperature', 'traffic-budget', 'schedule', 'user-active', 'gpu-busy') or None. Nothing flaps:
 a reason must hold for a while before some pauses start (another program on
 the GPU), a pause lasts at least `min_pause_s`, and it ends only after its
 condition has stayed clear for `resume_after_s` (the temperature also has to
@@ -32,7 +32,7 @@ SENSOR_READ_INTERVAL_S = 1.0
 
 # When several reasons hold, the one shown is the first here: the most
 # pressing for the volunteer (their battery, their hardware) first.
-REASON_PRIORITY = ("battery", "temperature", "schedule", "user-active", "gpu-busy")
+REASON_PRIORITY = ("battery", "temperature", "traffic-budget", "schedule", "user-active", "gpu-busy")
 
 
 class Sensors(Protocol):
@@ -60,14 +60,18 @@ class PolicyEngine:
         sensors: where readings come from (`SystemSensors`, or a fake in tests).
         clock: monotonic seconds, for hold times and minimum durations.
         wallclock: local time now, for the schedule.
+        monthly_traffic_gb: GB this machine's peers moved this calendar month (the daemon's
+            `MonthlyTraffic.used_gb`), for `max_monthly_traffic_gb`.
 
     `evaluate()` is cheap enough for the supervisor's tick (every few seconds).
     After it, `detail` says in words why the current reason holds.
     """
 
     def __init__(self, settings: PolicySettings, sensors: Sensors, clock: Callable[[], float] = time.monotonic,
-                 wallclock: Callable[[], datetime] = datetime.now):
+                 wallclock: Callable[[], datetime] = datetime.now,
+                 monthly_traffic_gb: Callable[[], float] = lambda: 0.0):
         self.settings = settings
+        self.monthly_traffic_gb = monthly_traffic_gb
         self.sensors = sensors
         self.clock = clock
         self.wallclock = wallclock
@@ -127,6 +131,13 @@ class PolicyEngine:
             conditions["temperature"] = (hot, cool, 0.0)
             self._details["temperature"] = (f"GPU at {temperature} C (limit {settings.max_gpu_temperature_c:g} C); "
                                             f"resumes at or below {settings.resume_gpu_temperature_c:g} C")
+        if settings.max_monthly_traffic_gb is not None:
+            used = self.monthly_traffic_gb()
+            spent = used >= settings.max_monthly_traffic_gb
+            conditions["traffic-budget"] = (spent, not spent, 0.0)
+            self._details["traffic-budget"] = (
+                f"this month's traffic budget is spent ({used:.2f} of {settings.max_monthly_traffic_gb:g} GB, "
+                "policy.max_monthly_traffic_gb); training resumes next month or when you raise it")
         allowed = settings.allowed_at(self.wallclock())
         conditions["schedule"] = (not allowed, allowed, 0.0)
         self._details["schedule"] = "outside the scheduled hours (policy.schedule)"

@@ -19,9 +19,10 @@ from p2ptrain.daemon.event_log import EventLog
 from p2ptrain.daemon.run_control import RunControl
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster
+from p2ptrain.daemon.traffic_month import MonthlyTraffic
 from p2ptrain.daemon.worker_pool import WorkerPool
 from p2ptrain.storage.database import Database
-from p2ptrain.worker_pipe import Epoch, Error, Event, Joined, Left, Report, StateChanged, Step, Swarm, encode
+from p2ptrain.worker_pipe import Epoch, Error, Event, Joined, Left, Network, Report, StateChanged, Step, Swarm, Traffic, encode
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +37,17 @@ class WorkerReports:
         events: where events are recorded.
         control: the state machine, told what changes the state.
         pool: the workers (their crash records, and how many there are).
+        traffic_month: this month's traffic, which ``Traffic`` reports add to (None: not counted).
     """
 
-    def __init__(self, run: RunView, db: Database, broadcaster: Broadcaster, events: EventLog, control: RunControl, pool: WorkerPool):
+    def __init__(self, run: RunView, db: Database, broadcaster: Broadcaster, events: EventLog, control: RunControl,
+                 pool: WorkerPool, traffic_month: MonthlyTraffic | None = None):
         self.run, self.db, self.broadcaster, self.events, self.control, self.pool = run, db, broadcaster, events, control, pool
+        self.traffic_month = traffic_month
         self.handlers: dict[type[Report], Callable] = {
             Joined: self.joined,
+            Network: self.network,
+            Traffic: self.traffic,
             StateChanged: self.state_changed,
             Step: self.step,
             Epoch: self.epoch,
@@ -65,6 +71,21 @@ class WorkerReports:
         self.db.record_run_joined(self.run.run_id, report.manifest)
         self.events.record("joined", f"joined run {self.run.run_id!r} as {report.peer_id}{self.pool.worker_words(name)}", {"worker": name})
         self.control.worker_joined(report.manifest)
+
+    def network(self, name: str, report: Network) -> None:
+        before = self.run.workers[name].local.get("reachability")
+        self.run.apply_network(name, report)
+        if report.reachability != before:
+            self.events.record(
+                "reachability", f"reachability: {report.reachability} ({report.answered} of {report.asked} asked peers "
+                f"answered){self.pool.worker_words(name)}",
+                {"reachability": report.reachability, "asked": report.asked, "answered": report.answered,
+                 "reached": report.reached, "averaging_client": report.averaging_client, "worker": name})
+
+    def traffic(self, name: str, report: Traffic) -> None:
+        self.run.apply_traffic(name, report)
+        if self.traffic_month is not None:
+            self.traffic_month.add_report(name, report.since, report.sent_bytes, report.received_bytes)
 
     def state_changed(self, name: str, report: StateChanged) -> None:
         if report.state == "training":

@@ -16,12 +16,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields, replace
+from datetime import datetime
 from typing import Any
 
-from p2ptrain.worker_pipe import Epoch, Joined, PeerRow, PortMove, Step, Swarm
+from p2ptrain.daemon.traffic_month import monthly_estimate_gb
+from p2ptrain.peers.reachability import RELAYED, UNREACHABLE, fix_for
+from p2ptrain.worker_pipe import Epoch, Joined, Network, PeerRow, PortMove, Step, Swarm, Traffic, UnusedSamples
 
-# what status.local shows of a worker's Joined report: all of it but the run's manifest
-LOCAL_FIELDS = tuple(report_field.name for report_field in fields(Joined) if report_field.name not in ("manifest", "manifest_hash", "port_moves"))
+# what status.local shows of a worker's Joined report: all of it but the run's manifest, the
+# port moves (health lines) and the sample totals (kept in the view, updated by every Step)
+LOCAL_FIELDS = tuple(
+    report_field.name for report_field in fields(Joined)
+    if report_field.name not in ("manifest", "manifest_hash", "port_moves", "trained_samples", "contributed_samples", "unused_samples")
+)
 
 WORKER_FIELDS = (
     "device",
@@ -32,9 +39,12 @@ WORKER_FIELDS = (
     "grad_accum",
     "samples_per_second",
     "loss",
+    "trained_samples",
     "contributed_samples",
+    "unused_samples",
     "state",
 )
+UNUSED_REASONS = tuple(reason.name for reason in fields(UnusedSamples))
 
 
 @dataclass
@@ -50,8 +60,11 @@ class WorkerView:
             from a pause until the worker has checkpointed and left, then
             ``paused`` (or ``finished``, after a ``finish``) while it is gone;
             ``restarting`` or ``oom-backoff`` between a crash and the next start.
-        contributed_samples: the worker's own total, as it last reported it
-            (it restores it from its checkpoint, so it survives restarts).
+        trained_samples, contributed_samples, unused_samples: the worker's totals for
+            the run (``p2ptrain.peers.sample_account``): all it trained, what entered
+            an adopted average or optimizer step, and what never will, by reason.
+            The worker restores them from its checkpoint, so they survive restarts;
+            the largest reported is kept, so they survive a restart that lost its checkpoint.
     """
 
     device: str
@@ -60,18 +73,35 @@ class WorkerView:
     local: dict[str, Any] = field(default_factory=dict)
     samples_per_second: float | None = None
     loss: float | None = None
+    trained_samples: int = 0
     contributed_samples: int = 0
+    unused_samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNUSED_REASONS, 0))
     port_moves: list[PortMove] = field(default_factory=list)
+    traffic: dict[str, Any] = field(default_factory=dict)
 
     def apply_joined(self, report: Joined) -> None:
         self.joined = True
         self.local = {name: getattr(report, name) for name in LOCAL_FIELDS}
         self.local["device"] = self.device
         self.port_moves = list(report.port_moves)
-        self.contributed_samples = report.contributed_samples
+        self.take_totals(report)
+
+    def take_totals(self, report: Joined | Step) -> None:
+        """The worker's sample totals from ``report``, never below what it reported before."""
+        self.trained_samples = max(self.trained_samples, report.trained_samples)
+        self.contributed_samples = max(self.contributed_samples, report.contributed_samples)
+        reported = report.unused_samples.to_dict()
+        self.unused_samples = {reason: max(self.unused_samples[reason], reported[reason]) for reason in UNUSED_REASONS}
+
+    def apply_network(self, report: Network) -> None:
+        """A reachability check's result: the measured reachability and addresses."""
+        self.local["reachability"] = report.reachability
+        self.local["addresses"] = list(report.addresses or self.local.get("addresses") or [])
+        self.local["averaging_client"] = report.averaging_client
+        self.local["reachability_checked_at"] = report.checked_at
 
     def apply_step(self, report: Step) -> None:
-        self.contributed_samples = report.contributed_samples
+        self.take_totals(report)
         self.samples_per_second = report.samples_per_second
         self.loss = report.loss
 
@@ -87,7 +117,9 @@ class WorkerView:
             "device": self.device,
             "samples_per_second": self.samples_per_second,
             "loss": self.loss,
+            "trained_samples": self.trained_samples,
             "contributed_samples": self.contributed_samples,
+            "unused_samples": dict(self.unused_samples),
             "state": self.state,
         }
 
@@ -136,6 +168,32 @@ class RunView:
         self.workers[name].apply_joined(report)
         self.reported_at = time.time()
 
+    def apply_network(self, name: str, report: Network) -> None:
+        self.workers[name].apply_network(report)
+
+    def apply_traffic(self, name: str, report: Traffic) -> None:
+        self.workers[name].traffic = {"bytes_per_s": report.bytes_per_s, "sent_bytes_per_s": report.sent_bytes_per_s,
+                                      "received_bytes_per_s": report.received_bytes_per_s,
+                                      "measured_at": report.measured_at}
+
+    def traffic_status(self, month_used_gb: float, moment: datetime) -> dict | None:
+        """DESIGN's ``local.traffic``, summed over the running workers: bytes per second by kind (sent +
+        received), ``month_gb`` (that rate over this whole month) and ``month_used_gb`` (counted so far)."""
+        measured = [view.traffic for view in self.workers.values() if view.joined and view.traffic]
+        if not measured:
+            return None
+        kinds = {kind: sum(traffic["bytes_per_s"].get(kind, 0.0) for traffic in measured)
+                 for kind in measured[0]["bytes_per_s"]}
+        total = sum(kinds.values())
+        return {
+            "bytes_per_s": kinds,
+            "sent_bytes_per_s": sum(traffic.get("sent_bytes_per_s") or 0.0 for traffic in measured),
+            "received_bytes_per_s": sum(traffic.get("received_bytes_per_s") or 0.0 for traffic in measured),
+            "month_gb": monthly_estimate_gb(total, moment),
+            "month_used_gb": month_used_gb,
+            "measured_at": measured[0].get("measured_at"),
+        }
+
     def apply_step(self, name: str, report: Step) -> None:
         self.workers[name].apply_step(report)
         self.epoch = max(self.epoch, report.epoch)
@@ -181,8 +239,9 @@ class RunView:
     def local_status(self) -> dict | None:
         """DESIGN's ``local``: the first joined worker's view (or, with none joined, as
         while paused, the first that ever joined: its last numbers), with ``workers``
-        (every worker's view) and, when there are several, ``samples_per_second``
-        and ``contributed_samples`` summed over all of them. None before any joined."""
+        (every worker's view) and, when there are several, ``samples_per_second``,
+        ``trained_samples``, ``contributed_samples`` and ``unused_samples`` summed
+        over all of them. None before any joined."""
         views = self.workers.values()
         first = next((view for view in views if view.joined), None) or next((view for view in views if view.local), None)
         if first is None:
@@ -194,7 +253,9 @@ class RunView:
         if len(views) > 1:
             rates = [view.samples_per_second for view in views if view.samples_per_second is not None]
             local["samples_per_second"] = sum(rates) if rates else None
+            local["trained_samples"] = sum(view.trained_samples for view in views)
             local["contributed_samples"] = sum(view.contributed_samples for view in views)
+            local["unused_samples"] = {reason: sum(view.unused_samples[reason] for view in views) for reason in UNUSED_REASONS}
         return local
 
     def port_health(self) -> list[dict]:
@@ -213,8 +274,9 @@ class RunView:
             "samples_accumulated": self.samples_accumulated, "target_batch_size": self.target_batch_size,
             "num_peers": self.num_peers, "last_epoch_at": self.last_epoch_at, "reported_at": self.reported_at,
             "peers": [peer.to_dict() for peer in self.peers],
-            "workers": {name: {"device": view.device, "local": view.local, "loss": view.loss,
-                               "contributed_samples": view.contributed_samples} for name, view in self.workers.items()},
+            "workers": {name: {"device": view.device, "local": view.local, "loss": view.loss, "trained_samples": view.trained_samples,
+                               "contributed_samples": view.contributed_samples, "unused_samples": view.unused_samples}
+                        for name, view in self.workers.items()},
         }
 
     def restore(self, snapshot: dict, state: str) -> None:
@@ -224,15 +286,23 @@ class RunView:
         self.peers = [PeerRow.from_dict(row) for row in snapshot["peers"]]
         for name, worker in snapshot["workers"].items():
             view = self.worker(name, worker["device"])
-            view.local, view.loss, view.contributed_samples, view.state = worker["local"], worker["loss"], worker["contributed_samples"], state
+            view.local, view.loss, view.state = worker["local"], worker["loss"], state
+            view.trained_samples = worker.get("trained_samples", worker["contributed_samples"])
+            view.contributed_samples = worker["contributed_samples"]
+            view.unused_samples.update(worker.get("unused_samples") or {})
 
-    def reachability_health(self) -> list[dict]:
-        if not any(view.local.get("reachability") == "relayed" for view in self.workers.values()):
+    def reachability_health(self, host_maddrs: list[str], announce_maddrs: list[str]) -> list[dict]:
+        """A warning with its fix when peers could not dial the first joined worker directly
+        (``dht.host_maddrs`` and ``dht.announce_maddrs`` from the config name the port)."""
+        local = next((view.local for view in self.workers.values() if view.joined), None)
+        reachability = (local or {}).get("reachability")
+        fix = fix_for(reachability, host_maddrs, announce_maddrs, (local or {}).get("addresses") or [])
+        if fix is None:
             return []
-        return [
-            {
-                "level": "warning",
-                "message": "this peer is reachable only through a relay, which slows averaging",
-                "fix": "forward the TCP port of dht.host_maddrs in your router, or set dht.announce_maddrs to your public address",
-            }
-        ]
+        message = {
+            RELAYED: "other peers reach this one only through a relay",
+            UNREACHABLE: "other peers cannot dial this one (behind NAT or a firewall)",
+        }[reachability]
+        if local.get("averaging_client"):
+            message += "; it averages as a client (sends its share, never reduces)"
+        return [{"level": "warning", "message": message, "fix": fix}]

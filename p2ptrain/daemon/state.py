@@ -25,9 +25,10 @@ ERROR = "error"
 STATES = (IDLE, JOINING, TRAINING, PAUSED, FINISHING, LEAVING, ERROR)
 IN_RUN = (JOINING, TRAINING, PAUSED, FINISHING)
 
-PAUSE_REASONS = ("user", "user-active", "battery", "gpu-busy", "temperature", "schedule", "oom-backoff")
+PAUSE_REASONS = ("user", "user-active", "battery", "gpu-busy", "temperature", "schedule", "traffic-budget",
+                 "oom-backoff")
 # Reasons a policy sets and clears by itself; a user pause is only ended by the user (or its timer).
-POLICY_REASONS = ("user-active", "battery", "gpu-busy", "temperature", "schedule")
+POLICY_REASONS = ("user-active", "battery", "gpu-busy", "temperature", "schedule", "traffic-budget")
 
 DESIRED_STATE_KEY = "desired_state"
 # the run as a paused daemon shows it (``RunView.snapshot``), for a restart while paused

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 
 from p2ptrain import __version__, protocol
 from p2ptrain.config import Config
@@ -37,6 +38,7 @@ from p2ptrain.daemon.reports import WorkerReports
 from p2ptrain.daemon.run_control import RunControl
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster
+from p2ptrain.daemon.traffic_month import SETTING_KEY as TRAFFIC_MONTH_KEY, MonthlyTraffic
 from p2ptrain.daemon.worker_pool import WorkerPool
 from p2ptrain.paths import Paths
 from p2ptrain.storage.database import Database
@@ -62,6 +64,8 @@ class Daemon:
         self.notifier = notifier
         self.started_at = time.time()
         self.config = ConfigFile(paths.config_file, config)
+        self.traffic_month = MonthlyTraffic(lambda: database.get_setting(TRAFFIC_MONTH_KEY),
+                                            lambda value: database.set_setting(TRAFFIC_MONTH_KEY, value))
         self.broadcaster = Broadcaster(self.status)
         self._published_status: dict | None = None
         self.events = EventLog(database, self.broadcaster)
@@ -74,10 +78,11 @@ class Daemon:
             on_exit=lambda name, process, exitcode: self.control.worker_exited(name, process, exitcode),
         )
         self.control = RunControl(database, self.pool, self.run, self.events, on_change=self._publish_status)
-        self.reports = WorkerReports(self.run, database, self.broadcaster, self.events, self.control, self.pool)
+        self.reports = WorkerReports(self.run, database, self.broadcaster, self.events, self.control, self.pool,
+                                     self.traffic_month)
         # read in a thread: a slow sensor (loginctl) must not hold up the event loop
         self.sensors = CachedSensors(SystemSensors(gpu_index=self.pool.gpu_index(), own_pids=self.pool.pids))
-        self.policy = PolicyEngine(config.policy, self.sensors)
+        self.policy = PolicyEngine(config.policy, self.sensors, monthly_traffic_gb=self.traffic_month.used_gb)
         self.config.on_change(self._config_changed)
         self._notified_status = ""
         self._stopping = asyncio.Event()
@@ -160,8 +165,18 @@ class Daemon:
         if self.control.desired.run is not None:
             lines.extend(self.pool.crash_health())
         lines.extend(self.run.port_health())
-        lines.extend(self.run.reachability_health())
+        dht = self.config.config.dht
+        lines.extend(self.run.reachability_health(dht.host_maddrs, dht.announce_maddrs))
+        if self.control.lifecycle.pause_reason == "traffic-budget" and self.policy.detail:
+            lines.append({"level": "warning", "message": self.policy.detail,
+                          "fix": "raise it (p2ptrain config set policy.max_monthly_traffic_gb GB) or wait for next month"})
         return lines
+
+    def _local_status(self) -> dict | None:
+        local = self.run.local_status()
+        if local is not None:
+            local["traffic"] = self.run.traffic_status(self.traffic_month.used_gb(), datetime.now())
+        return local
 
     def status(self) -> dict:
         return {
@@ -173,7 +188,7 @@ class Daemon:
             "paused_until": self.control.desired.pause_until,
             "started_at": self.started_at,
             "run": self.run.run_status() if self.run.run_id else None,
-            "local": self.run.local_status(),
+            "local": self._local_status(),
             "hardware": self.hardware.status(),
             "health": self.health(),
         }

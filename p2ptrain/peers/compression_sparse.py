@@ -1,4 +1,4 @@
-"""Sparse rungs on the wire: top-k per chunk with 2- or 4-bit codes, as hivemind codecs.
+"""Sparse rungs on the wire: top-k per chunk with 2- or 4-bit codes (their hivemind codecs are in ``compression.py``).
 
 How a sparse round is averaged (hivemind's butterfly all-reduce: every member
 reduces one part of the tensors, ``hivemind/averaging/allreduce.py``):
@@ -10,13 +10,13 @@ reduces one part of the tensors, ``hivemind/averaging/allreduce.py``):
    chunk (:func:`sparsify`). Its averaged tensors hold exactly those values
    (zeros elsewhere), so hivemind's compression of them is lossless:
    :func:`sparsify` of a sparsified tensor returns it unchanged, bit for bit.
-2. A sender's part (:class:`SparseTopK`): per chunk the magnitude levels
+2. A sender's part (:func:`encode_top_k`, ``compression.SparseTopK``): per chunk the magnitude levels
    (float32), then the positions of the selected entries in the part,
    Elias-Fano coded (:func:`pack_positions`: ``low = floor(log2(chunk/k))``
    bits each plus a unary bitmap, about ``2 + log2(chunk/k)`` bits a position
    instead of ``log2(chunk)``), then their ``bits``-bit codes. Chunks start at
    multiples of ``chunk`` in each tensor; hivemind cuts tensors into parts of
-   2**20 values (:meth:`SparseTopK.estimate_compression_ratio`), a multiple of
+   2**20 values (``compression.PART_RATIO``), a multiple of
    every chunk size, so chunks never straddle parts.
 3. The reducer of a part adds the decoded tensors, weighted by the samples
    behind each (hivemind's ``TensorPartReducer``): the result is the weighted
@@ -24,7 +24,7 @@ reduces one part of the tensors, ``hivemind/averaging/allreduce.py``):
    counts as 0 in its contribution (as SparseLoCo averages).
 4. The reducer answers each sender with the average minus what that sender
    sent (hivemind's delta protocol), in the sender's compression type, so
-   through :class:`SparseWire` here: the entries of the union of every
+   through ``compression.SparseWire`` (:func:`encode_union`): the entries of the union of every
    sender's entries (Elias-Fano coded positions), each an 8-bit integer scaled
    by the largest magnitude of its chunk of 4096; every entry in 8 bits where
    that is smaller. A nonzero entry is never rounded to 0, so a peer's result
@@ -42,38 +42,20 @@ With sparse2bit-64of4096 and 4 peers that is at most 0.75 * (0.021 + 0.111) =
 0.099 bytes a value, against 6 for the fp32 all-reduce of one step: the answers
 on the union, not the parts, are most of it.
 
-hivemind names the codec of every tensor by a protobuf enum it cannot extend;
-the sparse formats travel under ``MEANSTD_16BIT`` (which p2ptrain never
-sends otherwise), tagged by a magic prefix, and :class:`SparseWire` replaces
-that entry of hivemind's registry at import (the averager processes are
-forked after it), still decoding hivemind's own mean-std fp16 format.
-
-A reducer refuses a part whose rung the run does not allow (:func:`allow_rungs`):
-it logs one line and raises, and hivemind excludes that sender from the round.
-That sender still reduces its own part (no codec sees its own values), a limit
-shared with every other misbehaviour of a reducer (robust aggregation's
-concern). Uncompressed parts (``none``) cannot be refused: state downloads
-travel in the same format.
+Formats only (torch, numpy, hivemind's tensor message): the codecs that send and read them,
+and the registry entries they replace, are in ``compression.py``.
 """
 
 from __future__ import annotations
 
-import ctypes
-import logging
 import math
-import multiprocessing
 import struct
-from typing import Iterable
 
 import numpy as np
 import torch
-from hivemind.compression import CompressionBase, CompressionInfo, ScaledFloat16Compression
-from hivemind.compression import serialization as hivemind_serialization
 from hivemind.proto import runtime_pb2
 
 from p2ptrain.peers.compression_ladder import UNION_CHUNK, Rung, parse_rung
-
-logger = logging.getLogger(__name__)
 
 MAGIC = b"p2s"
 KIND_TOP_K, KIND_UNION, KIND_DENSE = 1, 2, 3
@@ -81,91 +63,6 @@ KIND_TOP_K, KIND_UNION, KIND_DENSE = 1, 2, 3
 _TOP_K_HEADER = struct.Struct("<3sBBBHI")
 # magic, kind, reserved
 _UNION_HEADER = struct.Struct("<3sB")
-# hivemind cuts each tensor into parts of part_size_bytes / (element size * this ratio)
-# values: 2**19 / (4 * 1/8) = 2**20 for float32, a multiple of every chunk size
-PART_RATIO = 1 / 8
-
-
-class RungRefused(ValueError):
-    """A sender's part was compressed with a rung this run does not allow."""
-
-
-class WireCounters:
-    """Payload bytes this process's averagers sent in sparse formats, and parts refused.
-
-    Shared memory, allocated at import: the averager processes are forked from
-    the worker afterwards, and their counts are what the worker reads.
-    """
-
-    def __init__(self):
-        self._values = multiprocessing.RawArray(ctypes.c_uint64, 3)
-
-    def add(self, which: int, amount: int) -> None:
-        self._values[which] += amount
-
-    @property
-    def parts_bytes(self) -> int:
-        """Bytes of sparse parts sent to reducers."""
-        return int(self._values[0])
-
-    @property
-    def answers_bytes(self) -> int:
-        """Bytes of answers sent to senders, as a reducer of sparse parts."""
-        return int(self._values[1])
-
-    @property
-    def refused_parts(self) -> int:
-        return int(self._values[2])
-
-
-COUNTERS = WireCounters()
-_PARTS, _ANSWERS, _REFUSED = 0, 1, 2
-_allowed: set[str] | None = None
-# the registry names of the dense rungs a reducer can tell apart on the wire ("none" it cannot)
-_DENSE_TYPES = {"FLOAT16": "fp16", "UNIFORM_8BIT": "uniform8bit", "BLOCKWISE_8BIT": "blockwise8bit",
-                "QUANTILE_8BIT": "quantile8bit"}
-
-
-def _refuse(rung_name: str) -> None:
-    COUNTERS.add(_REFUSED, 1)
-    message = (f"refused an averaging part sent with compression {rung_name}: this run allows "
-               f"{', '.join(sorted(_allowed or ()))}; the sender is left out of this round")
-    logger.warning(message)
-    raise RungRefused(message)
-
-
-class _RefusingDense(CompressionBase):
-    """A registry entry of a dense rung that refuses parts when the run does not allow that rung."""
-
-    def __init__(self, inner: CompressionBase, rung_name: str):
-        self.inner, self.rung_name = inner, rung_name
-        self.compression_type = inner.compression_type
-
-    def compress(self, tensor, info, allow_inplace=False):
-        return self.inner.compress(tensor, info, allow_inplace)
-
-    def extract(self, serialized_tensor):
-        if _allowed is not None and self.rung_name not in _allowed:
-            _refuse(self.rung_name)
-        return self.inner.extract(serialized_tensor)
-
-    def estimate_compression_ratio(self, info):
-        return self.inner.estimate_compression_ratio(info)
-
-
-def allow_rungs(names: Iterable[str] | None) -> None:
-    """The rungs this process's reducers accept (None: any); call before the averager starts.
-
-    Sparse rungs are checked when their parts are decoded; fp16 and the 8-bit rungs by
-    wrapping hivemind's registry entries. ``none`` is always accepted (see the module doc).
-    """
-    global _allowed
-    _allowed = None if names is None else {parse_rung(name).name for name in names}
-    registry = hivemind_serialization._BASE_COMPRESSION_TYPES
-    for type_name, rung_name in _DENSE_TYPES.items():
-        entry = registry[type_name]
-        if not isinstance(entry, _RefusingDense):
-            registry[type_name] = _RefusingDense(entry, rung_name)
 
 
 def _pack(values: np.ndarray, width: int) -> bytes:
@@ -298,7 +195,7 @@ def encode_top_k(tensor: torch.Tensor, rung: Rung) -> runtime_pb2.Tensor:
     return _tensor_message(header + codebooks + positions + _pack(codes, rung.bits), tensor)
 
 
-def _decode_top_k(buffer: bytes, numel: int) -> tuple[torch.Tensor, str]:
+def _decode_top_k(buffer: bytes, numel: int) -> torch.Tensor:
     _, _, bits, index_bits, _, k = _TOP_K_HEADER.unpack_from(buffer)
     rung = parse_rung(f"sparse{bits}bit-{k}of{1 << index_bits}")
     full, tail = divmod(numel, rung.chunk)
@@ -313,7 +210,7 @@ def _decode_top_k(buffer: bytes, numel: int) -> tuple[torch.Tensor, str]:
     values = _dequantize(codes.unsqueeze(1), codebook[positions // rung.chunk], rung.bits)
     flat = torch.zeros(numel, dtype=torch.float32)
     flat[positions] = values.squeeze(1)
-    return flat, rung.name
+    return flat
 
 
 def encode_union(tensor: torch.Tensor) -> runtime_pb2.Tensor:
@@ -351,75 +248,28 @@ def _decode_union(buffer: bytes, numel: int, kind: int) -> torch.Tensor:
     return flat
 
 
+def is_sparse(serialized: runtime_pb2.Tensor) -> bool:
+    """Whether ``serialized`` is in one of the sparse formats (they start with :data:`MAGIC`)."""
+    return serialized.buffer[:3] == MAGIC
+
+
+def part_rung(serialized: runtime_pb2.Tensor) -> str | None:
+    """The rung a sender's top-k part was sent with (None for a reducer's answer)."""
+    if serialized.buffer[3] != KIND_TOP_K:
+        return None
+    _, _, bits, index_bits, _, k = _TOP_K_HEADER.unpack_from(serialized.buffer)
+    return f"sparse{bits}bit-{k}of{1 << index_bits}"
+
+
 def decode(serialized: runtime_pb2.Tensor) -> torch.Tensor:
-    """A tensor in any of the sparse formats; a top-k part of a rung this run refuses raises :class:`RungRefused`."""
+    """A tensor in any of the sparse formats."""
     buffer, shape = serialized.buffer, tuple(serialized.size)
     numel = math.prod(shape)
     kind = buffer[3]
     if kind == KIND_TOP_K:
-        tensor, rung_name = _decode_top_k(buffer, numel)
-        if _allowed is not None and rung_name not in _allowed:
-            _refuse(rung_name)
+        tensor = _decode_top_k(buffer, numel)
     elif kind in (KIND_UNION, KIND_DENSE):
         tensor = _decode_union(buffer, numel, kind)
     else:
         raise ValueError(f"unknown sparse format {kind}")
     return tensor.reshape(shape).to(getattr(torch, serialized.dtype or "float32"))
-
-
-class SparseWire(ScaledFloat16Compression):
-    """hivemind's registry entry for ``MEANSTD_16BIT``: decodes every sparse format (and
-    hivemind's own mean-std fp16); compresses a reducer's answers in the union format."""
-
-    def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> runtime_pb2.Tensor:
-        # hivemind serializes only a reducer's answers through the registry; a sender's
-        # parts go through the averager's own codec (SparseTopK)
-        message = encode_union(tensor)
-        COUNTERS.add(_ANSWERS, message.ByteSize())
-        return message
-
-    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
-        if serialized_tensor.buffer[:3] == MAGIC:
-            return decode(serialized_tensor)
-        return super().extract(serialized_tensor)
-
-
-class SparseTopK(CompressionBase):
-    """The averager's codec for a sparse rung: a sender's parts in the top-k format.
-
-    Args:
-        rung: the sparse rung (``compression_ladder.parse_rung``).
-    """
-
-    compression_type = runtime_pb2.CompressionType.MEANSTD_16BIT
-
-    def __init__(self, rung: Rung):
-        if not rung.sparse:
-            raise ValueError(f"{rung.name} is not a sparse rung")
-        self.rung = rung
-
-    def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> runtime_pb2.Tensor:
-        message = encode_top_k(tensor, self.rung)
-        COUNTERS.add(_PARTS, message.ByteSize())
-        return message
-
-    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
-        return SparseWire().extract(serialized_tensor)
-
-    def estimate_compression_ratio(self, info: CompressionInfo) -> float:
-        return PART_RATIO
-
-    def __repr__(self) -> str:
-        return f"SparseTopK({self.rung.name})"
-
-
-def rung_compression(rung: Rung, tensors) -> CompressionBase:
-    """The averager's codec for ``rung``: :class:`SparseTopK` for a sparse rung, else the dense codec."""
-    if rung.sparse:
-        return SparseTopK(rung)
-    from p2ptrain.peers.sync import make_compression
-
-    return make_compression(rung.name, tensors)
-
-
-hivemind_serialization._BASE_COMPRESSION_TYPES["MEANSTD_16BIT"] = SparseWire()

@@ -73,6 +73,34 @@ def load_or_create_identity(identity_path: Path):
     return key
 
 
+def _relay_only_through(original):
+    """hivemind's ``P2P._make_process_args`` that also turns off p2pd's relay discovery
+    when relays are named (``trustedRelays``).
+
+    A peer behind NAT that looks for a relay in the swarm (discovery, p2pd's
+    default) gets none for ~3 minutes: go-libp2p's autorelay waits up to 3
+    minutes for 4 candidates before it reserves a slot on fewer, and a run has
+    often one public peer. With its bootstrap peers as static relays (discovery
+    off) it reserves one as soon as AutoNAT says it is private (~15 s in the
+    network lab). hivemind's ``P2P.create`` has no parameter for this flag.
+    """
+    def make_process_args(*args, **kwargs):
+        if kwargs.get("trustedRelays"):
+            kwargs["relayDiscovery"] = 0
+        return original(*args, **kwargs)
+
+    make_process_args.relays_only_named = True
+    return make_process_args
+
+
+def _use_named_relays_only() -> None:
+    """Install :func:`_relay_only_through` once in this process (and the DHT process forked from it)."""
+    from hivemind.p2p import P2P
+
+    if not getattr(P2P._make_process_args, "relays_only_named", False):
+        P2P._make_process_args = staticmethod(_relay_only_through(P2P._make_process_args))
+
+
 def _explain_start_failure(error: BaseException, initial_peers: list[str], identity_path: Path) -> DHTStartError:
     text = str(error) or type(error).__name__
     in_use = port_in_use_error(text)
@@ -120,7 +148,9 @@ def start_dht(
     :param announce_maddrs: addresses to advertise instead of the listening ones,
         e.g. a public IP with a forwarded port (the port cannot be 0).
     :param use_relay: allow reaching peers behind NAT through libp2p relays.
-    :param use_auto_relay: look for relays that make *this* peer reachable when it is behind NAT.
+    :param use_auto_relay: look for relays that make *this* peer reachable when it is behind NAT:
+        the bootstrap peers (``initial_peers``) are asked for a relay slot as soon as libp2p finds
+        this peer private (~15 s), see :func:`_relay_only_through`.
     :param client_mode: take part without serving DHT requests (for peers nobody can dial).
         This, not ``hivemind.Optimizer(client_mode=...)``, is what counts.
     :param start_timeout: give up after this many seconds.
@@ -162,6 +192,10 @@ def start_dht(
             f"{port_moves[0].message}, but dht.announce_maddrs announces the configured port",
             "stop the program that holds the port, or change dht.host_maddrs and dht.announce_maddrs together",
         )
+    relays = {}
+    if use_relay and use_auto_relay and peers:
+        _use_named_relays_only()
+        relays["trusted_relays"] = peers
     try:
         dht = hivemind.DHT(
             initial_peers=peers,
@@ -177,6 +211,7 @@ def start_dht(
             # A key made a moment ago cannot be in use elsewhere: skip hivemind's probe (an extra p2pd).
             check_if_identity_free=not new_identity,
             record_validators=[RSASignatureValidator(private_key), RunRecordValidator(list(follow_runs))],
+            **relays,
         )
     except Exception as error:
         raise _explain_start_failure(error, peers, identity_path) from error
@@ -245,31 +280,6 @@ def rank_addresses(addresses: list[str]) -> list[str]:
     return sorted(dict.fromkeys(addresses), key=_address_rank)
 
 
-def reachability_of(addresses: list[str], client_mode: bool = False) -> str:
-    """How others reach a peer that announces ``addresses``; see :func:`reachability`."""
-    if client_mode:
-        return "unknown"
-    direct = [address for address in addresses if "p2p-circuit" not in address.split("/")]
-    for address in direct:
-        protocol, host = address.split("/")[1:3]
-        if protocol not in ("ip4", "ip6") or ipaddress.ip_address(host).is_global:
-            return "direct"
-    if addresses and not direct:
-        return "relayed"
-    return "unknown"
-
-
 def visible_addresses(dht) -> list[str]:
     """Multiaddrs (with ``/p2p/<peer id>``) that other peers can dial: public first, loopback last."""
     return rank_addresses([str(address) for address in dht.get_visible_maddrs(latest=True)])
-
-
-def reachability(dht) -> str:
-    """How other peers reach this one, as far as this peer can tell without asking them.
-
-    ``"relayed"``: it is only announced through a libp2p relay (``/p2p-circuit``);
-    ``"direct"``: it announces a public (global) IP or a DNS name others can dial;
-    ``"unknown"``: only private or loopback addresses, or a DHT client -- peers on
-    the same network can dial it, the internet probably cannot.
-    """
-    return reachability_of(visible_addresses(dht), client_mode=dht.client_mode)

@@ -19,10 +19,10 @@ which stands in for DiLoCo's outer momentum); it is the manifest's
 The residuals are one float32 copy of the trainable parameters, in RAM (beside
 DiLoCo's global parameters), and go into the peer's checkpoint.
 
-A round that fails (no group, or the average is not adopted because others
-averaged without this peer) sent nothing that counts: :meth:`ErrorFeedback.not_sent`
+A round that finds no group sent nothing that counts: :meth:`ErrorFeedback.not_sent`
 puts the residual back as it was, so the round's pseudo-gradient is neither lost
-to the residual nor counted twice when the peer's local progress is sent again.
+to the residual nor counted twice when the peer's local progress (kept for the
+next round, ``diloco.py``) is sent again.
 """
 
 from __future__ import annotations
@@ -84,7 +84,11 @@ class ErrorFeedback:
         self._pending = None
 
     def state_dict(self) -> dict:
-        return {"rung": self.rung.name, "decay": self.decay, "residuals": [residual.clone() for residual in self.residuals]}
+        """The residuals for a checkpoint. While a round is in flight, what that round leaves
+        unsent: a restored trainer drops the round's local progress (the swarm may have
+        adopted it), so the residual must not hold the part it sent either."""
+        residuals = self._pending if self._pending is not None else self.residuals
+        return {"rung": self.rung.name, "decay": self.decay, "residuals": [residual.clone() for residual in residuals]}
 
     def load_state_dict(self, state: dict | None) -> None:
         """Restore residuals saved by :meth:`state_dict` (kept across a change to another sparse

@@ -36,7 +36,8 @@ MANIFEST_EXPIRATION_S = 7 * 24 * 3600
 # bumped whenever a field is added or its meaning changes: a peer refuses a
 # manifest of a newer format with "upgrade p2ptrain" rather than "unknown field".
 # 2: warmup_epochs, lr_schedule and total_epochs also schedule DiLoCo's inner lr
-# 3: sparse compression rungs, compression_rungs and error_feedback_decay
+# 3: DiLoCo rounds end on the swarm's samples by default (round_end, round_time_limit_s); sparse
+#    compression rungs, compression_rungs and error_feedback_decay
 MANIFEST_FORMAT = 3
 
 # What to tell a user whose value for a field was refused.
@@ -53,6 +54,8 @@ _FIXES = {
     "seq_len": "use a whole number of tokens between 1 and 1048576",
     "target_batch_size": "use a whole number of samples >= 1",
     "local_steps": "use a whole number of inner steps >= 1",
+    "round_end": "use 'samples' (a round ends when the swarm trained target_batch_size samples) or 'local_steps' (after H inner steps on every peer)",
+    "round_time_limit_s": "use a number of seconds > 0, or leave it out (rounds end on samples only)",
     "micro_batch_hint": "use a whole number >= 1",
     "inner_lr": "use a finite number > 0, e.g. 0.001",
     "outer_lr": "use a finite number > 0, e.g. 0.7",
@@ -96,7 +99,13 @@ class Manifest(pydantic.BaseModel):
     is ``target_batch_size`` samples across all peers) or ``diloco`` (each peer
     takes ``local_steps`` inner AdamW steps at ``inner_lr``, then the averaged
     pseudo-gradient is applied by an outer Nesterov SGD with ``outer_lr`` and
-    ``outer_momentum``). ``model`` is a preset name, hub id or path; ``lora`` is
+    ``outer_momentum``). A DiLoCo round (``round_end``) ends when the swarm
+    trained ``target_batch_size`` samples in it (``samples``: every peer trains
+    until then, fast ones more inner steps, nobody waits; also after
+    ``round_time_limit_s`` seconds when given) or after ``local_steps`` inner
+    steps on every peer (``local_steps``: the paper's setting, for equal
+    hardware); ``local_steps`` also sets the unit of the inner learning rate's
+    schedule (see ``p2ptrain.peers.diloco_rounds``). ``model`` is a preset name, hub id or path; ``lora`` is
     null for full training. ``micro_batch_hint`` is only a starting point for
     the hardware plan. ``compression`` applies to averaged tensors: the run's
     top rung of the compression ladder (``compression_ladder``; sparse rungs
@@ -125,6 +134,8 @@ class Manifest(pydantic.BaseModel):
     seq_len: int = pydantic.Field(128, ge=1, le=1 << 20)
     target_batch_size: int = pydantic.Field(256, ge=1)
     local_steps: int = pydantic.Field(50, ge=1)
+    round_end: Literal["samples", "local_steps"] = "samples"
+    round_time_limit_s: float | None = pydantic.Field(None, gt=0)
     micro_batch_hint: int = pydantic.Field(8, ge=1)
     inner_lr: float = pydantic.Field(1e-3, gt=0)
     outer_lr: float = pydantic.Field(0.7, gt=0)
@@ -164,6 +175,14 @@ class Manifest(pydantic.BaseModel):
             raise ValueError(f"compression {sparse[0]} sends sparse pseudo-gradients, which only mode 'diloco' has; "
                              f"use mode 'diloco', or a dense compression (none, fp16, blockwise8bit)")
         return self
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _older_formats_end_rounds_on_local_steps(cls, data: Any) -> Any:
+        # a run defined before format 3 ended every DiLoCo round after local_steps inner steps
+        if isinstance(data, dict) and isinstance(data.get("format"), int) and data["format"] < 3:
+            data = {"round_end": "local_steps", **data}
+        return data
 
     @pydantic.model_validator(mode="after")
     def _decaying_schedule_has_an_end(self) -> "Manifest":

@@ -18,7 +18,7 @@ import pydantic
 
 logger = logging.getLogger(__name__)
 
-METRICS_EXPIRATION_S = 60.0
+METRICS_EXPIRATION_S = 90.0  # the worker writes its record every 30 s
 
 
 def metrics_key(run_id: str) -> str:
@@ -35,9 +35,12 @@ class LocalMetrics(pydantic.BaseModel):
     ``int8``. ``samples_per_second`` is this peer's recent training speed,
     ``loss`` its latest finite training loss (None before the first step or
     when the last one was not finite), ``epoch`` its local epoch,
-    ``contributed_samples`` all samples it contributed to the run.
+    ``trained_samples`` all samples it trained in the run, ``contributed_samples``
+    those that entered an adopted average or optimizer step
+    (``p2ptrain.peers.sample_account``).
     ``manifest_hash`` identifies the settings it trains with, ``version`` the
-    p2ptrain version, ``reachability`` whether others dial it directly, and
+    p2ptrain version, ``reachability`` whether others dial it directly (measured,
+    ``peers.reachability``), and
     ``time`` is the DHT time of the measurement.
     """
 
@@ -52,10 +55,11 @@ class LocalMetrics(pydantic.BaseModel):
     samples_per_second: float = pydantic.Field(0.0, ge=0)
     loss: float | None = None
     epoch: int = pydantic.Field(0, ge=0)
+    trained_samples: int = pydantic.Field(0, ge=0)
     contributed_samples: int = pydantic.Field(0, ge=0)
     manifest_hash: str = pydantic.Field("", max_length=64)
     version: str = pydantic.Field("", max_length=32)
-    reachability: Literal["direct", "relayed", "unknown"] = "unknown"
+    reachability: Literal["direct", "relayed", "unreachable", "unknown"] = "unknown"
     time: float = pydantic.Field(0.0, ge=0)
 
     @pydantic.field_validator("loss", mode="before")

@@ -168,8 +168,10 @@ def peer_compression(spec: WorkerSpec, manifest, trainable_parameters: int) -> s
     return rung.name
 
 
-def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_step: int) -> Trainer:
-    """The manifest's trainer (``SyncTrainer``, or ``DiLoCoTrainer`` in ``diloco`` mode).
+def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_step: int,
+                 averaging_client: bool = False) -> Trainer:
+    """The manifest's trainer: ``SyncTrainer``, or in ``diloco`` mode ``SwarmRoundTrainer``
+    (``round_end: samples``) or ``DiLoCoTrainer`` (``round_end: local_steps``).
 
     Its averagers start now and set SIGINT to ignored: install the stop handlers again after.
 
@@ -179,28 +181,38 @@ def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_ste
         dht: the worker's running DHT.
         parameters: the trainable parameters.
         batch_size_per_step: samples of one step (micro-batch times gradient accumulation).
+        averaging_client: average as a client (send our share, never reduce), as a DHT
+            client always does: other peers cannot dial this one directly (``peers.network``).
     """
     from p2ptrain.peers.manifest import averaging_prefix
+    from p2ptrain.peers.matchmaking import pace_leader_search
     from p2ptrain.peers.sync import averaging_timings
+
+    pace_leader_search()  # before the averager processes fork
 
     common = dict(
         dht=dht, prefix=averaging_prefix(manifest), parameters=parameters,
         target_batch_size=manifest.target_batch_size, batch_size_per_step=batch_size_per_step,
         inner_lr=manifest.inner_lr, compression=manifest.compression,
-        client_mode=spec.dht.client_mode,
+        client_mode=spec.dht.client_mode or averaging_client,
         **averaging_timings(spec.averaging.to_dict() if spec.averaging else None, spec.dht.host_maddrs),
     )
     schedule = dict(warmup_epochs=manifest.warmup_epochs, lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs)
     if manifest.mode == "diloco":
         from p2ptrain.peers.compression_ladder import RungNotAllowed, allowed_rungs
-        from p2ptrain.peers.diloco import DiLoCoTrainer
 
         allowed = [rung.name for rung in allowed_rungs(manifest.compression, manifest.compression_rungs)]
         common["compression"] = peer_compression(spec, manifest, sum(parameter.numel() for parameter in parameters))
+        diloco = dict(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr, outer_momentum=manifest.outer_momentum,
+                      allowed_compression=allowed, error_feedback_decay=manifest.error_feedback_decay)
         try:
-            return DiLoCoTrainer(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr,
-                                 outer_momentum=manifest.outer_momentum, allowed_compression=allowed,
-                                 error_feedback_decay=manifest.error_feedback_decay, **schedule, **common)
+            if manifest.round_end == "local_steps":
+                from p2ptrain.peers.diloco import DiLoCoTrainer
+
+                return DiLoCoTrainer(**diloco, **schedule, **common)
+            from p2ptrain.peers.diloco_rounds import SwarmRoundTrainer
+
+            return SwarmRoundTrainer(round_time_limit_s=manifest.round_time_limit_s, **diloco, **schedule, **common)
         except RungNotAllowed as error:
             raise WorkerFailure(error.message, error.fix) from error
     from p2ptrain.peers.sync import SyncTrainer

@@ -7,6 +7,18 @@ all-reduce and take one AdamW step together. That is one epoch.
 The hivemind progress record is ``{averaging_prefix(manifest)}_progress`` (the
 optimizer's ``run_id`` is the averaging prefix), which is what ``swarm.read_swarm``
 reads. DiLoCo (``diloco.py``) publishes under the same key.
+
+A slow peer's gradients are not thrown away when the swarm's epoch moves on
+without it. hivemind.Optimizer lets a peer one epoch behind step on its own
+gradients (its parameters are then averaged with the others' in the next state
+round), but a peer further behind (or, once per epoch, behind at all) downloads
+the swarm's state and resets its gradient accumulators, and the batch in hand
+is dropped too. ``SyncOptimizer`` keeps both across the download, up to
+``MAX_ROUNDS_BEHIND`` epochs stale: they join the next epoch's all-reduce,
+weighted by their samples, one to two steps stale, as hivemind's own delayed
+parameter updates are one step stale. What hivemind does not allow: averaging
+them into the round that the swarm already finished (a finished all-reduce
+cannot be joined).
 """
 
 from __future__ import annotations
@@ -14,26 +26,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from typing import Sequence
 
 import hivemind
-import numpy as np
 import torch
 from hivemind.averaging import DecentralizedAverager
-from hivemind.compression import (
-    BlockwiseQuantization,
-    CompressionBase,
-    Float16Compression,
-    NoCompression,
-    Quantile8BitQuantization,
-    Uniform8BitQuantization,
-)
-from hivemind.compression import serialization as hivemind_serialization
-from hivemind.proto import runtime_pb2
+from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 
 from p2ptrain.peers.checkpoint import state_problem
+from p2ptrain.peers.compression import make_compression
 from p2ptrain.peers.optimizers import make_optimizer, make_scheduler
+from p2ptrain.peers.sample_account import SampleAccount
+from p2ptrain.peers.progress import QuietProgressTracker
+from p2ptrain.peers.round_loss import CountsLostParts, found_no_group
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +48,9 @@ logger = logging.getLogger(__name__)
 # internet peers need several seconds to find each other and to stream tensors.
 LOCAL_AVERAGING = {"matchmaking_time": 3.0, "averaging_timeout": 30.0}
 INTERNET_AVERAGING = {"matchmaking_time": 15.0, "averaging_timeout": 120.0}
+# a late peer's local progress (DiLoCo's delta, sync's accumulated gradients) is kept up to this
+# many epochs behind the swarm; further behind it is too stale to help and is dropped
+MAX_ROUNDS_BEHIND = 2
 
 
 @dataclasses.dataclass
@@ -54,6 +64,12 @@ class StepOutcome:
     non_finite_average: peers in an averaging round whose result held NaN or
         infinity and was not adopted (this peer stepped on its own values), or None.
     failed_rounds: averaging rounds that formed no group in time since the last outcome.
+    waited_s: seconds the call spent on rounds rather than on training (averaging, waiting
+        for the swarm, state downloads), for the worker's idle time.
+    averaged_share: the share of the ``averaged_with`` round's values that were really averaged
+        (below 1.0 when a peer dropped out mid-round: the rest kept this peer's own values;
+        ``peers.round_loss``).
+    failed_exchanges: rounds since the last outcome whose group formed but whose data exchange failed.
     """
 
     epoch_advanced: bool = False
@@ -61,6 +77,9 @@ class StepOutcome:
     loaded_state: bool = False
     non_finite_average: int | None = None
     failed_rounds: int = 0
+    waited_s: float = 0.0
+    averaged_share: float = 1.0
+    failed_exchanges: int = 0
 
     def non_finite_message(self) -> str | None:
         """The event message for a rejected round, or None if there was none."""
@@ -85,78 +104,6 @@ def averaging_timings(spec_averaging: dict | None, host_maddrs: Sequence[str] = 
     timings = dict(LOCAL_AVERAGING if on_loopback else INTERNET_AVERAGING)
     timings.update({key: float(value) for key, value in (spec_averaging or {}).items() if key in timings})
     return timings
-
-
-def _int64_at(buffer: bytes, offset: int = 0) -> int:
-    return int(np.frombuffer(buffer, count=1, offset=offset, dtype=np.int64)[0])
-
-
-class _CodebookExtract:
-    """hivemind 1.1's ``Quantization.extract`` calls ``int()`` on a 1-element array,
-    which numpy >= 2.4 refuses ("only 0-dimensional arrays..."): every 8-bit
-    tensor a peer received failed. This is the same decoding with the header read
-    as a scalar."""
-
-    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
-        buffer = serialized_tensor.buffer
-        codebook = np.frombuffer(buffer, offset=8, count=_int64_at(buffer), dtype=self.codebook_dtype)
-        quantized = np.frombuffer(buffer, offset=8 + codebook.nbytes, dtype=self.indices_dtype)
-        quantized = torch.as_tensor(quantized, dtype=torch.int64).reshape(tuple(serialized_tensor.size))
-        codebook = torch.as_tensor(codebook).to(dtype=getattr(torch, serialized_tensor.dtype))
-        return codebook[quantized].requires_grad_(serialized_tensor.requires_grad)
-
-
-class Uniform8Bit(_CodebookExtract, Uniform8BitQuantization):
-    """hivemind's uniform 8-bit quantization, readable under numpy >= 2.4."""
-
-
-class Quantile8Bit(_CodebookExtract, Quantile8BitQuantization):
-    """hivemind's quantile 8-bit quantization, readable under numpy >= 2.4."""
-
-
-class Blockwise8Bit(BlockwiseQuantization):
-    """hivemind's blockwise 8-bit quantization (bitsandbytes), readable under numpy >= 2.4."""
-
-    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
-        from bitsandbytes.functional import dequantize_blockwise
-        from hivemind.compression.quantization import _BLOCKWISE_QUANTIZATION_BLOCKSIZE
-
-        buffer = serialized_tensor.buffer
-        absmax = np.frombuffer(buffer, offset=16, count=_int64_at(buffer), dtype=self.codebook_dtype)
-        codebook = np.frombuffer(buffer, offset=16 + absmax.nbytes, count=_int64_at(buffer, 8), dtype=self.codebook_dtype)
-        quantized = np.frombuffer(buffer, offset=16 + absmax.nbytes + codebook.nbytes, dtype=self.indices_dtype)
-        result = dequantize_blockwise(
-            torch.as_tensor(quantized).reshape(tuple(serialized_tensor.size)), absmax=torch.as_tensor(absmax),
-            code=torch.as_tensor(codebook), blocksize=_BLOCKWISE_QUANTIZATION_BLOCKSIZE, nested=False,
-        )
-        return result.to(getattr(torch, serialized_tensor.dtype)).requires_grad_(serialized_tensor.requires_grad)
-
-
-# hivemind decodes every received tensor through this registry (in the averager
-# processes, which are forked after this import)
-hivemind_serialization._BASE_COMPRESSION_TYPES.update(
-    UNIFORM_8BIT=Uniform8Bit(), QUANTILE_8BIT=Quantile8Bit(), BLOCKWISE_8BIT=Blockwise8Bit()
-)
-
-
-def make_compression(name: str, tensors: Sequence[torch.Tensor]) -> CompressionBase:
-    """The hivemind compression for the manifest's ``compression`` name.
-
-    Float16Compression refuses bfloat16 tensors; bf16 is already two bytes a
-    value, so bf16 tensors are sent as they are.
-    """
-    if name == "fp16":
-        if any(tensor.dtype == torch.bfloat16 for tensor in tensors):
-            logger.info("Sending bfloat16 tensors uncompressed: they are already 16-bit")
-            return NoCompression()
-        return Float16Compression()
-    if name == "uniform8bit":
-        return Uniform8Bit()
-    if name == "blockwise8bit":
-        return Blockwise8Bit()
-    if name == "none":
-        return NoCompression()
-    raise ValueError(f"unknown compression {name!r}: use none, fp16, uniform8bit or blockwise8bit")
 
 
 class CheckedStateMixin(DecentralizedAverager):
@@ -197,18 +144,37 @@ class CheckedTrainingStateAverager(TrainingStateAverager, CheckedStateMixin):
         super()._apply_averaging_results_()
 
 
-class SyncOptimizer(hivemind.Optimizer):
-    """hivemind.Optimizer that checks downloaded state and remembers the size
-    of each finished gradient-averaging round."""
+class CountingGradientAverager(CountsLostParts, GradientAverager):
+    """hivemind's GradientAverager that knows how much of its last round was averaged."""
 
-    def __init__(self, **kwargs):
+
+class SyncOptimizer(hivemind.Optimizer):
+    """hivemind.Optimizer that checks downloaded state, remembers the size of each
+    finished gradient-averaging round, counts what became of this peer's samples
+    (``account``) and keeps a late peer's gradients (see the module doc)."""
+
+    def __init__(self, *, account: SampleAccount, client_mode: bool = False, **kwargs):
+        self.account = account
+        self._batch_in_hand = 0
+        self._averaging_client = client_mode
         self._finished_groups: list[int] = []
         self._rejected_groups: list[int] = []
-        self._failed_rounds = 0
+        self._failed_rounds = self._failed_exchanges = 0
+        self._last_share = 1.0
         self._groups_lock = threading.Lock()
         self._loading_local_gradients = False
         self._round_rejected = False
-        super().__init__(**kwargs)
+        super().__init__(client_mode=client_mode, **kwargs)
+
+    def _make_progress_tracker(self, target_batch_size: int, **kwargs):
+        # hivemind 1.1's Optimizer replaces a given client_mode with the DHT's (`client_mode if
+        # client_mode is None else dht.client_mode`); the tracker is made right after that line and
+        # before the averagers, which read self.client_mode: a peer nobody dials directly averages
+        # as a client while its DHT still serves
+        self.client_mode = self._averaging_client
+        return QuietProgressTracker(dht=self.dht, prefix=self.run_id, target_batch_size=target_batch_size,
+                                    client_mode=self.client_mode, status_loglevel=self.status_loglevel, start=True,
+                                    **kwargs)
 
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
         return CheckedTrainingStateAverager(
@@ -227,21 +193,63 @@ class SyncOptimizer(hivemind.Optimizer):
             **kwargs,
         )
 
+    def step(self, closure=None, batch_size: int | None = None, grad_scaler=None):
+        self._batch_in_hand = batch_size if batch_size is not None else self.batch_size_per_step
+        try:
+            return super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
+        finally:
+            self._batch_in_hand = 0
+
+    def _should_load_state_from_peers(self) -> bool:
+        out_of_sync = super()._should_load_state_from_peers()
+        if out_of_sync and self._batch_in_hand:
+            # hivemind returns from step() without accumulating the batch in hand ("computed with
+            # out-of-sync parameters"): accumulate it, load_state_from_peers keeps it with the rest
+            self.grad_averager.accumulate_grads_(self._batch_in_hand)
+        return out_of_sync
+
+    def load_state_from_peers(self, **kwargs):
+        averager = self.grad_averager
+        samples = averager.local_samples_accumulated
+        keep = samples > 0 and self.tracker.global_epoch - self.local_epoch <= MAX_ROUNDS_BEHIND
+        # hivemind resets the accumulators after a download: save them (GradientAverager's
+        # private fields, reuse_grad_buffers=False) and put them back
+        kept = [accumulator.clone() for accumulator in averager._grad_accumulators()] if keep else []
+        times, anchor = averager.local_times_accumulated, averager._anchor_batch_size
+        super().load_state_from_peers(**kwargs)
+        if not keep:
+            self.account.add_unused("late", samples)
+            return
+        with torch.no_grad():
+            for accumulator, saved in zip(averager._grad_accumulators(), kept):
+                accumulator.copy_(saved)
+        averager.local_samples_accumulated, averager.local_times_accumulated, averager._anchor_batch_size = samples, times, anchor
+        self.tracker.report_local_progress(self.local_epoch, samples)
+
+    def _update_global_epoch(self, grad_scaler) -> None:
+        # the accumulated samples go into this epoch's averaged or local optimizer step
+        samples = self.grad_averager.local_samples_accumulated
+        super()._update_global_epoch(grad_scaler)
+        self.account.add_contributed(samples)
+
     def _average_gradients_and_load_into_optimizer(self, maybe_step_control):
         self._round_rejected = False
         super()._average_gradients_and_load_into_optimizer(maybe_step_control)
         # the real group size comes from hivemind's round result (GroupInfo-keyed dict)
         if maybe_step_control is None:
             return  # no other peer: nothing was attempted
-        group = None
+        group, error = None, None
         if maybe_step_control.done() and not maybe_step_control.cancelled():
             try:
                 group = maybe_step_control.result(0)
-            except BaseException:  # hivemind already fell back to the local gradients
-                group = None
+            except BaseException as raised:  # hivemind already fell back to the local gradients
+                error = raised
         with self._groups_lock:
             if group:
                 (self._rejected_groups if self._round_rejected else self._finished_groups).append(len(group))
+                self._last_share = self.grad_averager.received_share()
+            elif error is not None and not found_no_group(error):
+                self._failed_exchanges += 1
             else:
                 self._failed_rounds += 1
 
@@ -272,6 +280,13 @@ class SyncOptimizer(hivemind.Optimizer):
             rejected, self._rejected_groups = self._rejected_groups, []
             failed, self._failed_rounds = self._failed_rounds, 0
         return groups, rejected, failed
+
+    def pop_exchange_outcome(self) -> tuple[float, int]:
+        """The averaged share of the last finished round, and the rounds since the last call
+        whose group formed but whose data exchange failed."""
+        with self._groups_lock:
+            failed, self._failed_exchanges = self._failed_exchanges, 0
+            return self._last_share, failed
 
 
 class SyncTrainer:
@@ -315,7 +330,9 @@ class SyncTrainer:
         self.parameters = list(parameters)
         compressor = make_compression(compression, self.parameters)
         optimizer_name = optimizer
+        self.account = SampleAccount()
         self.optimizer = SyncOptimizer(
+            account=self.account,
             dht=dht,
             run_id=prefix,
             target_batch_size=target_batch_size,
@@ -326,12 +343,16 @@ class SyncTrainer:
             scheduler=make_scheduler(warmup_epochs, lr_schedule, total_epochs),
             matchmaking_time=matchmaking_time,
             averaging_timeout=averaging_timeout,
+            # hivemind's default (the matchmaking time: 3 s on a LAN) drops a peer that is busy for 3 s
+            # between two parts of a round, and the round comes back partly unaveraged
+            next_chunk_timeout=averaging_timeout / 4,
             load_state_timeout=max(averaging_timeout, 30.0),
             grad_compression=compressor,
             state_averaging_compression=compressor,
             # separate accumulators, so a batch with non-finite gradients can be
             # dropped before it reaches them (see skip_batch)
             reuse_grad_buffers=False,
+            grad_averager_factory=CountingGradientAverager,
             client_mode=client_mode,
             # hivemind warns (and can deadlock) when a request may outlive matchmaking
             averager_opts={"request_timeout": min(3.0, matchmaking_time / 2)},
@@ -353,11 +374,14 @@ class SyncTrainer:
         return self.optimizer.local_epoch < self.optimizer.tracker.global_epoch - 1
 
     def step(self, samples: int) -> StepOutcome:
-        """Account for one local batch whose gradients are in ``.grad``."""
+        """Account for one local batch of ``samples`` whose gradients are in ``.grad``."""
         epoch_before = self.local_epoch
+        self.account.add_trained(samples)
+        started = time.monotonic()
+        # accumulating is a cheap add: the time in here is hivemind's rounds (and one optimizer step an epoch)
         self.optimizer.step(batch_size=samples)
         self.optimizer.zero_grad(set_to_none=True)
-        return self._outcome(epoch_before)
+        return dataclasses.replace(self._outcome(epoch_before), waited_s=time.monotonic() - started)
 
     def tick(self) -> StepOutcome:
         """Collect results of background rounds (nothing to drive in sync mode)."""
@@ -370,18 +394,29 @@ class SyncTrainer:
             # hivemind does not hand out the state round's group: the peers in the run bound it
             rejected = [max(self.tracker.global_progress.num_peers, 2)]
         self._state_rejections_seen = state_rejections
+        share, failed_exchanges = self.optimizer.pop_exchange_outcome()
         return StepOutcome(
             epoch_advanced=self.local_epoch > epoch_before,
             averaged_with=groups[-1] if groups else None,
             loaded_state=self.local_epoch > epoch_before + 1,
             non_finite_average=rejected[-1] if rejected else None,
             failed_rounds=failed,
+            averaged_share=share if groups else 1.0,
+            failed_exchanges=failed_exchanges,
         )
 
     def skip_batch(self) -> None:
         """Discard gradients of a batch that must not be contributed."""
         for parameter in self.parameters:
             parameter.grad = None
+
+    def pause(self) -> None:
+        """Let a pre-scheduled gradient round average without this peer (weight 0), as hivemind
+        does before a download: a paused peer must not hold up a group."""
+        scheduled, self.optimizer.scheduled_grads = self.optimizer.scheduled_grads, None
+        if scheduled is not None and not scheduled.done() and not scheduled.triggered:
+            scheduled.weight = 0.0
+            scheduled.allow_allreduce()
 
     def load_state_from_peers(self) -> bool:
         """Download the newest state from the swarm; True if the epoch moved."""

@@ -4,7 +4,7 @@ The worker's loop (``peers/training_worker.py``) drives a trainer without
 knowing the mode: it asks ``wants_batch``, puts one batch's gradients in
 ``.grad`` of ``parameters`` and calls ``step``, or calls ``tick`` while the
 trainer works in the background; ``is_behind`` and ``load_state_from_peers``
-catch up with the swarm. ``tests/unit/test_trainer_protocol.py`` checks that
+catch up with the swarm; ``account`` says what became of every sample. ``tests/unit/test_trainer_protocol.py`` checks that
 both trainers have every member with the same arguments.
 
 Importable without torch or hivemind (the types are for type checkers only).
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import torch
     from hivemind.optim.progress_tracker import ProgressTracker
 
+    from p2ptrain.peers.sample_account import SampleAccount
     from p2ptrain.peers.sync import StepOutcome
 
 
@@ -31,10 +32,13 @@ class Trainer(Protocol):
             gradients before ``step`` and the trainer averages only these.
         tracker: hivemind's progress tracker of the run (``global_epoch``,
             ``global_progress``): where the swarm stands.
+        account: this peer's samples: trained, contributed, unused by reason
+            (the trainer counts what it steps on; the worker adds batches it skips).
     """
 
     parameters: Sequence[torch.nn.Parameter]
     tracker: ProgressTracker
+    account: SampleAccount
 
     @property
     def local_epoch(self) -> int:
@@ -54,6 +58,9 @@ class Trainer(Protocol):
 
     def skip_batch(self) -> None:
         """Drop the gradients of a batch that must not be contributed (non-finite, or interrupted)."""
+
+    def pause(self) -> None:
+        """Training pauses: let a round pre-scheduled with the swarm go on without this peer."""
 
     def load_state_from_peers(self) -> bool:
         """Download the swarm's newest state; True if the local epoch moved."""

@@ -39,7 +39,10 @@ from p2ptrain.worker_pipe import (
 logger = logging.getLogger(__name__)
 
 STEP_REPORT_INTERVAL_S = 1.0
-SWARM_REPORT_INTERVAL_S = 5.0
+# each publish and read is DHT traffic on a volunteer's metered line (peers/progress.py has the numbers):
+# the swarm view is read every 15 s, our metrics record (expiring after 90 s) written every 30 s
+SWARM_REPORT_INTERVAL_S = 15.0
+METRICS_INTERVAL_S = 30.0
 GOODBYE_EXPIRATION_S = 1.0
 
 
@@ -120,12 +123,11 @@ class Worker:
         self.send_lock = threading.Lock()
         self.stop_requested = False
         self.interruptible = True  # a signal may interrupt setup, never a training step
-        self.dht = self.loaded = self.batches = None
+        self.dht = self.network = self.loaded = self.batches = None
         self.trainer: Trainer | None = None
         self.state = "joining"
         self.finish_at_epoch: int | None = None
         self.micro_batch: int | None = None  # known once the plan is read; confirmed by calibration
-        self.contributed_samples = 0
         self.last_loss: float | None = None
         self.samples_per_second = 0.0
         self.peer_id = ""
@@ -189,18 +191,23 @@ class Worker:
         """Join the run: DHT, manifest, model, data, trainer (``run_setup``), the checkpoint, then report ``joined``."""
         import torch
 
-        from p2ptrain.peers.dht import port_moves, reachability, visible_addresses
+        from p2ptrain.peers.network import PeerNetwork
+        from p2ptrain.peers.traffic import TrafficMeter
+        from p2ptrain.peers.dht import port_moves
 
         spec, plan = self.spec, self.spec.plan
         if plan.cpu_threads:
             torch.set_num_threads(plan.cpu_threads)
+        meter = TrafficMeter()
+        meter.install()  # before the DHT and averager processes fork: they count into it
         self.dht = join_dht(spec, peers_file(self._checkpoint_file()))
         self.port_moves = port_moves(self.dht)
         for move in self.port_moves:
             details = {name: value for name, value in move.to_dict().items() if name != "message"}
             self.event("port-taken", move.message, **details)
-        # ask now: once the averagers are up, hivemind can stall this query for minutes
-        self.addresses, self.reachability = visible_addresses(self.dht), reachability(self.dht)
+        # measured before the averagers start: they take their role (reducer or client) from it
+        self.network = PeerNetwork(self.dht, self.report, client_mode=spec.dht.client_mode, meter=meter)
+        self.network.join()
         self.manifest = manifest = run_manifest(spec, self.dht)
 
         self.device, self.precision, self.quantization = plan.device, plan.precision, plan.quantization
@@ -219,23 +226,27 @@ class Worker:
             except (KeyError, ValueError) as error:
                 self.event("checkpoint-ignored", f"checkpoint not used: {error}")
                 checkpoint = None
-        self.trainer = make_trainer(spec, manifest, self.dht, self.loaded.trainable(), self.micro_batch * self.grad_accum)
+        self.trainer = make_trainer(spec, manifest, self.dht, self.loaded.trainable(), self.micro_batch * self.grad_accum,
+                                    averaging_client=self.network.averaging_client)
         # hivemind's averagers set SIGINT to ignored when they start
         processes.install_stop_handlers(self.on_signal)
         if checkpoint:
+            self.trainer.account.load_dict(checkpoint)
             self.trainer.load_state_dict(checkpoint["trainer"])
-            self.contributed_samples = int(checkpoint.get("contributed_samples", 0))
             self.event("checkpoint-loaded", f"resumed from a checkpoint at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
+        self.late_reported = self.trainer.account.unused["late"]
         self._catch_up()
         self.report(Joined(
-            peer_id=self.peer_id, addresses=self.addresses, reachability=self.reachability,
+            peer_id=self.peer_id, addresses=self.network.addresses, reachability=self.network.reachability,
+            reachability_checked_at=self.network.checked_at, averaging_client=self.network.averaging_client,
             manifest=manifest.model_dump(mode="json"), manifest_hash=self.manifest_hash, device=self.device,
             precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             grad_accum=self.grad_accum, parameters=self.loaded.parameters,
             trainable_parameters=self.loaded.trainable_parameters, nickname=spec.nickname,
             port_moves=self.port_moves,
-            contributed_samples=self.contributed_samples, calibrated_samples_per_second=self.calibration.samples_per_second,
+            calibrated_samples_per_second=self.calibration.samples_per_second, **self.trainer.account.totals(),
         ))
+        self.network.watch()
 
     def _confirm_micro_batch(self):
         """Real forward/backward passes at the planned micro-batch, halved until they fit (``calibration``);
@@ -263,7 +274,15 @@ class Worker:
             before = self.trainer.local_epoch
             self.trainer.load_state_from_peers()
             if self.trainer.local_epoch > before:
-                self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch, previous_epoch=before)
+                self.state_downloaded(previous_epoch=before)
+
+    def state_downloaded(self, **data) -> None:
+        """The ``state-downloaded`` event: the new epoch, and the samples of local progress that
+        were too many epochs behind to keep (the ``late`` ones since the last such event)."""
+        epoch, late = self.trainer.local_epoch, self.trainer.account.unused["late"]
+        dropped, self.late_reported = late - self.late_reported, late
+        kept = f"; {dropped} samples of local progress were too far behind to use" if dropped else ""
+        self.event("state-downloaded", f"caught up with the swarm at epoch {epoch}{kept}", epoch=epoch, dropped_samples=dropped, **data)
 
     # --- checkpoints --------------------------------------------------
     def _checkpoint_file(self) -> Path:
@@ -288,7 +307,7 @@ class Worker:
         state = {
             "trainable": self.loaded.trainable_state(), "trainer": self.trainer.state_dict(),
             "epoch": self.trainer.local_epoch, "data_position": self.batches.position,
-            "manifest_hash": self.manifest_hash, "contributed_samples": self.contributed_samples,
+            "manifest_hash": self.manifest_hash, **self.trainer.account.as_dict(),
             "manifest": self.manifest.model_dump(mode="json"),  # what `p2ptrain export` rebuilds the model from
         }
         try:
@@ -308,7 +327,10 @@ class Worker:
         self.checkpoint_interval_s = self.spec.checkpoint_interval_s
         self.set_state("paused" if self.spec.start_paused else "training")
         threading.Thread(target=self._report_swarm_forever, name="swarm-reporter", daemon=True).start()
-        self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
+        self.new_window()
+        # idle time (see new_window): since the last batch was trained, while training, and how long before that
+        self.computed_at: float | None = None
+        self.idle_before = 0.0
         self.epoch_started_at, self.epoch_losses = time.time(), []
         while not self.stop_requested and not self.left:
             self.handle_commands()
@@ -329,6 +351,7 @@ class Worker:
 
     def set_state(self, state: str) -> None:
         self.state = state
+        self.computed_at = None  # a pause is not idle time
         self.report(StateChanged(state))
 
     def handle_commands(self) -> None:
@@ -373,6 +396,7 @@ class Worker:
         """Checkpoint, leave the swarm and end the worker: a paused peer holds no memory
         and takes no part in matchmaking. ``resume`` starts a new worker from this checkpoint."""
         self.trainer.skip_batch()
+        self.trainer.pause()
         self.save_checkpoint("pause")
         self.report_steps(last=True)  # what the daemon shows while paused: the checkpoint's totals
         self.leave_swarm()
@@ -387,12 +411,12 @@ class Worker:
         """Say goodbye and shut the trainer and the DHT down; the loop ends and the process exits 0."""
         self.left = True
         self.goodbye()
-        for closing in (self.trainer, self.dht):
+        for closing in (self.network, self.trainer, self.dht):
             try:
                 closing.shutdown()
             except Exception:
                 logger.exception("Error while shutting down %s", type(closing).__name__)
-        self.trainer = self.dht = None
+        self.network = self.trainer = self.dht = None
 
     def train_one_step(self) -> None:
         """Accumulate ``grad_accum`` micro-batches and hand them to the trainer,
@@ -402,10 +426,12 @@ class Worker:
         from p2ptrain.peers.models import causal_lm_loss
 
         losses = []
+        self.count_idle_time()
         for _ in range(self.grad_accum):
             loss = causal_lm_loss(self.loaded.model, next(self.batches))
             if not torch.isfinite(loss):
                 self.trainer.skip_batch()
+                self.count_rejected((len(losses) + 1) * self.micro_batch)
                 self.event("non-finite", "skipped a batch with a non-finite loss; nothing was contributed", loss=str(loss.item()))
                 return
             (loss / self.grad_accum).backward()
@@ -418,13 +444,14 @@ class Worker:
                     self.trainer.skip_batch()
                     return
         gradients = [p.grad for p in self.trainer.parameters if p.grad is not None]
+        samples = self.micro_batch * self.grad_accum
         if not all(bool(torch.isfinite(g).all()) for g in gradients):
             self.trainer.skip_batch()
+            self.count_rejected(samples)
             self.event("non-finite", "skipped a batch with non-finite gradients; nothing was contributed")
             return
-        samples = self.micro_batch * self.grad_accum
         outcome = self.trainer.step(samples)
-        self.contributed_samples += samples
+        self.computed_at, self.idle_before = time.monotonic(), outcome.waited_s
         self.last_loss = sum(losses) / len(losses)
         self.window["samples"] += samples
         self.window["losses"].append(self.last_loss)
@@ -432,6 +459,23 @@ class Worker:
         self.after_step(outcome)
         if not self.left:  # a finish that completed its epoch sent the last report
             self.report_steps()
+
+    def count_rejected(self, samples: int) -> None:
+        """Samples trained on a batch that was skipped as non-finite: trained, never used."""
+        self.trainer.account.add_trained(samples)
+        self.trainer.account.add_unused("rejected", samples)
+
+    def new_window(self) -> None:
+        """Start the next step report's window: samples, losses, and idle time (seconds between
+        training two batches, forward, backward and inner optimizer step, while training:
+        averaging, downloads, waiting for the swarm, reports, epoch-end validation)."""
+        self.window = {"started": time.monotonic(), "samples": 0, "losses": [], "idle_s": 0.0, "longest_idle_s": 0.0}
+
+    def count_idle_time(self) -> None:
+        if self.computed_at is not None:
+            idle = self.idle_before + time.monotonic() - self.computed_at
+            self.window["idle_s"] += idle
+            self.window["longest_idle_s"] = max(self.window["longest_idle_s"], idle)
 
     def report_steps(self, last: bool = False) -> None:
         """Report the steps since the last report, at most every ``STEP_REPORT_INTERVAL_S``; ``last``: now."""
@@ -444,22 +488,31 @@ class Worker:
             ts=time.time(), epoch=self.trainer.local_epoch,
             loss=sum(self.window["losses"]) / len(self.window["losses"]),
             samples=self.window["samples"], samples_per_second=self.samples_per_second,
-            contributed_samples=self.contributed_samples,
+            idle_s=self.window["idle_s"], longest_idle_s=self.window["longest_idle_s"], **self.trainer.account.totals(),
         ))
-        self.window = {"started": time.monotonic(), "samples": 0, "losses": []}
+        self.new_window()
 
     def after_step(self, outcome) -> None:
         """Report what the trainer's step changed: averaging rounds, epoch ends, downloads."""
         if outcome.averaged_with is not None:
             self.last_group = outcome.averaged_with
-            self.event("averaged", f"averaged with {outcome.averaged_with} peers", peers=outcome.averaged_with, epoch=self.trainer.local_epoch)
+            if outcome.averaged_share < 1.0:
+                self.event("averaging-incomplete", f"averaged with {outcome.averaged_with} peers, but only "
+                           f"{outcome.averaged_share:.0%} of the values: a peer dropped out mid-round, the rest kept "
+                           "this peer's own values", peers=outcome.averaged_with, share=outcome.averaged_share,
+                           epoch=self.trainer.local_epoch)
+            else:
+                self.event("averaged", f"averaged with {outcome.averaged_with} peers", peers=outcome.averaged_with, epoch=self.trainer.local_epoch)
         if outcome.non_finite_average is not None:
             self.event("non-finite-average", outcome.non_finite_message(), peers=outcome.non_finite_average, epoch=self.trainer.local_epoch)
         if outcome.failed_rounds:
             self.event("averaging-failed", "an averaging round formed no group in time; trained on without it",
-                       rounds=outcome.failed_rounds, epoch=self.trainer.local_epoch)
+                       rounds=outcome.failed_rounds, epoch=self.trainer.local_epoch, reason="no-group")
+        if outcome.failed_exchanges:
+            self.event("averaging-failed", "an averaging group formed but its data exchange failed; trained on without it",
+                       rounds=outcome.failed_exchanges, epoch=self.trainer.local_epoch, reason="exchange")
         if outcome.loaded_state:
-            self.event("state-downloaded", f"caught up with the swarm at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
+            self.state_downloaded()
         if outcome.epoch_advanced:
             self.end_epoch(self.trainer.local_epoch - 1)
 
@@ -470,7 +523,7 @@ class Worker:
             epoch=epoch, started_at=self.epoch_started_at, ended_at=now, duration_s=now - self.epoch_started_at,
             num_peers=max(progress.num_peers, 1), global_samples=self.manifest.target_batch_size,
             loss=sum(self.epoch_losses) / len(self.epoch_losses) if self.epoch_losses else None,
-            val_loss=self.validation_loss(), averaged_with=getattr(self, "last_group", 1),
+            val_loss=self.validation_loss(), averaged_with=getattr(self, "last_group", 1), **self.trainer.account.totals(),
         ))
         self.epoch_started_at, self.epoch_losses, self.last_group = now, [], 1
         if self.finish_at_epoch is not None and self.trainer.local_epoch >= self.finish_at_epoch:
@@ -493,20 +546,24 @@ class Worker:
             peer_id=self.peer_id, nickname=self.spec.nickname[:64],
             device=self.spec.device_label or self.device, precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             samples_per_second=samples_per_second, loss=self.last_loss, epoch=self.trainer.local_epoch,
-            contributed_samples=self.contributed_samples, manifest_hash=self.manifest_hash,
-            version=__version__, reachability=self.reachability, time=get_dht_time(),
+            contributed_samples=self.trainer.account.contributed, trained_samples=self.trainer.account.trained,
+            manifest_hash=self.manifest_hash,
+            version=__version__, reachability=self.network.reachability, time=get_dht_time(),
         )
 
     def _report_swarm_forever(self) -> None:
         from p2ptrain.peers.records import publish_metrics
         from p2ptrain.peers.swarm import read_swarm
 
+        published_state, published_at = None, -METRICS_INTERVAL_S
         while not self.left and not self.stop_requested:
             if self.trainer is None:
                 return
             try:
                 training = self.state == "training"
-                publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(self.samples_per_second if training else 0.0))
+                if time.monotonic() - published_at >= METRICS_INTERVAL_S or self.state != published_state:
+                    publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(self.samples_per_second if training else 0.0))
+                    published_state, published_at = self.state, time.monotonic()
                 self.report(read_swarm(self.dht, self.manifest.run_id, self.manifest_hash, self.manifest.target_batch_size))
             except Exception:
                 logger.exception("Could not publish metrics or read the swarm")
@@ -532,7 +589,7 @@ class Worker:
                 logger.exception("Could not checkpoint while stopping")
         if self.daemon_gone():
             return  # no one to say goodbye to in order: main() ends the whole group now
-        for closing in (self.trainer, self.dht):
+        for closing in (self.network, self.trainer, self.dht):
             if closing is None:
                 continue
             try:

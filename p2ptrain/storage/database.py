@@ -220,7 +220,7 @@ class Database:
         Args:
             run_id: the run the snapshot belongs to.
             rows: the peers; fields outside the ``peers`` table
-                (``contributed_samples``, ``is_local``...) are not stored.
+                (``manifest_hash``, ``is_local``...) are not stored.
                 Each needs a ``peer_id``.
             ts: Unix time of the snapshot; now if None.
         """

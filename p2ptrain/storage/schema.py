@@ -62,6 +62,8 @@ PEER_COLUMNS = (
     "loss",
     "reachability",
     "compatible",
+    "trained_samples",
+    "contributed_samples",
 )
 
 
@@ -144,11 +146,19 @@ def _v4_folded_steps(db: sqlite_utils.Database) -> None:
     db["steps"].add_column("reports", int)
 
 
+def _v5_peer_samples(db: sqlite_utils.Database) -> None:
+    """Each peer's samples in the run: all it trained, and those that entered an
+    adopted average or optimizer step (``peers/sample_account.py``); older rows keep NULL."""
+    db["peers"].add_column("trained_samples", int)
+    db["peers"].add_column("contributed_samples", int)
+
+
 MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (
     _v1_tables,
     _v2_validation_plan_and_indexes,
     _v3_step_worker,
     _v4_folded_steps,
+    _v5_peer_samples,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -81,6 +81,8 @@ CLI_CASES = {
     "new-run-compression-zip": (["join", "--new-run", "x", "--compression", "zip"], EXIT_USAGE, "use none, fp16"),
     "new-run-momentum-1.5": (["join", "--new-run", "x", "--outer-momentum", "1.5"], EXIT_USAGE, "use a number in [0, 1)"),
     "new-run-inner-lr-nan": (["join", "--new-run", "x", "--inner-lr", "nan"], EXIT_USAGE, "use a finite number > 0"),
+    "new-run-round-end-time": (["join", "--new-run", "x", "--round-end", "time"], EXIT_USAGE, "choose from 'samples', 'local_steps'"),
+    "new-run-round-time-limit-zero": (["join", "--new-run", "x", "--round-time-limit", "0"], EXIT_USAGE, "use a number of seconds > 0"),
     "config-set-unknown-key": (["config", "set", "training.turbo", "true"], EXIT_USAGE, "p2ptrain config show lists the keys"),
     "config-set-negative": (["config", "set", "storage.flush_interval_s", "-3"], EXIT_USAGE, "p2ptrain config set storage.flush_interval_s VALUE"),
     "config-set-wrong-type": (["config", "set", "dht.use_relay", "maybe"], EXIT_USAGE, "p2ptrain config set dht.use_relay VALUE"),

@@ -19,7 +19,6 @@ from hivemind.utils import get_dht_time
 from p2ptrain.peers.dht import (
     DHTStartError,
     own_public_key,
-    reachability,
     signing_key,
     start_dht,
     visible_addresses,
@@ -137,8 +136,6 @@ def test_visible_addresses_carry_the_peer_id(peers):
     assert addresses
     assert all(address.endswith(f"/p2p/{alone.peer_id.to_base58()}") for address in addresses)
     assert all(address.startswith("/ip4/127.0.0.1/tcp/") for address in addresses)
-    # Only a loopback address: nobody outside this machine can dial it.
-    assert reachability(alone) == "unknown"
 
 
 @pytest.mark.timeout(90)

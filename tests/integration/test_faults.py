@@ -100,7 +100,7 @@ def test_a_worker_out_of_memory_is_restarted_with_half_the_micro_batch(daemons):
     assert errors and not errors[0]["data"]["fatal"], events(daemon.home)
     # it keeps halving until a step fits; then it trains
     trained = daemon.wait_until(
-        lambda s: s["state"] == "training" and (s.get("local") or {}).get("contributed_samples", 0) > 0, 300,
+        lambda s: s["state"] == "training" and (s.get("local") or {}).get("trained_samples", 0) > 0, 300,
         what="training at a micro-batch that fits",
     )["local"]
     ooms = [e["data"] for e in events(daemon.home, "worker-oom")]

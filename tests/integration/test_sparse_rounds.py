@@ -32,7 +32,7 @@ def pseudo_gradients(name: str) -> list[torch.Tensor]:
 def peer_main(conn, name: str, home: str, initial_peers: list[str], rungs: list[str], client_mode: bool) -> None:
     """One peer: a DHT, and an averager per rung it sends with (a new one when its rung changes, as
     after a restart); one round per command from the test, its result sent back."""
-    from p2ptrain.peers.compression_sparse import allow_rungs
+    from p2ptrain.peers.compression import allow_rungs
     from p2ptrain.peers.dht import start_dht
 
     multiprocessing.set_start_method("fork", force=True)  # hivemind forks its averagers, as the worker does
@@ -50,7 +50,8 @@ def run_rounds(conn, name: str, dht, rungs: list[str], client_mode: bool) -> Non
     from hivemind.averaging import DecentralizedAverager
 
     from p2ptrain.peers.compression_ladder import parse_rung
-    from p2ptrain.peers.compression_sparse import COUNTERS, SparseTopK, sparsify
+    from p2ptrain.peers.compression import COUNTERS, SparseTopK
+    from p2ptrain.peers.compression_sparse import sparsify
 
     averager, averager_rung = None, None
     for rung_name in rungs:

@@ -48,6 +48,9 @@ def _local() -> dict:
         "nickname": "amber-fox",
         "addresses": ["/ip4/127.0.0.1/tcp/40111/p2p/" + LOCAL_PEER_ID],
         "reachability": "direct",
+        "reachability_checked_at": None,
+        "averaging_client": False,
+        "traffic": None,
         "device": "cuda:0",
         "precision": "bf16",
         "quantization": "none",
@@ -57,7 +60,9 @@ def _local() -> dict:
         "trainable_parameters": 23_400_000,
         "samples_per_second": 41.7,
         "loss": 2.871,
+        "trained_samples": 160_000,
         "contributed_samples": 153_600,
+        "unused_samples": {"late": 4_800, "failed_round": 0, "rejected": 0},
         "calibrated_samples_per_second": 44.9,
     }
 
@@ -66,7 +71,8 @@ def local_status() -> dict:
     """``status["local"]``: this peer, one worker on its GPU."""
     local = _local()
     worker = {name: local[name] for name in ("device", "peer_id", "precision", "quantization", "micro_batch",
-                                              "grad_accum", "samples_per_second", "loss", "contributed_samples")}
+                                              "grad_accum", "samples_per_second", "loss", "trained_samples",
+                                              "contributed_samples", "unused_samples")}
     return {**local, "workers": [{**worker, "state": "training"}]}
 
 
@@ -161,7 +167,8 @@ def sample_peers() -> list[dict]:
             "samples_per_second": speed,
             "loss": loss,
             "epoch": epoch,
-            "contributed_samples": int(speed * 3600),
+            "trained_samples": int(speed * 3600),
+            "contributed_samples": int(speed * 3500),
             "manifest_hash": "9f2c1e",
             "compatible": True,
             "reachability": link,

@@ -4,14 +4,17 @@ import torch
 
 import pytest
 
-from p2ptrain.peers.diloco import (
-    all_finite,
+from p2ptrain.peers.diloco_math import (
     apply_outer_step,
     inner_lr_factor,
     make_outer_optimizer,
     momentum_buffers,
     pseudo_gradients,
+    rebase_local,
+    take_outer_step,
 )
+from p2ptrain.peers.sample_account import SampleAccount
+from p2ptrain.peers.sync import all_finite
 
 
 def test_two_averaged_local_results_give_a_nesterov_step():
@@ -73,3 +76,46 @@ def test_inner_lr_warms_up_and_decays_in_epochs_of_h_inner_steps():
 def test_inner_lr_schedule_without_an_end_is_refused():
     with pytest.raises(ValueError, match="total_epochs"):
         inner_lr_factor(local_steps=10, lr_schedule="linear")
+
+
+def test_a_late_peer_keeps_its_delta_on_top_of_the_new_global_parameters():
+    old_global, new_global = [torch.tensor([1.0, 2.0])], [torch.tensor([0.5, 3.0])]
+    local = torch.nn.Parameter(torch.tensor([1.25, 1.0]))  # delta [0.25, -1.0] over the old global
+    rebase_local([local], old_global, new_global)
+    assert torch.allclose(local.data, torch.tensor([0.75, 2.0]))
+    assert torch.allclose(pseudo_gradients(new_global, [local])[0], pseudo_gradients(old_global, [torch.tensor([1.25, 1.0])])[0])
+
+
+def test_training_on_during_a_round_keeps_what_was_trained_since_on_the_new_global():
+    """A peer sends global - local and trains on; when the average arrives, the outer step moves the
+    global parameters and the progress since sending is kept on top of them (one round stale)."""
+    global_parameters = [torch.tensor([1.0, 1.0])]
+    sent_from = [torch.tensor([0.0, 2.0])]  # pseudo-gradient sent: [1, -1]
+    local = torch.nn.Parameter(torch.tensor([-0.5, 2.5]))  # trained on by [-0.5, 0.5] since
+    averaged = [torch.tensor([0.5, 0.5])]  # the swarm's weighted average
+    optimizer = make_outer_optimizer(global_parameters, outer_lr=1.0, outer_momentum=0.0)
+    take_outer_step(global_parameters, averaged, optimizer)
+    rebase_local([local], sent_from, global_parameters)
+    assert torch.allclose(global_parameters[0], torch.tensor([0.5, 0.5]))
+    assert torch.allclose(local.data, torch.tensor([0.0, 1.0])), "new global + what was trained since sending"
+
+
+def test_sample_account_keeps_every_trained_sample_in_one_place():
+    account = SampleAccount()
+    account.add_trained(100)
+    account.add_contributed(60)
+    account.add_unused("late", 25)
+    assert account.pending == 15
+    assert account.as_dict() == {"trained_samples": 100, "contributed_samples": 60,
+                                 "unused_samples": {"late": 25, "failed_round": 0, "rejected": 0}}
+    restored = SampleAccount()
+    restored.load_dict(account.as_dict())
+    assert restored == account
+    with pytest.raises(ValueError, match="use one of late, failed_round, rejected"):
+        account.add_unused("slow", 1)
+
+
+def test_a_checkpoint_of_an_older_p2ptrain_counted_every_sample_as_contributed():
+    account = SampleAccount()
+    account.load_dict({"contributed_samples": 336})
+    assert (account.trained, account.contributed, account.pending) == (336, 336, 0)

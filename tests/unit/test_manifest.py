@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from p2ptrain.multiaddr import validate_multiaddr
-from p2ptrain.peers.dht import rank_addresses, reachability_of
+from p2ptrain.peers.dht import rank_addresses
 from p2ptrain.peers.manifest import (
     Manifest,
     ManifestError,
@@ -65,6 +65,8 @@ def test_hash_is_stable_for_equal_manifests():
         {"warmup_epochs": 2},
         {"lr_schedule": "cosine", "total_epochs": 10},
         {"total_epochs": 10},
+        {"round_end": "local_steps"},
+        {"round_time_limit_s": 60.0},
     ],
 )
 def test_hash_changes_with_any_field(change):
@@ -77,7 +79,7 @@ def test_hash_changes_with_any_field(change):
 def test_every_field_is_covered_by_the_hash_test():
     covered = {"run_id", "mode", "model", "lora", "dataset", "seq_len", "target_batch_size", "local_steps"}
     covered |= {"micro_batch_hint", "inner_lr", "outer_lr", "outer_momentum", "compression", "seed", "created_at"}
-    covered |= {"optimizer", "warmup_epochs", "lr_schedule", "total_epochs"}
+    covered |= {"optimizer", "warmup_epochs", "lr_schedule", "total_epochs", "round_end", "round_time_limit_s"}
     covered |= {"compression_rungs", "error_feedback_decay"}
     covered |= {"format"}  # one valid value today; a new format is refused before hashing
     assert set(Manifest.model_fields) == covered
@@ -111,6 +113,8 @@ def test_bad_optimizer_settings_are_one_line_errors_with_a_fix(options, message)
         ({"run_id": "ok", "outer_momentum": 1.0}, "outer_momentum", "[0, 1)"),
         ({"run_id": "ok", "inner_lr": float("nan")}, "inner_lr", "finite number"),
         ({"run_id": "ok", "compression": "zip"}, "compression", "blockwise8bit"),
+        ({"run_id": "ok", "round_end": "time"}, "round_end", "'samples'"),
+        ({"run_id": "ok", "round_time_limit_s": 0}, "round_time_limit_s", "seconds > 0"),
         ({"run_id": "ok", "lora": {"r": 0}}, "lora.r", "rank"),
         ({"run_id": "ok", "dataset": {"path": "x"}}, "dataset", "'kind'"),
     ],
@@ -225,21 +229,6 @@ def test_addresses_are_ranked_public_first_loopback_last():
     assert rank_addresses([loopback]) == [loopback]
 
 
-@pytest.mark.parametrize(
-    ("addresses", "client_mode", "expected"),
-    [
-        (["/ip4/8.8.4.4/tcp/31337"], False, "direct"),
-        (["/dns4/boot.example.org/tcp/31337"], False, "direct"),
-        (["/ip4/127.0.0.1/tcp/1", "/ip4/192.168.1.7/tcp/1"], False, "unknown"),
-        ([f"/ip4/8.8.4.4/tcp/1/p2p/{PEER_ID}/p2p-circuit/p2p/{PEER_ID}"], False, "relayed"),
-        (["/ip4/8.8.4.4/tcp/31337"], True, "unknown"),
-        ([], False, "unknown"),
-    ],
-)
-def test_reachability_is_read_from_announced_addresses(addresses, client_mode, expected):
-    assert reachability_of(addresses, client_mode) == expected
-
-
 def test_a_manifest_from_a_newer_p2ptrain_asks_for_an_upgrade_not_about_unknown_fields():
     from p2ptrain.peers.manifest import MANIFEST_FORMAT
 
@@ -250,5 +239,8 @@ def test_a_manifest_from_a_newer_p2ptrain_asks_for_an_upgrade_not_about_unknown_
     assert "pip install --upgrade p2ptrain" in error.value.fix
     assert parse_manifest({"run_id": "today"}).format == MANIFEST_FORMAT
     assert parse_manifest({"run_id": "older", "format": 1}).format == 1, "older formats still parse"
+    assert parse_manifest({"run_id": "older", "format": 2, "mode": "diloco"}).round_end == "local_steps", \
+        "a run defined before format 3 keeps DiLoCo's fixed H"
+    assert parse_manifest({"run_id": "today", "mode": "diloco"}).round_end == "samples"
     with pytest.raises(ManifestError, match="'format'"):
         parse_manifest({"run_id": "today", "format": 0})

@@ -20,10 +20,11 @@ def joined_report(peer_id: str, micro_batch: int, precision: str = "bf16") -> Jo
     })
 
 
-def step(contributed_samples: int, samples_per_second: float, loss: float) -> Step:
-    """A step report: the worker's own total of contributed samples (it counts; the daemon shows it)."""
-    return decode_report({"type": "step", "ts": 1.0, "epoch": 3, "loss": loss, "samples": 8, "samples_per_second": samples_per_second,
-                          "contributed_samples": contributed_samples})
+def step(samples: int, samples_per_second: float, loss: float, trained: int, contributed: int, late: int = 0) -> Step:
+    """A ``step`` report: ``samples`` since the last one, and the worker's totals of the run."""
+    return decode_report({"type": "step", "ts": 1.0, "epoch": 3, "loss": loss, "samples": samples, "samples_per_second": samples_per_second,
+                          "trained_samples": trained, "contributed_samples": contributed,
+                          "unused_samples": {"late": late, "failed_round": 0, "rejected": 0}})
 
 
 def two_workers_training() -> RunView:
@@ -34,9 +35,9 @@ def two_workers_training() -> RunView:
     run.apply_joined("gpu1", joined_report("QmSecond", 2, "fp16"))
     for name in ("gpu0", "gpu1"):
         run.workers[name].state = "training"
-    run.apply_step("gpu0", step(80, 20.0, 2.5))
-    run.apply_step("gpu1", step(30, 6.5, 2.75))
-    run.apply_step("gpu0", step(120, 21.0, 2.25))
+    run.apply_step("gpu0", step(80, 20.0, 2.5, trained=80, contributed=64))
+    run.apply_step("gpu1", step(30, 6.5, 2.75, trained=30, contributed=16, late=8))
+    run.apply_step("gpu0", step(40, 21.0, 2.25, trained=120, contributed=100))
     return run
 
 
@@ -45,11 +46,12 @@ def test_local_is_the_first_worker_with_every_worker_listed_and_totals_summed():
 
     assert local["peer_id"] == "QmFirst" and local["device"] == "cuda:0" and local["micro_batch"] == 8
     assert local["loss"] == 2.25  # the first worker's latest
-    assert local["samples_per_second"] == 27.5 and local["contributed_samples"] == 150
+    assert local["samples_per_second"] == 27.5
+    assert (local["trained_samples"], local["contributed_samples"], local["unused_samples"]["late"]) == (150, 116, 8)
     first, second = local["workers"]
     assert set(first) == set(WORKER_FIELDS)
     assert (second["device"], second["peer_id"], second["precision"], second["micro_batch"], second["grad_accum"]) == ("cuda:1", "QmSecond", "fp16", 2, 8)
-    assert (second["samples_per_second"], second["loss"], second["contributed_samples"], second["state"]) == (6.5, 2.75, 30, "training")
+    assert (second["samples_per_second"], second["loss"], second["trained_samples"], second["contributed_samples"], second["state"]) == (6.5, 2.75, 30, 16, "training")
 
 
 def test_a_crashed_worker_counts_nothing_per_second_but_keeps_what_it_contributed():
@@ -58,7 +60,7 @@ def test_a_crashed_worker_counts_nothing_per_second_but_keeps_what_it_contribute
 
     local = run.local_status()
 
-    assert local["samples_per_second"] == 21.0 and local["contributed_samples"] == 150
+    assert local["samples_per_second"] == 21.0 and (local["trained_samples"], local["contributed_samples"]) == (150, 116)
     assert local["workers"][1]["state"] == "restarting"
     assert run.joined  # the first still trains
 
@@ -77,11 +79,11 @@ def test_one_worker_keeps_the_single_worker_shape():
     run = RunView(run_id="r")
     run.worker("cpu", "cpu")
     run.apply_joined("cpu", replace(joined_report("QmOnly", 4), device="cpu"))
-    run.apply_step("cpu", step(40, 3.0, 4.0))
+    run.apply_step("cpu", step(40, 3.0, 4.0, trained=40, contributed=32))
 
     local = run.local_status()
 
-    assert (local["samples_per_second"], local["contributed_samples"], local["device"]) == (3.0, 40, "cpu")
+    assert (local["samples_per_second"], local["contributed_samples"], local["device"]) == (3.0, 32, "cpu")
     assert len(local["workers"]) == 1 and "state" not in local
 
 
@@ -105,7 +107,9 @@ def test_human_status_prints_one_line_per_worker_and_the_totals():
     assert "cuda:1" in workers[1] and "fp16" in workers[1] and "6.5 samples/s" in workers[1] and "QmSecond" in workers[1]
     assert not any(line.strip().startswith("Device:") for line in lines)
     training = next(line for line in lines if line.strip().startswith("Training:"))
-    assert "27.5 samples/s in all" in training and "150 samples contributed in all" in training
+    assert "27.5 samples/s in all" in training and "116 samples contributed in all" in training
+    samples = next(line for line in lines if line.strip().startswith("Samples:"))
+    assert samples.strip() == "Samples: 150 trained, 116 used by the run (77%), 8 not used (8 late), 26 in the current round (all workers)"
 
 
 def test_human_status_of_one_worker_has_a_device_line_and_no_worker_lines():
@@ -118,3 +122,9 @@ def test_human_status_of_one_worker_has_a_device_line_and_no_worker_lines():
 
     assert any(line.strip().startswith("Device: cuda:0, bf16") for line in lines)
     assert not any("Worker:" in line or "in all" in line for line in lines)
+
+
+def test_a_restarted_worker_that_lost_its_checkpoint_does_not_shrink_the_totals():
+    run = two_workers_training()
+    run.apply_step("gpu1", step(4, 6.0, 2.7, trained=4, contributed=0))
+    assert run.local_status()["workers"][1]["trained_samples"] == 30

@@ -22,7 +22,7 @@ def training_view() -> RunView:
     run.worker("gpu0", "cuda:0")
     run.apply_joined("gpu0", joined_report("QmMine", 8))
     run.workers["gpu0"].state = "training"
-    run.apply_step("gpu0", step(960, 20.0, 2.5))
+    run.apply_step("gpu0", step(8, 20.0, 2.5, trained=980, contributed=960, late=20))
     run.apply_swarm(swarm_report("QmMine", "QmOther"))
     return run
 
@@ -30,10 +30,13 @@ def training_view() -> RunView:
 def test_a_joined_worker_shows_its_checkpointed_total_at_once():
     run = RunView(run_id="r")
     run.worker("cpu", "cpu")
-    joined = decode_report({**json.loads(json.dumps(joined_report("QmMine", 4).to_dict())), "type": "joined", "contributed_samples": 5000})
+    joined = decode_report({**json.loads(json.dumps(joined_report("QmMine", 4).to_dict())), "type": "joined",
+                            "trained_samples": 5100, "contributed_samples": 5000, "unused_samples": {"late": 100, "failed_round": 0, "rejected": 0}})
     run.apply_joined("cpu", joined)
-    assert run.local_status()["contributed_samples"] == 5000, "not 0 until the first step report"
-    run.apply_step("cpu", step(5016, 3.0, 2.0))
+    local = run.local_status()
+    assert (local["trained_samples"], local["contributed_samples"], local["unused_samples"]["late"]) == (5100, 5000, 100), \
+        "not 0 until the first step report"
+    run.apply_step("cpu", step(16, 3.0, 2.0, trained=5116, contributed=5016, late=100))
     assert run.local_status()["contributed_samples"] == 5016
 
 
@@ -49,7 +52,8 @@ def test_a_paused_run_shows_its_last_numbers_marked_with_when_the_swarm_was_seen
     assert paused["eta_next_epoch_s"] is None, "no estimate without a worker"
     assert (paused["epoch"], paused["num_peers"]) == (7, 2)
     local = run.local_status()
-    assert local["peer_id"] == "QmMine" and local["contributed_samples"] == 960
+    assert local["peer_id"] == "QmMine"
+    assert (local["trained_samples"], local["contributed_samples"], local["unused_samples"]["late"]) == (980, 960, 20)
     assert local["samples_per_second"] is None
     assert local["workers"][0]["state"] == "paused"
     assert [peer.peer_id for peer in run.peers] == ["QmMine", "QmOther"]

@@ -8,12 +8,9 @@ import torch
 from hivemind.compression import ScaledFloat16Compression, deserialize_torch_tensor, serialize_torch_tensor
 from hivemind.proto import runtime_pb2
 
+from p2ptrain.peers.compression import COUNTERS, RungRefused, SparseTopK, allow_rungs
 from p2ptrain.peers.compression_ladder import parse_rung
 from p2ptrain.peers.compression_sparse import (
-    COUNTERS,
-    RungRefused,
-    SparseTopK,
-    allow_rungs,
     decode,
     encode_top_k,
     encode_union,

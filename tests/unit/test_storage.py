@@ -93,6 +93,16 @@ def test_v1_database_is_migrated_forward_keeping_its_rows(tmp_path):
     assert "idx_steps_ts" in indexes
 
 
+def test_peer_rows_keep_what_each_peer_trained_and_what_the_run_used(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    make_v1_database(path)
+    with Database.open(path) as db:
+        db.record_peers("old-run", [PeerRow(peer_id="QmSlow", trained_samples=2048, contributed_samples=1928)], ts=130.0)
+        peers = {peer["peer_id"]: peer for peer in queries.peers_table(db, "old-run")}
+    assert (peers["QmSlow"]["trained_samples"], peers["QmSlow"]["contributed_samples"]) == (2048, 1928)
+    assert peers["QmOld"]["trained_samples"] is None, "rows written before schema version 5 know nothing of it"
+
+
 def make_v2_database(path):
     """The database as p2ptrain wrote it before steps had a worker column,
     with one step row in it."""

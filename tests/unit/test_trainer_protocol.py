@@ -7,6 +7,7 @@ import inspect
 import pytest
 
 from p2ptrain.peers.diloco import DiLoCoTrainer
+from p2ptrain.peers.diloco_rounds import SwarmRoundTrainer
 from p2ptrain.peers.sync import SyncTrainer
 from p2ptrain.peers.trainer import Trainer
 
@@ -15,7 +16,7 @@ METHODS = sorted(name for name, member in vars(Trainer).items() if inspect.isfun
 ATTRIBUTES = sorted([*Trainer.__annotations__, *(name for name, member in vars(Trainer).items() if isinstance(member, property))])
 
 
-@pytest.mark.parametrize("trainer", [SyncTrainer, DiLoCoTrainer])
+@pytest.mark.parametrize("trainer", [SyncTrainer, DiLoCoTrainer, SwarmRoundTrainer])
 def test_a_trainer_has_every_method_of_the_protocol_with_its_arguments(trainer):
     assert METHODS, "the protocol lost its methods"
     for name in METHODS:
@@ -23,8 +24,8 @@ def test_a_trainer_has_every_method_of_the_protocol_with_its_arguments(trainer):
         assert list(ours.parameters) == list(promised.parameters), f"{trainer.__name__}.{name}{ours} is not {name}{promised}"
 
 
-@pytest.mark.parametrize("trainer", [SyncTrainer, DiLoCoTrainer])
+@pytest.mark.parametrize("trainer", [SyncTrainer, DiLoCoTrainer, SwarmRoundTrainer])
 def test_a_trainer_has_every_attribute_of_the_protocol(trainer):
-    assigned_in_init = inspect.getsource(trainer.__init__)
+    assigned_in_init = "".join(inspect.getsource(cls.__init__) for cls in trainer.__mro__ if "__init__" in vars(cls) and cls is not object)
     for name in ATTRIBUTES:
         assert isinstance(getattr(trainer, name, None), property) or f"self.{name} =" in assigned_in_init, f"{trainer.__name__} has no {name}"

@@ -80,12 +80,20 @@ def local_lines(local: dict) -> list[str]:
     precision = local.get("precision") or "?"
     if quantization and quantization != "none":
         precision += f" + {quantization}"
-    return [
+    lines = [
         f"{escape(str(local.get('device', '?')))} · {precision} · micro-batch {local.get('micro_batch', '—')}"
         f" × {local.get('grad_accum', 1)}",
         f"{format_number(local.get('samples_per_second'), 1)} samples/s · loss {format_number(local.get('loss'), 3)}"
         f" · contributed {format_count(local.get('contributed_samples'))} samples",
     ]
+    trained = local.get("trained_samples")
+    if trained:
+        # what share of this machine's work the run used, and why the rest was not
+        used = local.get("contributed_samples") or 0
+        unused = [f"{format_count(count)} {reason.replace('_', ' ')}" for reason, count in (local.get("unused_samples") or {}).items() if count]
+        lines.append(f"used {format_count(used)} of {format_count(trained)} trained ({used / trained:.0%})"
+                     + (f" · not used: {', '.join(unused)}" if unused else ""))
+    return lines
 
 
 class HardwarePanel(Static):

@@ -22,6 +22,7 @@ PAUSE_REASONS = {
     "gpu-busy": "another program is using the GPU",
     "temperature": "the GPU is too hot",
     "schedule": "outside the training schedule",
+    "traffic-budget": "this month's network traffic budget is spent",
     "oom-backoff": "backing off after running out of GPU memory",
 }
 
@@ -53,8 +54,11 @@ def describe_reason(status: dict, now: float) -> str:
         return "Not in a run · press j to join one"
     if state == "finishing":
         return "Finishing the current epoch, then pausing"
-    warnings = [entry.get("message", "") for entry in status.get("health") or [] if entry.get("level") == "warning"]
-    return f"Warning: {warnings[0]}" if warnings else ""
+    warnings = [entry for entry in status.get("health") or [] if entry.get("level") == "warning"]
+    if not warnings:
+        return ""
+    fix = f" · fix: {warnings[0]['fix']}" if warnings[0].get("fix") else ""
+    return f"Warning: {warnings[0].get('message', '')}{fix}"
 
 
 class StatusHeader(Widget):
@@ -94,7 +98,14 @@ class StatusHeader(Widget):
             parts.append(f"run [b]{run['id']}[/b] ({run.get('mode', '?')}, {run.get('model', '?')})")
         if local.get("peer_id"):
             nickname = f" {local['nickname']}" if local.get("nickname") else ""
-            parts.append(f"peer {short_peer_id(local['peer_id'])}{nickname}")
+            # how peers reach this one, when it is not plainly direct (a health warning says what to do)
+            reach = local.get("reachability")
+            reach = f" ({reach})" if reach in ("relayed", "unreachable") else ""
+            parts.append(f"peer {short_peer_id(local['peer_id'])}{nickname}{reach}")
+        traffic = local.get("traffic")
+        if traffic:
+            rate = sum(traffic["bytes_per_s"].values())
+            parts.append(f"net {rate / 1000:.1f} KB/s (~{traffic['month_gb']:.0f} GB/month)")
         if status.get("since"):
             parts.append(f"{state} for {format_duration(self.now - status['since'])}")
         if status.get("started_at"):

@@ -1,0 +1,179 @@
+"""WAN benchmark: 4 real peers in the network lab over shaped links, sync against DiLoCo.
+
+One public peer creates the run and three volunteers, each behind its own NAT
+router, join it with the run's name and the public address (the lab of
+``tests/netlab/lab.py``: isolated namespaces, needs root, iproute2, iptables).
+Every peer's line is shaped: ``--upload-mbit`` up, ``--download-mbit`` down and
+``--loss-pct`` percent of packets lost each way (no delay: this kernel has no
+netem, see the lab's docstring). For each mode it measures:
+
+- wall-clock time from "all 4 peers train" until the creator records a
+  validation loss at or below ``--target-loss`` (its ``epochs`` table);
+- bytes on the wire per sample trained: everything the four lines carried
+  (sent + received: the routers' forwarding counters for the homes, ``eth0``
+  for the public host) over the samples the four contributed meanwhile;
+- the background rate: every peer paused for ``--pause-s`` seconds, bytes per
+  second per peer on its line, and what the peers' own meters attribute to
+  each kind (``status.local.traffic``) while they trained.
+
+    sudo .venv/bin/python benchmarks/wan.py --modes sync diloco --json wan.jsonl
+    sudo .venv/bin/python benchmarks/wan.py --modes sync --background-only   # the background alone
+
+Numbers depend on this machine's load: note ``uptime`` beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "netlab")]
+
+from lab import Lab, lab_unavailable, remove_stale_labs  # noqa: E402
+from swarm import run_cli, start_on  # noqa: E402
+
+from p2ptrain.paths import resolve_paths  # noqa: E402
+
+MODES = {
+    "sync": ["--mode", "sync", "--target-batch-size", "256"],
+    # an outer step waits for all 4 peers: 4 x 20 inner steps x 8 samples
+    "diloco": ["--mode", "diloco", "--local-steps", "20", "--target-batch-size", "640"],
+}
+
+
+def line_counts(lab: Lab, name: str) -> tuple[int, int]:
+    """Bytes (sent, received) on host ``name``'s line to the internet so far."""
+    host = lab.hosts[name]
+    counts = host.router.uplink_bytes() if host.router is not None else host.interface_bytes()
+    return counts["sent"], counts["received"]
+
+
+def line_bytes(lab: Lab, name: str) -> int:
+    return sum(line_counts(lab, name))
+
+
+def line_rates(lab: Lab, names, seconds: float) -> dict[str, dict[str, float]]:
+    """Each host's line rates ``{sent, received}`` in bytes per second over the next ``seconds``."""
+    before = {name: line_counts(lab, name) for name in names}
+    moment = time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - moment
+    return {name: {"sent": (line_counts(lab, name)[0] - before[name][0]) / elapsed,
+                   "received": (line_counts(lab, name)[1] - before[name][1]) / elapsed} for name in names}
+
+
+def contributed(daemons: dict) -> int:
+    return sum(int((daemon.status().get("local") or {}).get("contributed_samples") or 0) for daemon in daemons.values())
+
+
+def best_val_loss(daemon, run: str) -> float | None:
+    with sqlite3.connect(resolve_paths(daemon.home).database) as connection:
+        row = connection.execute("SELECT min(val_loss) FROM epochs WHERE run_id = ? AND val_loss IS NOT NULL",
+                                 [run]).fetchone()
+    return row[0]
+
+
+def measure(mode: str, options, root: Path) -> dict:
+    """One mode: a fresh lab and four daemons; returns the row of the results table."""
+    lab = Lab(tag=mode[:2])
+    daemons = {}
+    try:
+        hosts = [lab.add_public("pub")] + [lab.add_home(f"h{index}") for index in (1, 2, 3)]
+        for host in hosts:
+            lab.shape(host.name, options.upload_mbit, options.download_mbit, options.loss_pct)
+            daemons[host.name] = start_on(host, root / mode)
+        run = f"wan-{mode}"
+        created = run_cli(daemons["pub"], "join", "--new-run", run, "--micro-batch", "8", *MODES[mode])
+        assert created.returncode == 0, created.stderr
+        address = daemons["pub"].wait_until(lambda s: (s.get("local") or {}).get("addresses"), 600,
+                                            what="the run")["local"]["addresses"][0]
+        for name in ("h1", "h2", "h3"):
+            assert run_cli(daemons[name], "join", run, "--peers", address).returncode == 0
+        for daemon in daemons.values():
+            daemon.wait_until(lambda s: s["state"] == "training" and (s.get("run") or {}).get("num_peers") == 4,
+                              900, interval=2, what="4 peers training")
+        started, bytes_before, samples_before = time.monotonic(), sum(line_bytes(lab, h.name) for h in hosts), contributed(daemons)
+        reached = None
+        while time.monotonic() - started < (options.train_s if options.background_only else options.timeout_s):
+            if options.background_only:
+                time.sleep(5)
+                continue
+            loss = best_val_loss(daemons["pub"], run)
+            if loss is not None and loss <= options.target_loss:
+                reached = time.monotonic() - started
+                break
+            time.sleep(5)
+        elapsed = time.monotonic() - started
+        wire = sum(line_bytes(lab, h.name) for h in hosts) - bytes_before
+        samples = contributed(daemons) - samples_before
+        kinds = {}
+        for daemon in daemons.values():
+            traffic = (daemon.status().get("local") or {}).get("traffic") or {}
+            for kind, rate in (traffic.get("bytes_per_s") or {}).items():
+                kinds[kind] = kinds.get(kind, 0.0) + rate / len(daemons)
+        training_lines = line_rates(lab, daemons, options.sample_s)
+        for daemon in daemons.values():
+            run_cli(daemon, "pause")
+        time.sleep(options.settle_s)
+        paused = line_rates(lab, daemons, options.pause_s)
+        return {
+            "mode": mode, "target_loss": options.target_loss, "reached_s": reached, "elapsed_s": elapsed,
+            "best_val_loss": best_val_loss(daemons["pub"], run), "samples": samples, "wire_bytes": wire,
+            "wire_bytes_per_sample": wire / samples if samples else None,
+            "training_kinds_bytes_per_s": kinds, "training_line_bytes_per_s": training_lines,
+            "paused_line_bytes_per_s": paused,
+            "shaping": {"upload_mbit": options.upload_mbit, "download_mbit": options.download_mbit,
+                        "loss_pct": options.loss_pct},
+            "load": os.getloadavg(),
+        }
+    finally:
+        for daemon in daemons.values():
+            daemon.terminate(timeout=60)
+            daemon.kill()
+        lab.teardown()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", nargs="+", default=["sync", "diloco"], choices=sorted(MODES))
+    parser.add_argument("--upload-mbit", type=float, default=20.0)
+    parser.add_argument("--download-mbit", type=float, default=100.0)
+    parser.add_argument("--loss-pct", type=float, default=0.5)
+    parser.add_argument("--target-loss", type=float, default=4.0, help="validation loss to reach (nats per byte)")
+    parser.add_argument("--timeout-s", type=float, default=1800.0, help="give up on the target after this long")
+    parser.add_argument("--settle-s", type=float, default=30.0, help="after pausing, wait this long before measuring")
+    parser.add_argument("--pause-s", type=float, default=120.0, help="measure the paused background this long")
+    parser.add_argument("--sample-s", type=float, default=60.0, help="measure the lines while training this long")
+    parser.add_argument("--background-only", action="store_true",
+                        help="no target loss: train --train-s seconds, then measure the background")
+    parser.add_argument("--train-s", type=float, default=180.0, help="with --background-only: seconds of training")
+    parser.add_argument("--json", type=Path, help="append one JSON line per mode here")
+    options = parser.parse_args()
+    reason = lab_unavailable()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    remove_stale_labs()
+    root = Path(tempfile.mkdtemp(prefix="p2ptrain-wan-"))
+    try:
+        for mode in options.modes:
+            row = measure(mode, options, root)
+            print(json.dumps(row), flush=True)
+            if options.json:
+                with options.json.open("a") as file:
+                    file.write(json.dumps(row) + "\n")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

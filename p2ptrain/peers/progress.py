@@ -1,0 +1,60 @@
+"""hivemind's ProgressTracker with a traffic budget: fewer progress records written and read.
+
+Measured in the network lab (4 peers, ``benchmarks/RESULTS.md``), hivemind's
+defaults make progress records the largest part of a peer's background
+traffic:
+
+- every local step stores a signed progress record in the DHT (several nodes
+  each, ~1 store a second per peer while training), although readers do not
+  need it: they extrapolate each peer's samples from its reported speed and
+  the record's time;
+- every peer reads the whole swarm's records as often as every 0.5 s when it
+  expects the epoch to end soon, and a paused swarm keeps expecting that (its
+  records still carry the speeds from before the pause), so paused peers read
+  twice a second forever.
+
+``QuietProgressTracker`` stores at most every ``report_period`` seconds (and
+at once when the local epoch changes) and reads at most every
+``min_refresh_period`` seconds. An epoch's end is therefore seen up to
+``min_refresh_period`` seconds late. (A paused peer reads nothing: its
+worker has left the swarm.)
+"""
+
+from __future__ import annotations
+
+import time
+
+from hivemind.optim.progress_tracker import ProgressTracker
+
+REPORT_PERIOD_S = 10.0
+MIN_REFRESH_PERIOD_S = 2.0
+MAX_REFRESH_PERIOD_S = 30.0
+
+
+class QuietProgressTracker(ProgressTracker):
+    """A ProgressTracker that writes and reads progress records less often (see the module docstring).
+
+    Args:
+        report_period: seconds between stores of this peer's progress within one epoch.
+        **kwargs: hivemind's ProgressTracker arguments; ``min_refresh_period`` and
+            ``max_refresh_period`` default to 2 and 30 seconds (hivemind: 0.5 and 10).
+    """
+
+    def __init__(self, *args, report_period: float = REPORT_PERIOD_S, **kwargs):
+        kwargs.setdefault("min_refresh_period", MIN_REFRESH_PERIOD_S)
+        kwargs.setdefault("max_refresh_period", MAX_REFRESH_PERIOD_S)
+        self.report_period = report_period
+        self._last_trigger = -float("inf")
+        super().__init__(*args, **kwargs)
+
+    def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
+        """hivemind's, but the record is stored only when the epoch changed or ``report_period`` passed;
+        the next store (by time or by hivemind's own expiry timer) carries the latest numbers."""
+        new_epoch = local_epoch != self.local_progress.epoch
+        super().report_local_progress(local_epoch, samples_accumulated, update_global_samples)
+        now = time.monotonic()
+        if new_epoch or now - self._last_trigger >= self.report_period:
+            self._last_trigger = now
+        else:
+            # super() asked the reporter thread to store now; take it back (at worst one store slips through)
+            self.should_report_progress.clear()

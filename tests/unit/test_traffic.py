@@ -1,0 +1,144 @@
+"""Traffic accounting: kinds of DHT keys, a process's socket bytes, the month's total, and the budget policy."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from datetime import datetime
+
+import pytest
+
+from p2ptrain.daemon.policies import PolicyEngine, PolicySettings
+from p2ptrain.daemon.traffic_month import MonthlyTraffic, monthly_estimate_gb
+from p2ptrain.peers.traffic import SocketTotals, TrafficMeter, kind_of_key, kind_of_message, rates, socket_bytes
+
+
+@pytest.mark.parametrize(
+    ("key", "kind"),
+    [
+        ("run-8b78d2247af2f8e0_progress", "progress"),
+        ("run_metrics", "metrics"),
+        ("run-8b78d2247af2f8e0_grad_averager.0b", "matchmaking"),
+        ("run-8b78d2247af2f8e0_diloco.0b01", "matchmaking"),
+        ("run-8b78d2247af2f8e0_state_averager.all_averagers", "matchmaking"),
+        ("p2ptrain/run/manifest", "dht"),
+        (b"\x00raw", "dht"),
+    ],
+)
+def test_a_dht_request_takes_the_kind_of_its_key(key, kind):
+    assert kind_of_key(key) == kind
+
+
+def test_streamed_messages_are_averaging_or_matchmaking_by_type():
+    from hivemind.proto import averaging_pb2
+
+    assert kind_of_message(averaging_pb2.AveragingData) == "averaging"
+    assert kind_of_message(averaging_pb2.DownloadData) == "averaging"
+    assert kind_of_message(averaging_pb2.JoinRequest) == "matchmaking"
+    assert kind_of_message(averaging_pb2.MessageFromLeader) == "matchmaking"
+
+
+def test_the_meter_adds_up_by_kind_and_gives_rates():
+    meter = TrafficMeter()
+    before = meter.totals()
+    meter.add("progress", sent=1000, received=500)
+    meter.add("averaging", sent=4000)
+    after = meter.totals()
+    assert after["progress"] == (1000, 500) and after["averaging"] == (4000, 0)
+    assert rates(before, after, 10.0) == {"averaging": 400.0, "matchmaking": 0.0, "progress": 150.0,
+                                           "metrics": 0.0, "dht": 0.0, "other": 0.0}
+
+
+def _non_loopback_address() -> str | None:
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return address.address
+    return None
+
+
+@pytest.mark.timeout(30)
+def test_socket_totals_count_what_this_process_sends_through_tcp():
+    address = _non_loopback_address()
+    if address is None:
+        pytest.skip("no network interface besides loopback (loopback sockets are not counted)")
+    listener = socket.create_server((address, 0))
+    received = bytearray()
+
+    def drain():
+        connection, _ = listener.accept()
+        while chunk := connection.recv(65536):
+            received.extend(chunk)
+        connection.close()
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    client = socket.create_connection(listener.getsockname())
+    totals = SocketTotals(os.getpid())
+    client.sendall(b"x" * 300_000)
+    sent, _ = totals.sample()
+    client.close()
+    thread.join(10)
+    listener.close()
+    if socket_bytes(os.getpid()) is None:
+        pytest.skip("`ss` (iproute2) is not installed")
+    # both ends are this process: the client's 300 kB sent, and nothing sent back
+    assert 300_000 <= sent < 320_000
+
+
+def test_the_month_counts_new_bytes_of_each_worker_and_starts_over_next_month():
+    saved = {}
+    moment = [datetime(2026, 11, 30, 23, 0)]
+    month = MonthlyTraffic(lambda: dict(saved), saved.update, wallclock=lambda: moment[0])
+    month.add_report("cpu", since=1.0, sent_bytes=2e9, received_bytes=1e9)
+    month.add_report("cpu", since=1.0, sent_bytes=3e9, received_bytes=1e9)
+    assert month.used_gb() == pytest.approx(4.0)
+    month.add_report("cpu", since=2.0, sent_bytes=0.5e9, received_bytes=0)  # the worker restarted
+    assert month.used_gb() == pytest.approx(4.5)
+    again = MonthlyTraffic(lambda: dict(saved), saved.update, wallclock=lambda: moment[0])  # a restarted daemon
+    assert again.used_gb() == pytest.approx(4.5)
+    moment[0] = datetime(2026, 12, 1, 0, 1)
+    assert again.used_gb() == 0.0
+
+
+def test_a_rate_is_extrapolated_to_the_whole_month():
+    assert monthly_estimate_gb(10_000, datetime(2026, 11, 5)) == pytest.approx(25.92)  # 10 KB/s, 30 days
+    assert monthly_estimate_gb(10_000, datetime(2026, 12, 5)) == pytest.approx(26.784)
+
+
+class NoSensors:
+    gpu_index = None
+
+    def on_battery(self):
+        return None
+
+    def user_idle_s(self):
+        return None
+
+    def gpu_temperature_c(self):
+        return None
+
+    def other_gpu_processes(self):
+        return None
+
+
+def test_a_spent_traffic_budget_pauses_training_until_it_is_raised():
+    used = [4.0]
+    clock = [0.0]
+    settings = PolicySettings(max_monthly_traffic_gb=5, min_pause_s=0, resume_after_s=0)
+    engine = PolicyEngine(settings, NoSensors(), clock=lambda: clock[0], monthly_traffic_gb=lambda: used[0])
+    assert engine.evaluate() is None
+    used[0] = 5.2
+    assert engine.evaluate() == "traffic-budget"
+    assert "5.20 of 5 GB" in engine.detail and "policy.max_monthly_traffic_gb" in engine.detail
+    engine.settings = PolicySettings(max_monthly_traffic_gb=10, min_pause_s=0, resume_after_s=0)
+    clock[0] = 1.0
+    assert engine.evaluate() is None
+
+
+def test_no_budget_means_no_traffic_pause():
+    engine = PolicyEngine(PolicySettings(), NoSensors(), monthly_traffic_gb=lambda: 1e6)
+    assert engine.evaluate() is None
