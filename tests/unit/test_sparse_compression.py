@@ -161,6 +161,23 @@ def test_error_feedback_survives_a_checkpoint_and_a_lone_step_empties_it():
     assert float(restored.residuals[0].abs().max()) == 0
 
 
+def test_a_checkpoint_during_a_round_keeps_only_what_the_round_leaves_unsent():
+    """The restored trainer drops the in-flight round's local progress (the swarm may have adopted
+    it): its residual is what that round did not send, never the part it did."""
+    rung = parse_rung("sparse2bit-4of256")
+    feedback = ErrorFeedback(rung, [torch.zeros(512)])
+    feedback.outgoing([heavy_tailed((512,), seed=7)])
+    feedback.sent()
+    gradient = heavy_tailed((512,), seed=8)
+    target = feedback.residuals[0] + gradient
+    sent = feedback.outgoing([gradient])[0]  # the round is in flight
+    restored = ErrorFeedback(rung, [torch.zeros(512)])
+    restored.load_state_dict(feedback.state_dict())
+    assert torch.allclose(restored.residuals[0], target - sent, rtol=0, atol=1e-6)
+    feedback.not_sent()  # had it found no group, the peer itself keeps its residual as before the round
+    assert torch.allclose(feedback.residuals[0], target - gradient, rtol=0, atol=1e-6)
+
+
 def test_a_dense_rung_sends_pseudo_gradients_as_they_are():
     feedback = ErrorFeedback(parse_rung("blockwise8bit"), [torch.zeros(8)])
     gradient = torch.randn(8)
