@@ -364,7 +364,9 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
             for worker in workers:
                 worker.drain()
                 if not worker.process.is_alive():
-                    raise RuntimeError(f"{name}: {worker.name} exited with {worker.process.exitcode}")
+                    worker.drain()  # what it reported before it exited
+                    if not worker.stopped():  # a finished or paused worker exits after its checkpoint
+                        raise RuntimeError(f"{name}: {worker.name} exited with {worker.process.exitcode}")
                 # finish = complete the current epoch, checkpoint, pause
                 if mode == "diloco" and not worker.finish_sent and worker.local_epoch >= epochs - 1:
                     worker.conn.send({"cmd": "finish"})
@@ -490,7 +492,7 @@ def markdown(setup: Setup, results: list[Result], command: str, seconds: float) 
         "(butterfly all-reduce: reduce-scatter + all-gather); fp32 4 bytes, blockwise 8-bit "
         f"{BYTES_PER_VALUE['blockwise8bit']:.4f} bytes (scales and codebooks included). The reference is that formula "
         "for 4 peers, fp32, after every step of 4·B samples. A sparse rung's rows count the payload its codecs encoded "
-        "(`p2ptrain/peers/compression_sparse.py`: each peer's top-k parts for the other reducers and its answers, on the "
+        "(`p2ptrain/peers/compression.py`, formats in `compression_sparse.py`: each peer's top-k parts for the other reducers and its answers, on the "
         "union of the group's entries, to the other senders), as every worker's checkpoint records it.",
         "- measured: TCP bytes_sent of every socket of the four workers' p2pd daemons (`ss -tin`), from the moment all "
         "peers joined to the end: includes DHT traffic, progress records, matchmaking, libp2p framing and encryption, "
