@@ -11,7 +11,8 @@ that directory, on the stdlib corpus, from the same weights:
 
 - 1 peer at micro-batch B and at 4B: a plain PyTorch AdamW loop in this process;
 - 4 peers ``diloco`` at each ``--local-steps`` H (8-bit blockwise compression),
-  and optionally at the middle H without compression;
+  and optionally at the middle H without compression, or at a sparse rung of the
+  compression ladder (``--swarms diloco-sparse2bit-64of4096``, with error feedback);
 - 4 peers ``sync``: four real worker processes (hivemind on 127.0.0.1),
   target_batch_size 4B, each contributing B per step.
 
@@ -21,8 +22,9 @@ samples they trained add up to it (hivemind keeps accumulating local batches
 while a round's matchmaking runs, so counting epochs would overshoot). The eval loss is
 measured here, on the same fixed validation windows, for each peer's final model
 (read from the checkpoint the worker writes when it finishes), averaged over peers.
-Bytes per sample are computed from the averaging rounds the workers report, and
-measured as the TCP bytes the workers' p2pd daemons sent (``ss -tin``).
+Bytes per sample are computed from the averaging rounds the workers report (for a
+sparse rung: the payload its codecs encoded, which each worker's checkpoint
+counts), and measured as the TCP bytes the workers' p2pd daemons sent (``ss -tin``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import psutil
 import torch
 
 from p2ptrain.peers.checkpoint import checkpoint_path, load_checkpoint
+from p2ptrain.peers.compression_ladder import DENSE_BYTES_PER_VALUE, parse_rung
 from p2ptrain.peers.data import train_batches, validation_batches
 from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
 from p2ptrain.peers.optimizers import learning_rate_factor
@@ -68,7 +71,8 @@ STARTING = threading.Lock()
 # Bytes a value takes on the wire. Blockwise 8-bit: one byte, a float32 scale per
 # 4096 values, and a 256-entry float32 codebook per chunk of 2**19 fp32 bytes
 # (hivemind's default part size for all-reduce), i.e. 1024 bytes per 131072 values.
-BYTES_PER_VALUE = {"none": 4.0, "fp16": 2.0, "blockwise8bit": 1.0 + 4 / 4096 + 1040 / 131072}
+BYTES_PER_VALUE = DENSE_BYTES_PER_VALUE
+SWARMS = ["baselines", "diloco-blockwise8bit", "sync-none", "diloco-none"]
 
 
 @dataclass
@@ -107,6 +111,7 @@ class Setup:
     model: str = "tiny"  # the preset, or the directory of the pretrained start
     pretrained_loss: float | None = None
     pretrain_samples: int = 0
+    error_feedback_decay: float = 1.0  # sparse rungs' (the manifest's error_feedback_decay)
     parameters: int = 0
     final_windows: list = field(default_factory=list)
     curve_windows: list = field(default_factory=list)
@@ -135,14 +140,26 @@ def plan_name(setup: Setup, mode: str, local_steps: int, compression: str) -> st
     if mode == "baseline":
         label = "B" if local_steps == 1 else f"{local_steps}B"
         return f"1 peer, batch {label} ({local_steps * setup.micro_batch})"
-    return "4 peers, sync" if mode == "sync" else f"4 peers, diloco H={local_steps}, {compression}"
+    if mode == "sync":
+        return "4 peers, sync"
+    decay = f", error feedback decay {setup.error_feedback_decay:g}" if parse_rung(compression).sparse and setup.error_feedback_decay != 1 else ""
+    return f"4 peers, diloco H={local_steps}, {compression}{decay}"
 
 
-def pretrain(samples: int, batch: int, seq_len: int, lr: float, cache_dir: Path, directory: Path) -> float:
-    """Train the tiny preset from scratch on ``samples`` samples (AdamW at ``lr``, its own data
-    stream) and save it with its byte tokenizer into ``directory``, as ``p2ptrain export`` would:
-    the pretrained start every configuration fine-tunes (``--model DIRECTORY``), like the
-    DiLoCo paper's runs start from a pretrained checkpoint. Returns its eval loss."""
+def pretrained_model(samples: int, batch: int, seq_len: int, lr: float, cache_dir: Path) -> Path:
+    """The tiny preset trained from scratch on ``samples`` samples (AdamW at ``lr``, its own data
+    stream) and saved with its byte tokenizer, as ``p2ptrain export`` would: the pretrained start
+    every configuration fine-tunes (``--model DIRECTORY``), like the DiLoCo paper's runs start
+    from a pretrained checkpoint. Made once and kept in ``cache_dir`` (this and ``diloco_study.py``
+    share it)."""
+    directory = cache_dir / f"pretrained-{samples}-b{batch}-s{seq_len}-lr{lr:g}"
+    if not (directory / "config.json").is_file():
+        pretrain(samples, batch, seq_len, lr, cache_dir, directory)
+    return directory
+
+
+def pretrain(samples: int, batch: int, seq_len: int, lr: float, cache_dir: Path, directory: Path) -> None:
+    """Train the tiny preset from scratch and save it into ``directory`` (see ``pretrained_model``)."""
     loaded = build_model("tiny", seed=SEED)
     optimizer = torch.optim.AdamW(loaded.trainable(), lr=lr)
     batches = train_batches(DATASET, loaded.tokenizer, seq_len, batch, stream_seed(SEED, "pretrain"), cache_dir)
@@ -152,7 +169,6 @@ def pretrain(samples: int, batch: int, seq_len: int, lr: float, cache_dir: Path,
         optimizer.zero_grad(set_to_none=True)
     loaded.model.save_pretrained(directory)
     ByteTokenizer().save_pretrained(directory)
-    return mean_loss(loaded.model, validation_batches(DATASET, loaded.tokenizer, seq_len, EVAL_BATCH, cache_dir, FINAL_EVAL_BATCHES))
 
 
 def run_single(setup: Setup, batch: int) -> Result:
@@ -317,6 +333,7 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
         # the paper's setting on equal peers: every round is H inner steps on every peer
         "round_end": "local_steps",
         "inner_lr": setup.inner_lr, "outer_lr": setup.outer_lr, "outer_momentum": setup.outer_momentum, "compression": compression,
+        "error_feedback_decay": setup.error_feedback_decay,
         "seed": SEED, "created_at": time.time(), "lr_schedule": setup.lr_schedule,
         # the schedule ends with the last epoch; a sync epoch gathers more than its target while
         # matchmaking runs, so sync ends before its rate reaches 0
@@ -347,7 +364,9 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
             for worker in workers:
                 worker.drain()
                 if not worker.process.is_alive():
-                    raise RuntimeError(f"{name}: {worker.name} exited with {worker.process.exitcode}")
+                    worker.drain()  # what it reported before it exited
+                    if not worker.stopped():  # a finished or paused worker exits after its checkpoint
+                        raise RuntimeError(f"{name}: {worker.name} exited with {worker.process.exitcode}")
                 # finish = complete the current epoch, checkpoint, pause
                 if mode == "diloco" and not worker.finish_sent and worker.local_epoch >= epochs - 1:
                     worker.conn.send({"cmd": "finish"})
@@ -373,9 +392,12 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
         loaded.load_trainable_state(state["trainable"])
         eval_losses.append(mean_loss(loaded.model, setup.final_windows))
     samples = sum(int(state["trained_samples"]) for state in states)
-    value_bytes = BYTES_PER_VALUE[compression]
     rounds = [worker.rounds() for worker in workers]
-    computed = sum(allreduce_bytes(size, setup.parameters, value_bytes) for sizes in rounds for size in sizes)
+    if parse_rung(compression).sparse:
+        # what the sparse codecs encoded: the parts sent to reducers and the reducers' answers
+        computed = sum(int(state["trainer"]["sparse_payload_bytes"]) for state in states)
+    else:
+        computed = sum(allreduce_bytes(size, setup.parameters, BYTES_PER_VALUE[compression]) for sizes in rounds for size in sizes)
     downloads = sum(1 for worker in workers for r in worker.of_type("event") if r["kind"] == "state-downloaded")
     seconds = time.monotonic() - started
     epochs_done = max(int(state["epoch"]) for state in states)
@@ -390,24 +412,33 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
     curve = [] if mode == "sync" else [((report["epoch"] + 1) * per_epoch, report["val_loss"]) for report in workers[0].of_type("epoch")]
     return Result(name, samples, eval_losses, curve, rounds=max(len(r) for r in rounds),
                   computed_bytes=computed / samples, measured_bytes=(sent.total - baseline_bytes) / samples, notes=notes,
-                  order=1e6 if mode == "sync" else 1e3 + local_steps + (compression == "none") / 2)
+                  order=1e6 if mode == "sync" else 1e3 + local_steps + (compression == "none") / 2 + parse_rung(compression).sparse / 4)
+
+
+# (the issue, the rows it judges, the reduction it asks for): both ask for eval loss within 2 % of 1 peer 4B
+GOALS = [("issue 4", "8-bit DiLoCo", lambda name: "blockwise8bit" in name, 1000),
+         ("issue 15", "sparse DiLoCo", lambda name: ", sparse" in name, 10_000)]
 
 
 def goals(results: list[Result], baseline: Result, reference: float) -> list[str]:
-    """The issue's two goals, judged on these results: DiLoCo within 2 % of the 4B
-    baseline's eval loss, and >= 1000x fewer bytes per sample (8-bit) than the reference."""
-    diloco = [result for result in results if "diloco" in result.name and "blockwise8bit" in result.name and result.rounds]
-    if not diloco:
-        return ["Goals: no 8-bit DiLoCo configuration finished in this run."]
-    lines = ["Goals (issue 4), per 8-bit DiLoCo configuration:", ""]
-    for result in diloco:
-        delta = 100 * (result.eval_loss - baseline.eval_loss) / baseline.eval_loss
-        reduction = reference / result.computed_bytes
-        lines.append(f"- {result.name}: eval loss {delta:+.2f} % vs 1 peer 4B (goal within 2 %: "
-                     f"{'met' if delta <= 2 else 'not met'}); {reduction:,.0f}x fewer bytes per sample "
-                     f"computed (goal >= 1000x: {'met' if reduction >= 1000 else 'not met'}); both at once: "
-                     f"{'yes' if delta <= 2 and reduction >= 1000 else 'no'}.")
-    return lines
+    """The issues' goals, judged on these results: DiLoCo within 2 % of the 4B baseline's eval
+    loss, at >= 1000x (8-bit, issue 4) or >= 10,000x (sparse, issue 15) fewer bytes per sample
+    than the reference."""
+    lines = []
+    for issue, kind, judged, factor in GOALS:
+        rows = [result for result in results if "diloco" in result.name and judged(result.name) and result.rounds]
+        if not rows:
+            continue
+        lines += [f"Goals ({issue}), per {kind} configuration:", ""]
+        for result in rows:
+            delta = 100 * (result.eval_loss - baseline.eval_loss) / baseline.eval_loss
+            reduction = reference / result.computed_bytes
+            lines.append(f"- {result.name}: eval loss {delta:+.2f} % vs 1 peer 4B (goal within 2 %: "
+                         f"{'met' if delta <= 2 else 'not met'}); {reduction:,.0f}x fewer bytes per sample "
+                         f"computed (goal >= {factor:,}x: {'met' if reduction >= factor else 'not met'}); both at once: "
+                         f"{'yes' if delta <= 2 and reduction >= factor else 'no'}.")
+        lines.append("")
+    return lines[:-1] or ["Goals: no 8-bit or sparse DiLoCo configuration finished in this run."]
 
 
 def schedule_words(setup: Setup) -> str:
@@ -460,7 +491,9 @@ def markdown(setup: Setup, results: list[Result], command: str, seconds: float) 
         "- computed: for each averaging round a peer finished with g peers, 2·(g−1)/g · parameters · bytes per value "
         "(butterfly all-reduce: reduce-scatter + all-gather); fp32 4 bytes, blockwise 8-bit "
         f"{BYTES_PER_VALUE['blockwise8bit']:.4f} bytes (scales and codebooks included). The reference is that formula "
-        "for 4 peers, fp32, after every step of 4·B samples.",
+        "for 4 peers, fp32, after every step of 4·B samples. A sparse rung's rows count the payload its codecs encoded "
+        "(`p2ptrain/peers/compression.py`, formats in `compression_sparse.py`: each peer's top-k parts for the other reducers and its answers, on the "
+        "union of the group's entries, to the other senders), as every worker's checkpoint records it.",
         "- measured: TCP bytes_sent of every socket of the four workers' p2pd daemons (`ss -tin`), from the moment all "
         "peers joined to the end: includes DHT traffic, progress records, matchmaking, libp2p framing and encryption, "
         "and state downloads of peers that fell behind. Polled every 2 s; sockets closed between polls are undercounted.",
@@ -537,6 +570,13 @@ def write_outputs(setup: Setup, results: list[Result], command: str, started: fl
     return text
 
 
+def swarm_name(text: str) -> str:
+    """A ``--swarms`` entry: one of ``SWARMS`` or ``diloco-<sparse rung>``."""
+    if text in SWARMS or (text.startswith("diloco-") and parse_rung(text.removeprefix("diloco-")).sparse):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown swarm {text!r}: use {', '.join(SWARMS)} or diloco-<sparse rung>")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--total-samples", type=int, default=None,
@@ -553,8 +593,11 @@ def main() -> None:
     parser.add_argument("--outer-momentum", type=float, default=0.0, help="DiLoCo's outer Nesterov momentum (0: none)")
     parser.add_argument("--local-steps", type=int, nargs="+", default=[20, 50, 100, 320],
                         help="H values for diloco (>= 253 sends >= 1000x fewer bytes than the every-step all-reduce at 8 bits)")
-    parser.add_argument("--swarms", nargs="*", default=["baselines", "diloco-blockwise8bit", "sync-none"],
-                        choices=["baselines", "diloco-blockwise8bit", "sync-none", "diloco-none"], help="which configurations to run")
+    parser.add_argument("--swarms", nargs="*", default=["baselines", "diloco-blockwise8bit", "sync-none"], type=swarm_name,
+                        help=f"which configurations to run: {', '.join(SWARMS)} or diloco-<sparse rung> (e.g. "
+                             f"diloco-sparse2bit-64of4096, at each --local-steps)")
+    parser.add_argument("--error-feedback-decay", type=float, default=1.0,
+                        help="sparse rungs: the share of what a peer did not send that it carries into the next round")
     parser.add_argument("--cache-dir", type=Path, default=None, help="token cache to reuse (default: a temporary one)")
     parser.add_argument("--out-dir", type=Path, default=HERE)
     parser.add_argument("--parallel", type=int, default=1,
@@ -577,13 +620,18 @@ def main() -> None:
         model, pretrained_loss = "tiny", None
         if pretrain_samples:
             print(f"pretraining the tiny preset on {pretrain_samples} samples", file=sys.stderr, flush=True)
-            model = str(Path(temp) / "pretrained")
-            pretrained_loss = pretrain(pretrain_samples, 2 * args.micro_batch, seq_len, args.inner_lr, cache_dir, Path(model))
+            model = str(pretrained_model(pretrain_samples, 2 * args.micro_batch, seq_len, args.inner_lr, cache_dir))
+            pretrained = build_model(model, seed=SEED)
+            pretrained_loss = mean_loss(pretrained.model, validation_batches(DATASET, pretrained.tokenizer, seq_len, EVAL_BATCH,
+                                                                              cache_dir, FINAL_EVAL_BATCHES))
         setup = Setup(total, args.micro_batch, seq_len, args.inner_lr, args.lr_schedule, args.outer_lr, args.outer_momentum,
-                      cache_dir, Path(temp) / "peers", args.timeout, model, pretrained_loss, pretrain_samples)
+                      cache_dir, Path(temp) / "peers", args.timeout, model, pretrained_loss, pretrain_samples,
+                      args.error_feedback_decay)
         torch.set_num_threads(1)
         plans = [("diloco", h, "blockwise8bit") for h in args.local_steps] + [("sync", 1, "none")]
         plans.append(("diloco", args.local_steps[len(args.local_steps) // 2], "none"))
+        plans += [("diloco", h, swarm.removeprefix("diloco-")) for swarm in args.swarms if swarm not in SWARMS
+                  for h in args.local_steps]
         baselines = [("baseline", PEERS, ""), ("baseline", 1, "")] if "baselines" in args.swarms else []
         plans = baselines + [plan for plan in plans if f"{plan[0]}-{plan[2]}" in args.swarms]
         command = "nice -n 10 .venv/bin/python " + " ".join(["benchmarks/convergence.py"] + sys.argv[1:])

@@ -7,9 +7,15 @@
 No hivemind swarm: the same `tiny` model, stdlib corpus, per-replica data
 streams, inner AdamW (one per replica, its state kept across outer steps, as
 ``p2ptrain.peers.diloco`` does), the mean of the replicas' pseudo-gradients
-(``global - local``) passed through hivemind's blockwise 8-bit quantization as
-the all-reduce sends it (each replica's part, then the averaged part), and an
-outer SGD step with Nesterov momentum. Baselines are the plain AdamW loops of
+(``global - local``) passed through the run's compression as the all-reduce
+sends it, and an outer SGD step with Nesterov momentum. Blockwise 8-bit: each
+replica's part, then the averaged part. A sparse rung
+(``p2ptrain.peers.compression_sparse``): each replica sends what its error
+feedback (``p2ptrain.peers.error_feedback``, its residual kept across outer
+steps) makes of its pseudo-gradient, the mean of those is what reducers form,
+and their answers pass through the union format. The bytes of a sparse round
+are the real encoded sizes: each replica's parts ((n-1)/n of its tensors) and
+the reducers' answers to it. Baselines are the plain AdamW loops of
 ``convergence.py``. Every configuration trains on the same total samples.
 
 It exists to choose the sample budget and the learning rates of the real
@@ -31,13 +37,16 @@ from pathlib import Path
 import torch
 from hivemind.compression import CompressionInfo
 
+from p2ptrain.peers.compression_ladder import parse_rung
+from p2ptrain.peers.compression_sparse import decode, encode_top_k, encode_union
 from p2ptrain.peers.data import train_batches, validation_batches
+from p2ptrain.peers.error_feedback import ErrorFeedback
 from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
 from p2ptrain.peers.optimizers import learning_rate_factor
 from p2ptrain.peers.compression import Blockwise8Bit
 from p2ptrain.peers.run_setup import stream_seed
 
-from convergence import pretrain  # benchmarks/convergence.py, beside this script
+from convergence import pretrained_model  # benchmarks/convergence.py, beside this script
 
 HERE = Path(__file__).resolve().parent
 DATASET = {"kind": "stdlib"}
@@ -53,6 +62,8 @@ class Config:
     ``kind``: "baseline" (one replica at ``batch_factor`` × B) or "diloco".
     ``schedule``: "constant" or "cosine" (after a linear warm-up over ``warmup_steps``
     inner steps, cosine to 0 at the last step, as ``p2ptrain.peers.optimizers``).
+    ``compression``: "none", "blockwise8bit" or a sparse rung; ``error_feedback_decay``
+    its error feedback's decay.
     """
 
     name: str
@@ -65,6 +76,7 @@ class Config:
     schedule: str = "constant"
     warmup_steps: int = 0
     compression: str = "blockwise8bit"
+    error_feedback_decay: float = 1.0
 
 
 def learning_rate(config: Config, step: int, total_steps: int) -> float:
@@ -80,13 +92,10 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 def pretrained_start(args) -> str:
     """The model every configuration starts from: "tiny" (random weights) or, with
-    ``--pretrain-samples``, the directory ``convergence.pretrain`` writes (made once, kept in the cache)."""
+    ``--pretrain-samples``, ``convergence.pretrained_model`` (made once, kept in the cache)."""
     if not args.pretrain_samples:
         return "tiny"
-    directory = args.cache_dir / f"pretrained-{args.pretrain_samples}-b{2 * args.micro_batch}-s{args.seq_len}"
-    if not (directory / "config.json").is_file():
-        pretrain(args.pretrain_samples, 2 * args.micro_batch, args.seq_len, 3e-3, args.cache_dir, directory)
-    return str(directory)
+    return str(pretrained_model(args.pretrain_samples, 2 * args.micro_batch, args.seq_len, 3e-3, args.cache_dir))
 
 
 def start_model(args):
@@ -94,7 +103,7 @@ def start_model(args):
     return build_model(args.start, seed=SEED)
 
 
-def run_baseline(config: Config, args, windows: list) -> tuple[float, list]:
+def run_baseline(config: Config, args, windows: list) -> tuple[float, list, float]:
     loaded = start_model(args)
     optimizer = torch.optim.AdamW(loaded.trainable(), lr=config.inner_lr)
     batch = config.batch_factor * args.micro_batch
@@ -108,7 +117,7 @@ def run_baseline(config: Config, args, windows: list) -> tuple[float, list]:
         optimizer.zero_grad(set_to_none=True)
         if (step + 1) % max(1, steps // 10) == 0:
             curve.append(((step + 1) * batch, mean_loss(loaded.model, windows[:4])))
-    return mean_loss(loaded.model, windows), curve
+    return mean_loss(loaded.model, windows), curve, 0.0
 
 
 def through_8bit(tensor: torch.Tensor, compression: str) -> torch.Tensor:
@@ -119,7 +128,21 @@ def through_8bit(tensor: torch.Tensor, compression: str) -> torch.Tensor:
     return codec.extract(codec.compress(tensor, CompressionInfo.from_tensor(tensor)))
 
 
-def run_diloco(config: Config, args, windows: list) -> tuple[float, list]:
+def sparse_round(outgoing: list[list[torch.Tensor]], rung) -> tuple[list[torch.Tensor], float]:
+    """The average the reducers form of the replicas' sparse tensors, as their answers carry it
+    back to the first replica, and the bytes all replicas sent in the round (see the module doc)."""
+    share = (REPLICAS - 1) / REPLICAS
+    averaged, sent = [], 0.0
+    for tensors in zip(*outgoing):
+        mean = sum(tensors) / REPLICAS
+        answers = [encode_union(mean - tensor) for tensor in tensors]
+        sent += share * sum(encode_top_k(tensor, rung).ByteSize() + answer.ByteSize() for tensor, answer in zip(tensors, answers))
+        averaged.append(tensors[0] + decode(answers[0]))
+    return averaged, sent
+
+
+def run_diloco(config: Config, args, windows: list) -> tuple[float, list, float]:
+    """DiLoCo's rounds; returns the eval loss, the curve and the bytes all replicas sent."""
     loaded = start_model(args)
     model, parameters = loaded.model, loaded.trainable()
     global_parameters = [parameter.detach().clone() for parameter in parameters]
@@ -130,9 +153,12 @@ def run_diloco(config: Config, args, windows: list) -> tuple[float, list]:
                for index in range(REPLICAS)]
     steps = args.total_samples // (REPLICAS * args.micro_batch)
     outer_steps = steps // config.local_steps
-    curve = []
+    rung = parse_rung(config.compression)
+    feedback = [ErrorFeedback(rung, global_parameters, config.error_feedback_decay) for _ in range(REPLICAS)]
+    curve, sent = [], 0.0
     for outer_step in range(outer_steps):
         pseudo = [torch.zeros_like(tensor) for tensor in global_parameters]
+        outgoing = []
         for replica in range(REPLICAS):
             with torch.no_grad():
                 for parameter, global_parameter in zip(parameters, global_parameters):
@@ -145,50 +171,71 @@ def run_diloco(config: Config, args, windows: list) -> tuple[float, list]:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             states[replica] = optimizer.state_dict()
+            if rung.sparse:
+                outgoing.append(feedback[replica].outgoing([g - p.detach() for g, p in zip(global_parameters, parameters)]))
+                feedback[replica].sent()
+                continue
             for total, global_parameter, parameter in zip(pseudo, global_parameters, parameters):
                 total += through_8bit(global_parameter - parameter.detach(), config.compression) / REPLICAS
-        for global_parameter, averaged in zip(global_parameters, pseudo):
-            global_parameter.grad = through_8bit(averaged, config.compression)
+        if rung.sparse:
+            averaged_round, round_bytes = sparse_round(outgoing, rung)
+        else:
+            averaged_round = [through_8bit(averaged, config.compression) for averaged in pseudo]
+            round_bytes = REPLICAS * 2 * (REPLICAS - 1) / REPLICAS * sum(t.numel() for t in pseudo) * rung.send_bytes_per_value()
+        sent += round_bytes
+        for global_parameter, averaged in zip(global_parameters, averaged_round):
+            global_parameter.grad = averaged
         outer.step()
         outer.zero_grad(set_to_none=True)
         with torch.no_grad():
             for parameter, global_parameter in zip(parameters, global_parameters):
                 parameter.copy_(global_parameter)
         curve.append(((outer_step + 1) * config.local_steps * REPLICAS * args.micro_batch, mean_loss(model, windows[:4])))
-    return mean_loss(model, windows), curve
+    return mean_loss(model, windows), curve, sent
 
 
 BASELINES = {"base-B": Config("base-B", "baseline", batch_factor=1),
              "base-4B": Config("base-4B", "baseline", batch_factor=4),
              "base-4B-cos": Config("base-4B-cos", "baseline", batch_factor=4, schedule="cosine")}
 NAME_HELP = ("base-B, base-4B, base-4B-cos, or H<local steps> followed by any of -o<outer lr> -m<outer momentum> "
-             "-i<inner lr> -cos -none (no compression), e.g. H256-o1.0-m0.5; defaults: outer lr 0.7, momentum 0.9, "
-             "inner lr 3e-3 constant, blockwise 8-bit")
+             "-i<inner lr> -cos -none (no compression) -s<bits>b<k>of<chunk> (the rung sparse<bits>bit-<k>of<chunk>) "
+             "-e<error feedback decay>, e.g. H256-o1.0-m0.5 or H40-o1-m0-s2b16of4096-e0.9; defaults: outer lr 0.7, "
+             "momentum 0.9, inner lr 3e-3 constant, blockwise 8-bit, decay 1")
 
 
 def parse_config(name: str) -> Config:
     """The configuration a ``--run`` name describes (see ``NAME_HELP``); ValueError if it describes none."""
     if name in BASELINES:
         return BASELINES[name]
-    match = re.fullmatch(r"H(\d+)((?:-o[\d.e-]+|-m[\d.]+|-i[\d.e-]+|-cos|-none)*)", name)
+    match = re.fullmatch(r"H(\d+)((?:-o[\d.e-]+|-m[\d.]+|-i[\d.e-]+|-cos|-none|-s\d+b\d+of\d+|-e[\d.]+)*)", name)
     if not match or int(match.group(1)) < 1:
         raise ValueError(f"unknown configuration {name!r}: use {NAME_HELP}")
     config = Config(name, "diloco", local_steps=int(match.group(1)))
-    for part in re.findall(r"-(o[\d.e-]+?|m[\d.]+|i[\d.e-]+?|cos|none)(?=-[omicn]|$)", match.group(2)):
+    for part in re.findall(r"-(o[\d.e-]+?|m[\d.]+|i[\d.e-]+?|cos|none|s\d+b\d+of\d+|e[\d.]+)(?=-[omicnse]|$)", match.group(2)):
         if part == "cos":
             config.schedule = "cosine"
         elif part == "none":
             config.compression = "none"
+        elif part[0] == "s":
+            config.compression = parse_rung("sparse{}bit-{}of{}".format(*re.findall(r"\d+", part))).name
+        elif part[0] == "e":
+            config.error_feedback_decay = float(part[1:])
         else:
             setattr(config, {"o": "outer_lr", "m": "outer_momentum", "i": "inner_lr"}[part[0]], float(part[1:]))
     return config
 
 
 
+def reference_bytes_per_sample(parameters: int, micro_batch: int) -> float:
+    """Bytes a sample of an fp32 all-reduce after every step of all replicas (B samples each)."""
+    return 2 * (REPLICAS - 1) / REPLICAS * parameters * 4 / micro_batch
+
+
 def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> str:
     """The study's markdown from JSONL run files; ``baseline_loss``: base-4B's eval loss when no
     run file has it (``convergence.py``'s 4B baseline is the same computation, so the same number)."""
     rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    parameters = build_model("tiny", seed=SEED).trainable_parameters
     by_budget: dict[tuple, list] = {}
     for row in rows:
         key = (row.get("pretrain_samples", 0), row["total_samples"], row["micro_batch"], row["seq_len"])
@@ -199,7 +246,10 @@ def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> 
              "`.venv/bin/python benchmarks/diloco_study.py --report benchmarks/diloco_study_runs.jsonl`.", "",
              "Eval loss: mean cross-entropy (nats/byte) on 256 fixed validation windows. Δ is against `base-4B` "
              "(1 replica at batch 4B, same lr and schedule kind as its row's note says). Unless named, DiLoCo rows use "
-             "inner AdamW lr 3e-3 constant, outer Nesterov SGD lr 0.7 momentum 0.9, blockwise 8-bit pseudo-gradients.", ""]
+             "inner AdamW lr 3e-3 constant, outer Nesterov SGD lr 0.7 momentum 0.9, blockwise 8-bit pseudo-gradients. "
+             "Bytes/sample: what all replicas send ÷ samples trained (dense: the butterfly all-reduce's formula; sparse: "
+             "the encoded parts and answers, see the docstring); the reduction is against an fp32 all-reduce after "
+             f"every step ({reference_bytes_per_sample(parameters, 4):,.0f} bytes a sample at B = 4).", ""]
     for (pretrain_samples, total, micro_batch, seq_len), group in sorted(by_budget.items()):
         reference = {row["config"]["name"]: row["eval_loss"] for row in group}
         if baseline_loss is not None:
@@ -208,8 +258,9 @@ def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> 
                  else "from random weights")
         lines += [f"## {start}: {total:,} total samples, B = {micro_batch}, seq_len {seq_len} "
                   f"({total // (REPLICAS * micro_batch)} inner steps per replica)", "",
-                  "| config | H | outer steps | inner lr | schedule | outer lr | momentum | eval loss | Δ vs base-4B | Δ vs base-4B-cos |",
-                  "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+                  "| config | H | outer steps | inner lr | schedule | outer lr | momentum | compression | eval loss | "
+                  "Δ vs base-4B | Δ vs base-4B-cos | bytes/sample | reduction |",
+                  "|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
         for row in sorted(group, key=lambda r: (r["config"]["kind"], r["config"]["local_steps"], r["config"]["name"])):
             config = row["config"]
             deltas = [f"{100 * (row['eval_loss'] - reference[key]) / reference[key]:+.2f} %" if key in reference else ""
@@ -217,10 +268,19 @@ def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> 
             outer_steps = total // (REPLICAS * micro_batch) // config["local_steps"] if config["kind"] == "diloco" else ""
             diloco = config["kind"] == "diloco"
             warmup = f" (warm-up {config['warmup_steps']})" if config["warmup_steps"] else ""
+            compression, communication = "", " | "
+            if diloco:
+                compression = config["compression"] + (f", decay {config['error_feedback_decay']:g}"
+                                                       if config.get("error_feedback_decay", 1) != 1 else "")
+                sent = row.get("averaging_bytes")
+                if sent is None:  # runs from before the study counted bytes: the dense all-reduce's formula
+                    sent = outer_steps * REPLICAS * 2 * (REPLICAS - 1) / REPLICAS * parameters * parse_rung(config["compression"]).send_bytes_per_value()
+                per_sample = sent / total
+                communication = f"{per_sample:,.0f} | {reference_bytes_per_sample(parameters, micro_batch) / per_sample:,.0f}x"
             lines.append(f"| {config['name']} | {config['local_steps'] or ''} | {outer_steps} | {config['inner_lr']:g} | "
                          f"{config['schedule']}{warmup} | "
                          f"{config['outer_lr'] if diloco else ''} | {config['outer_momentum'] if diloco else ''} | "
-                         f"{row['eval_loss']:.4f} | {deltas[0]} | {deltas[1]} |")
+                         f"{compression} | {row['eval_loss']:.4f} | {deltas[0]} | {deltas[1]} | {communication} |")
         lines.append("")
     text = "\n".join(lines) + "\n"
     out.write_text(text)
@@ -251,9 +311,10 @@ def main() -> None:
     for name in args.run:
         config = parse_config(name)
         started = time.monotonic()
-        eval_loss, curve = (run_baseline if config.kind == "baseline" else run_diloco)(config, args, windows)
+        eval_loss, curve, sent = (run_baseline if config.kind == "baseline" else run_diloco)(config, args, windows)
         row = {"config": asdict(config), "total_samples": args.total_samples, "micro_batch": args.micro_batch,
-               "seq_len": args.seq_len, "pretrain_samples": args.pretrain_samples, "eval_loss": eval_loss, "curve": curve, "seconds": time.monotonic() - started}
+               "seq_len": args.seq_len, "pretrain_samples": args.pretrain_samples, "eval_loss": eval_loss, "curve": curve,
+               "seconds": time.monotonic() - started, "averaging_bytes": sent}
         with args.out.open("a") as file:
             file.write(json.dumps(row) + "\n")
         print(f"{name}: eval loss {eval_loss:.4f} ({row['seconds']:.0f} s)", file=sys.stderr, flush=True)

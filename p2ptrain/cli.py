@@ -204,6 +204,8 @@ def _manifest_options(args) -> dict:
         "outer_lr": args.outer_lr,
         "outer_momentum": args.outer_momentum,
         "compression": args.compression,
+        "compression_rungs": args.compression_rungs,
+        "error_feedback_decay": args.error_feedback_decay,
         "seed": args.seed,
         "micro_batch_hint": args.micro_batch,
         "optimizer": args.optimizer,
@@ -418,7 +420,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     new_run.add_argument("--outer-lr", type=float, help="DiLoCo's outer SGD learning rate (default 0.7; 1.0 with momentum 0 "
                                                         "is the plain average of the peers' models)")
     new_run.add_argument("--outer-momentum", type=float, help="DiLoCo's outer Nesterov momentum (default 0.9; 0 for none)")
-    new_run.add_argument("--compression", choices=["none", "fp16", "uniform8bit", "blockwise8bit"])
+    new_run.add_argument("--compression", help="what a peer sends when averaging, at most: none, fp16, blockwise8bit, "
+                                               "or (diloco) sparse<bits>bit-<k>of<chunk>, e.g. sparse2bit-64of4096")
+    new_run.add_argument("--compression-rungs", nargs="+", metavar="RUNG",
+                         help="cheaper compressions peers on slow uplinks may send instead (p2ptrain plan --uplink)")
+    new_run.add_argument("--error-feedback-decay", type=float,
+                         help="sparse compressions: the share of what was not sent carried into the next round (default 1)")
     new_run.add_argument("--seed", type=int)
     new_run.add_argument(
         "--dataset", nargs="+", metavar="SOURCE", help="'stdlib' (the built-in corpus, default), hub:NAME[:CONFIG] (a Hugging Face dataset, e.g. "

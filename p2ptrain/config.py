@@ -65,6 +65,9 @@ class TrainingSettings(_Section):
     gpus: Literal["all"] | list[int] = "all"
     checkpoint_interval_s: float = Field(600.0, gt=0, description="seconds between checkpoints while training")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    uplink_mbit_s: float | None = Field(
+        None, gt=0, description="this machine's upload bandwidth in Mbit/s: picks the compression rung (unset: the run's top rung)"
+    )
 
 
 class StorageSettings(_Section):

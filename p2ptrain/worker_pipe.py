@@ -119,6 +119,9 @@ class WorkerPlan(Message):
         cpu_threads: threads torch may use; None: torch's default.
         device_name: the device's model (``NVIDIA RTX 4090``, the CPU's name),
             which keys the measured speed in the plan cache.
+        compression: the compression rung it sends pseudo-gradients with
+            (``compression_ladder``); None: a plan made without the run's
+            manifest, so the worker picks it from ``WorkerSpec.uplink_mbit_s``.
     """
 
     device: str = "cpu"
@@ -128,6 +131,7 @@ class WorkerPlan(Message):
     grad_accum: int = 1
     cpu_threads: int | None = None
     device_name: str = ""
+    compression: str | None = None
 
 
 @dataclasses.dataclass
@@ -152,6 +156,9 @@ class WorkerSpec(Message):
         dht: how its DHT listens.
         nickname: shown to other peers.
         plan: what it trains with.
+        uplink_mbit_s: the machine's upload bandwidth (config
+            ``training.uplink_mbit_s``), which picks the compression rung when
+            the plan has none; None: unknown (the run's top rung).
         start_paused: wait for ``Resume`` once joined, before the first step
             (a benchmark starting several workers, so none trains alone; the
             daemon starts no worker while it is paused).
@@ -177,6 +184,7 @@ class WorkerSpec(Message):
     dht: DhtOptions = dataclasses.field(default_factory=DhtOptions)
     nickname: str = ""
     plan: WorkerPlan = dataclasses.field(default_factory=WorkerPlan)
+    uplink_mbit_s: float | None = None
     start_paused: bool = False
     checkpoint_interval_s: float = 600.0
     log_level: str = "INFO"

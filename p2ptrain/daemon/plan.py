@@ -17,7 +17,7 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from p2ptrain.daemon.memory import (
     GIB,
@@ -28,6 +28,7 @@ from p2ptrain.daemon.memory import (
     format_parameters,
 )
 from p2ptrain.daemon.model_facts import ModelFacts, ModelFactsError, model_facts
+from p2ptrain.peers.compression_ladder import LADDER, ROUND_UPLOAD_S, allowed_rungs, choose_rung, parse_rung, upload_bytes_per_value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pydantic would slow down `p2ptrain plan`
@@ -54,6 +55,8 @@ class DeviceFacts:
     `name`: e.g. "Tesla T4" or the CPU model. `memory_total_mib` and
     `memory_free_mib`: VRAM, or RAM for the CPU. `compute_capability`:
     (major, minor) of a GPU. `cpu_cores`: physical cores of the host.
+    `uplink_mbit_s`: the host's upload bandwidth in Mbit/s, configured or
+    measured (None: unknown), which picks the compression rung.
     """
 
     kind: str
@@ -63,6 +66,7 @@ class DeviceFacts:
     compute_capability: tuple[int, int] | None = None
     index: int | None = None
     cpu_cores: int = 1
+    uplink_mbit_s: float | None = None
 
     @property
     def torch_device(self) -> str:
@@ -82,6 +86,8 @@ class PlanPolicy:
     samples than this (and than the manifest's micro-batch), quantize to make
     room: at one or two samples a step a GPU idles on kernel launches, which
     costs more than dequantizing. `max_micro_batch`: an upper bound.
+    `round_upload_s`: the longest one averaging round's upload may take on the
+    uplink; the compression rung is the most precise one the run allows within it.
     """
 
     memory_share: float = 0.9
@@ -89,6 +95,7 @@ class PlanPolicy:
     max_cpu_threads: int | None = None
     quantize_below_micro_batch: int = 4
     max_micro_batch: int = 64
+    round_upload_s: float = ROUND_UPLOAD_S
 
     @classmethod
     def from_settings(cls, settings: PolicySettings) -> PlanPolicy:
@@ -104,7 +111,9 @@ class Plan:
     `samples_per_second` is what this machine's training worker measured for
     the same model, device, precision and quantization (the plan cache), and
     `calibrated` says it was at this plan's micro-batch and seq_len;
-    `memory_estimate_gib` is the plan's own arithmetic.
+    `memory_estimate_gib` is the plan's own arithmetic. `compression` is the
+    rung this peer sends averaged tensors with (None when the plan was made
+    without the run's manifest: `choose_compression` then).
     """
 
     model: str
@@ -119,6 +128,7 @@ class Plan:
     memory_estimate_gib: float
     memory_allowed_gib: float
     rationale: list[str] = field(default_factory=list)
+    compression: str | None = None
     samples_per_second: float | None = None
     calibrated: bool = False
 
@@ -159,8 +169,10 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
 
     Args:
         facts: the model's shape, with the run's LoRA settings (`model_facts(model, lora)`).
-        manifest: the run manifest as a dict; uses `seq_len` (default 128) and
-            `micro_batch_hint` (samples per step, default 8).
+        manifest: the run manifest as a dict; uses `seq_len` (default 128),
+            `micro_batch_hint` (samples per step, default 8) and, for a `diloco`
+            run that names one, `compression` with `compression_rungs`
+            (`choose_compression`; sync mode sends the manifest's compression).
         device: the device to train on, with its free memory now.
         policy: the volunteer's caps; defaults to `PlanPolicy()`.
 
@@ -208,6 +220,10 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
         f"samples per step, {micro_batch} fit at once (needs {format_gib(chosen.total(micro_batch))})",
         _threads_reason(device, policy, cpu_threads),
     ]
+    compression = None
+    if "compression" in manifest and manifest.get("mode") == "diloco":
+        compression, reason = choose_compression(manifest, facts.trainable_parameters, device.uplink_mbit_s, policy)
+        rationale.append(reason)
     return Plan(
         model=facts.name,
         device=device.torch_device,
@@ -221,7 +237,32 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
         memory_estimate_gib=round(chosen.total(micro_batch) / GIB, 2),
         memory_allowed_gib=round(allowed / GIB, 2),
         rationale=rationale,
+        compression=compression,
     )
+
+
+def choose_compression(manifest: dict, trainable_parameters: int, uplink_mbit_s: float | None,
+                       policy: PlanPolicy | None = None) -> tuple[str, str]:
+    """The compression rung this peer sends with, and why (one line).
+
+    The most precise rung the run allows (`compression`, the run's top rung, and the
+    cheaper `compression_rungs`) whose averaging round uploads within
+    `policy.round_upload_s` on this uplink; never more than the top rung
+    (`compression_ladder.choose_rung`).
+
+    Args:
+        manifest: the run manifest as a dict (default compression "none").
+        trainable_parameters: the averaged values.
+        uplink_mbit_s: upload bandwidth in Mbit/s, or None when unknown (then the top rung).
+        policy: the volunteer's limits; defaults to `PlanPolicy()`.
+
+    Raises:
+        ValueError: a rung the ladder does not know, or one above the top rung.
+    """
+    policy = policy or PlanPolicy()
+    allowed = allowed_rungs(manifest.get("compression") or "none", manifest.get("compression_rungs") or [])
+    rung, reason = choose_rung(allowed, trainable_parameters, uplink_mbit_s, policy.round_upload_s)
+    return rung.name, reason
 
 
 def _quantization_reason(facts: ModelFacts, estimates: dict[str, MemoryEstimate], fits: dict[str, int],
@@ -276,6 +317,21 @@ def parse_size_mib(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(g|m|k)?(?:bit|b)?(?:ps|/s)?\s*$", re.IGNORECASE)
+_RATE_UNITS = {"g": 1000.0, "m": 1.0, "k": 0.001}
+
+
+def parse_rate_mbit(text: str) -> float:
+    """An uplink like "20Mbit", "20 Mbit/s", "1Gbit", "512kbit" or "20" (Mbit/s) in Mbit/s.
+
+    Raises ValueError with the accepted forms.
+    """
+    match = _RATE.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"cannot read the uplink {text!r}; write it like 20Mbit, 512kbit or 1Gbit (bits per second)")
+    return float(match.group(1)) * _RATE_UNITS[(match.group(2) or "m").lower()]
+
+
 def parse_compute_capability(text: str) -> tuple[int, int]:
     """"7.5" -> (7, 5). Raises ValueError with the accepted form."""
     match = re.match(r"^\s*(\d+)\.(\d+)\s*$", text)
@@ -314,6 +370,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--full-training", action="store_true", help="train every weight instead of LoRA")
     parser.add_argument("--memory-share", type=float, default=PlanPolicy.memory_share,
                         help="share of free memory training may use (0.9)")
+    parser.add_argument("--uplink", help="this machine's upload bandwidth, e.g. 20Mbit: picks the compression rung")
+    parser.add_argument("--compression", help="the run's top compression rung (default none: the whole ladder "
+                                              "is allowed)")
+    parser.add_argument("--compression-rungs", nargs="*",
+                        help="cheaper rungs the run allows (default: every rung of the ladder below --compression)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -336,6 +397,15 @@ def _device_from_arguments(options: argparse.Namespace) -> DeviceFacts:
     return devices[0]
 
 
+def _compression_arguments(options: argparse.Namespace) -> dict:
+    """The manifest's compression fields for `p2ptrain plan`: by default the whole ladder below the top rung."""
+    top = parse_rung(options.compression or "none")
+    if options.compression_rungs is not None:
+        return {"mode": "diloco", "compression": top.name, "compression_rungs": options.compression_rungs}
+    cheaper = [name for name in LADDER if upload_bytes_per_value(parse_rung(name)) < upload_bytes_per_value(top)]
+    return {"mode": "diloco", "compression": top.name, "compression_rungs": cheaper}
+
+
 def run(options: argparse.Namespace) -> int:
     """`p2ptrain plan`: print the plan; exit 0, or 2 with a one-line error for bad input or no fit."""
     tiny = options.model.lower() == "tiny"
@@ -349,6 +419,9 @@ def run(options: argparse.Namespace) -> int:
         if manifest["seq_len"] < 1 or manifest["micro_batch_hint"] < 1:
             raise ValueError("--seq-len and --micro-batch-hint must be at least 1")
         device = _device_from_arguments(options)
+        if options.uplink or options.compression or options.compression_rungs is not None:
+            manifest.update(_compression_arguments(options))
+            device = replace(device, uplink_mbit_s=parse_rate_mbit(options.uplink) if options.uplink else None)
         facts = model_facts(options.model, lora)
         plan = make_plan(facts, manifest, device, PlanPolicy(memory_share=options.memory_share))
         if not options.gpu_memory:
@@ -361,7 +434,8 @@ def run(options: argparse.Namespace) -> int:
         return 0
     print(f"{plan.model} on {plan.device_name} ({plan.device}): {plan.precision}, quantization "
           f"{plan.quantization}, micro-batch {plan.micro_batch} x {plan.grad_accum}, {plan.cpu_threads} CPU threads, "
-          f"~{plan.memory_estimate_gib} GiB of {plan.memory_allowed_gib} GiB allowed")
+          f"~{plan.memory_estimate_gib} GiB of {plan.memory_allowed_gib} GiB allowed"
+          f"{f', sends {plan.compression}' if plan.compression else ''}")
     for line in plan.rationale:
         print(f"  - {line}")
     return 0

@@ -157,7 +157,8 @@ class WorkerPool:
 
     def _plan(self, slot: WorkerSlot, manifest: dict | None):
         """What one worker trains with, sized from its device's free memory now."""
-        plan, failure = hardware_plan(slot, manifest, PlanPolicy.from_settings(self.config.config.policy))
+        plan, failure = hardware_plan(slot, manifest, PlanPolicy.from_settings(self.config.config.policy),
+                                      self.config.config.training.uplink_mbit_s)
         if failure:
             self.events.record("plan-failed", f"no hardware plan for {slot.name}: {failure}", {"worker": slot.name})
         for line in plan.rationale if plan else ():

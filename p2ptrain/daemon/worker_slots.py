@@ -18,7 +18,7 @@ torch, no processes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from p2ptrain.config import Config
@@ -160,7 +160,8 @@ def leftover_pgid_files(state_dir: Path) -> list[Path]:
     return sorted(state_dir.glob("worker*.pgid"))
 
 
-def hardware_plan(slot: WorkerSlot, manifest: dict | None, policy: PlanPolicy) -> tuple[Plan | None, str | None]:
+def hardware_plan(slot: WorkerSlot, manifest: dict | None, policy: PlanPolicy,
+                  uplink_mbit_s: float | None = None) -> tuple[Plan | None, str | None]:
     """The hardware plan for one worker's device, sized from its free memory now.
 
     Args:
@@ -168,6 +169,7 @@ def hardware_plan(slot: WorkerSlot, manifest: dict | None, policy: PlanPolicy) -
         manifest: the run manifest (None while joining an existing run: the
             worker then reads it from the DHT and uses its hints).
         policy: the volunteer's caps.
+        uplink_mbit_s: the configured upload bandwidth, which picks the compression rung.
 
     Returns:
         (the plan, None), or (None, why there is no plan); (None, None) without a manifest.
@@ -176,7 +178,7 @@ def hardware_plan(slot: WorkerSlot, manifest: dict | None, policy: PlanPolicy) -
         return None, None
     try:
         facts = model_facts(manifest["model"], manifest.get("lora"))
-        return make_plan(facts, manifest, slot.device, policy), None
+        return make_plan(facts, manifest, replace(slot.device, uplink_mbit_s=uplink_mbit_s), policy), None
     except (ModelFactsError, PlanError) as error:
         return None, str(error)
 
@@ -192,6 +194,7 @@ def worker_plan(slot: WorkerSlot, plan: Plan | None) -> WorkerPlan:
     return WorkerPlan(
         device=slot.worker_device, precision=plan.precision, quantization=plan.quantization,
         micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, cpu_threads=plan.cpu_threads, device_name=slot.device.name,
+        compression=plan.compression,
     )
 
 
@@ -242,6 +245,7 @@ def worker_spec(
         ),
         nickname=f"{config.nickname}-{slot.name}" if workers > 1 else config.nickname,
         plan=plan,
+        uplink_mbit_s=config.training.uplink_mbit_s,
         checkpoint_interval_s=config.training.checkpoint_interval_s,
         log_level=config.log_level,
         environment=slot.environment(),

@@ -59,7 +59,9 @@ from p2ptrain.peers.diloco_math import (
     rebase_local,
     take_outer_step,
 )
-from p2ptrain.peers.compression import make_compression
+from p2ptrain.peers.compression import COUNTERS, allow_rungs, make_compression
+from p2ptrain.peers.compression_ladder import parse_rung, rung_for_peer
+from p2ptrain.peers.error_feedback import ErrorFeedback, rounds_held
 from p2ptrain.peers.robust_reduce import RobustOptions, plausible_weight
 from p2ptrain.peers.sample_account import SampleAccount
 from p2ptrain.peers.progress import QuietProgressTracker
@@ -99,7 +101,11 @@ class DiLoCoTrainer:
         warmup_epochs, lr_schedule, total_epochs: the inner learning rate's
             warm-up and schedule, in epochs of H inner steps (see the module doc).
         outer_lr, outer_momentum: the outer Nesterov SGD (0.7 and 0.9 in DiLoCo).
-        compression: manifest compression name for the pseudo-gradients.
+        compression: the rung this peer sends pseudo-gradients with (``compression_ladder``).
+        allowed_compression: the rungs the run allows (None: only ``compression``); this
+            peer's reducers refuse parts of any other rung.
+        error_feedback_decay: on a sparse rung, the share of what was not sent that is
+            carried into the next round (``error_feedback``).
         matchmaking_time: seconds peers spend forming an averaging group.
         averaging_timeout: seconds before a stuck averaging round is abandoned.
         client_mode: this peer cannot accept connections.
@@ -126,6 +132,8 @@ class DiLoCoTrainer:
         lr_schedule: str = "constant",
         total_epochs: int | None = None,
         client_mode: bool = False,
+        allowed_compression: Sequence[str] | None = None,
+        error_feedback_decay: float = 1.0,
         trust: Trust | None = None,
     ):
         self.parameters = list(parameters)
@@ -148,6 +156,11 @@ class DiLoCoTrainer:
         self.global_parameters = [parameter.detach().to("cpu", torch.float32).clone() for parameter in self.parameters]
         self.inner_optimizer = torch.optim.AdamW(self.parameters, lr=inner_lr)
         self.outer_optimizer = make_outer_optimizer(self.global_parameters, outer_lr, outer_momentum)
+        rungs = [parse_rung(name) for name in allowed_compression or [compression]]
+        rung = rung_for_peer(compression, rungs)
+        allow_rungs(allowed_compression or [compression])  # before the averager forks: its reducers check
+        self.error_feedback = ErrorFeedback(rung, self.global_parameters, error_feedback_decay)
+        self._payload_bytes_before = 0  # sparse payload sent before the last restore
         self.tracker = QuietProgressTracker(dht=dht, prefix=prefix, target_batch_size=target_batch_size, client_mode=client_mode, start=True)
         self.averager = PseudoGradientAverager(
             state_provider=self._shared_state,
@@ -157,15 +170,17 @@ class DiLoCoTrainer:
             min_matchmaking_time=matchmaking_time,
             request_timeout=min(3.0, matchmaking_time / 2),
             allreduce_timeout=averaging_timeout,
-            compression=make_compression(compression, self.global_parameters),
+            compression=make_compression(rung.name, self.global_parameters),
             client_mode=client_mode,
             start=True,
             trust=self.trust,
             robust=RobustOptions.for_pseudo_gradients(
                 plausible_weight(max(target_batch_size, local_steps * batch_size_per_step)), inner_lr,
-                # the most inner steps behind one pseudo-gradient: local progress is kept for up to
-                # MAX_ROUNDS_BEHIND rounds more (a round without a group, a late peer re-based)
-                steps=(1 + MAX_ROUNDS_BEHIND) * self.most_inner_steps_per_round(target_batch_size, batch_size_per_step),
+                # the most inner steps behind one value sent: local progress is kept for up to
+                # MAX_ROUNDS_BEHIND rounds more (a round without a group, a late peer re-based),
+                # and on a sparse rung what was not sent waits in the residual
+                steps=(1 + MAX_ROUNDS_BEHIND) * self.most_inner_steps_per_round(target_batch_size, batch_size_per_step)
+                * rounds_held(rungs, error_feedback_decay),
                 parameter_count=len(self.global_parameters)),
         )
 
@@ -247,9 +262,10 @@ class DiLoCoTrainer:
             return StepOutcome()
 
         if self.tracker.global_progress.num_peers <= 1:
-            return self._adopt(local_pseudo_gradients, averaged_with=1)
+            return self._adopt(self.error_feedback.everything(local_pseudo_gradients), averaged_with=1)
+        outgoing = self.error_feedback.outgoing(local_pseudo_gradients)
         with self.averager.get_tensors() as buffers:
-            for buffer, pseudo_gradient in zip(buffers, local_pseudo_gradients):
+            for buffer, pseudo_gradient in zip(buffers, outgoing):
                 buffer.copy_(pseudo_gradient)
         exchange_failed = False
         try:
@@ -260,18 +276,21 @@ class DiLoCoTrainer:
             logger.info("Outer averaging failed: %r", error)
             group, exchange_failed = None, not found_no_group(error)
         if not group:
+            self.error_feedback.not_sent()
             # a lone outer step would split this peer from the others: its local progress goes
             # into the next round instead, re-based if the others averaged without it
             loaded = self.load_state_from_peers()
             if not loaded:
                 self._carry_into_next_round()
             return StepOutcome(loaded_state=loaded, failed_rounds=int(not exchange_failed), failed_exchanges=int(exchange_failed))
-        return self._adopt_group_average(group, local_pseudo_gradients)
+        return self._adopt_group_average(group, outgoing)
 
-    def _adopt_group_average(self, group: dict, local_pseudo_gradients: list[torch.Tensor], sent_from=None) -> StepOutcome:
+    def _adopt_group_average(self, group: dict, sent: list[torch.Tensor], sent_from=None) -> StepOutcome:
         """The outer step after a finished averaging round of ``group`` (hivemind's gathered
-        epochs by peer); ``sent_from``: the local parameters the pseudo-gradient was sent from,
-        when this peer trained on during the round (None: the local parameters are reset)."""
+        epochs by peer); ``sent``: what this peer sent (its pseudo-gradient, or on a sparse rung
+        the part ``error_feedback`` chose); ``sent_from``: the local parameters the pseudo-gradient
+        was sent from, when this peer trained on during the round (None: the local parameters are reset)."""
+        self.error_feedback.sent()  # the group's average holds what was sent: the rest is the residual
         # what a peer gathers is whatever it sent (None, or anything from a broken peer): never sort it raw
         other_steps = {repr(epoch) for epoch in group.values() if epoch != self.local_epoch}
         if other_steps:
@@ -287,7 +306,7 @@ class DiLoCoTrainer:
             logger.warning("Averaging with %d peers gave non-finite pseudo-gradients: not adopted, "
                            "outer step with this peer's own", len(group))
             self.rejected_averages += 1
-            return self._adopt(local_pseudo_gradients, averaged_with=None, rejected_from=len(group), sent_from=sent_from)
+            return self._adopt(sent, averaged_with=None, rejected_from=len(group), sent_from=sent_from)
         return self._adopt(averaged, averaged_with=len(group), sent_from=sent_from)
 
     def _adopt(self, averaged: list[torch.Tensor], averaged_with: int | None, rejected_from: int | None = None,
@@ -404,7 +423,13 @@ class DiLoCoTrainer:
                 "inner_optimizer": self.inner_optimizer.state_dict(),
                 "pending_samples": self.pending_samples,
                 "delta_epoch": self.delta_epoch,
+                "error_feedback": self.error_feedback.state_dict(),
+                "sparse_payload_bytes": self.sparse_payload_bytes(),
             }
+
+    def sparse_payload_bytes(self) -> int:
+        """Bytes of sparse parts and answers this peer's averager sent in this run (``compression.COUNTERS``)."""
+        return self._payload_bytes_before + COUNTERS.parts_bytes + COUNTERS.answers_bytes
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a checkpoint (``account`` restored before); its local parameters (restored
@@ -419,6 +444,8 @@ class DiLoCoTrainer:
                 target.copy_(source)
             self.inner_optimizer.load_state_dict(state["inner_optimizer"])
             self.local_epoch = int(state["epoch"])
+        self.error_feedback.load_state_dict(state.get("error_feedback"))
+        self._payload_bytes_before = int(state.get("sparse_payload_bytes", 0))
         self._start_epoch()
         # a checkpoint of an older p2ptrain has no pending samples: its local progress was reset on restore
         self.carried_samples = int(state.get("pending_samples", 0))

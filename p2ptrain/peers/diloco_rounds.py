@@ -83,11 +83,13 @@ class RoundInFlight:
 
     control: hivemind's handle of the averaging round.
     sent_from: the local parameters (CPU, float32) the pseudo-gradient was computed from.
+    sent: on a sparse rung, the part of it that was sent (``error_feedback``); None: all of it.
     trained_since: samples trained since it was sent (they belong to the next round).
     """
 
     control: StepControl
     sent_from: list[torch.Tensor]
+    sent: list[torch.Tensor] | None = None
     trained_since: int = 0
 
 
@@ -219,17 +221,18 @@ class SwarmRoundTrainer(DiLoCoTrainer):
             self._tag_along()
             return StepOutcome()
         if alone:
-            return self._adopt(local_pseudo_gradients, averaged_with=1)
+            return self._adopt(self.error_feedback.everything(local_pseudo_gradients), averaged_with=1)
         scheduled, self._scheduled = self._scheduled, None
+        outgoing = self.error_feedback.outgoing(local_pseudo_gradients)
         with self.averager.get_tensors() as buffers:
-            for buffer, pseudo_gradient in zip(buffers, local_pseudo_gradients):
+            for buffer, pseudo_gradient in zip(buffers, outgoing):
                 buffer.copy_(pseudo_gradient)
         if scheduled is None or scheduled.done():
             scheduled = self.averager.step(gather=self.local_epoch, timeout=self.averaging_timeout, wait=False, require_trigger=True)
         scheduled.weight = float(self.pending_samples)
         scheduled.allow_allreduce()
         sent_from = [parameter.detach().to("cpu", torch.float32).clone() for parameter in self.parameters]
-        self._round = RoundInFlight(scheduled, sent_from)
+        self._round = RoundInFlight(scheduled, sent_from, outgoing if self.error_feedback.rung.sparse else None)
         return StepOutcome()
 
     def _finish_round(self) -> StepOutcome:
@@ -241,12 +244,14 @@ class SwarmRoundTrainer(DiLoCoTrainer):
             logger.info("Outer averaging failed: %r", error)
             group, exchange_failed = None, not found_no_group(error)
         if not group:
+            self.error_feedback.not_sent()
             # keep the local progress: the samples of this round and those trained since go into the next
             # attempt (re-based by the worker's download if the others averaged without us)
             self._retry_after = time.monotonic() + self.matchmaking_time
             self._count_fresh_samples(finished.trained_since)
             return StepOutcome(failed_rounds=int(not exchange_failed), failed_exchanges=int(exchange_failed))
-        outcome = self._adopt_group_average(group, pseudo_gradients(self.global_parameters, finished.sent_from), finished.sent_from)
+        sent = finished.sent or pseudo_gradients(self.global_parameters, finished.sent_from)
+        outcome = self._adopt_group_average(group, sent, finished.sent_from)
         self._round_started = time.monotonic()
         self._count_fresh_samples(finished.trained_since)
         return outcome

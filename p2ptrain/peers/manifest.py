@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 import pydantic
 
+from p2ptrain.peers.compression_ladder import RUNG_HELP, allowed_rungs, parse_rung
+
 logger = logging.getLogger(__name__)
 
 RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
@@ -34,7 +36,8 @@ MANIFEST_EXPIRATION_S = 7 * 24 * 3600
 # bumped whenever a field is added or its meaning changes: a peer refuses a
 # manifest of a newer format with "upgrade p2ptrain" rather than "unknown field".
 # 2: warmup_epochs, lr_schedule and total_epochs also schedule DiLoCo's inner lr
-# 3: round_end and round_time_limit_s (DiLoCo rounds end on the swarm's samples by default)
+# 3: DiLoCo rounds end on the swarm's samples by default (round_end, round_time_limit_s); sparse
+#    compression rungs, compression_rungs and error_feedback_decay
 MANIFEST_FORMAT = 3
 
 # What to tell a user whose value for a field was refused.
@@ -57,7 +60,9 @@ _FIXES = {
     "inner_lr": "use a finite number > 0, e.g. 0.001",
     "outer_lr": "use a finite number > 0, e.g. 0.7",
     "outer_momentum": "use a number in [0, 1), e.g. 0.9",
-    "compression": "use one of none, fp16, uniform8bit, blockwise8bit",
+    "compression": RUNG_HELP,
+    "compression_rungs": "list cheaper rungs than compression, e.g. [\"sparse2bit-64of4096\"], or leave it out",
+    "error_feedback_decay": "use a number in (0, 1], e.g. 1.0 (carry everything not sent into the next round)",
     "optimizer": "use 'adamw' or 'lamb'",
     "warmup_epochs": "use a whole number of epochs >= 0",
     "lr_schedule": "use 'constant', 'cosine' or 'linear'",
@@ -102,7 +107,12 @@ class Manifest(pydantic.BaseModel):
     hardware); ``local_steps`` also sets the unit of the inner learning rate's
     schedule (see ``p2ptrain.peers.diloco_rounds``). ``model`` is a preset name, hub id or path; ``lora`` is
     null for full training. ``micro_batch_hint`` is only a starting point for
-    the hardware plan. ``compression`` applies to averaged tensors. ``optimizer``
+    the hardware plan. ``compression`` applies to averaged tensors: the run's
+    top rung of the compression ladder (``compression_ladder``; sparse rungs
+    in ``diloco`` mode only), the most a peer sends; ``compression_rungs``
+    lists cheaper rungs a peer on a slow uplink may send instead, and
+    ``error_feedback_decay`` is the share of what a peer did not send on a
+    sparse rung that it carries into the next round. ``optimizer``
     (``adamw`` or ``lamb``), ``warmup_epochs``, ``lr_schedule`` and
     ``total_epochs`` set the sync optimizer's learning rate per global epoch;
     DiLoCo's inner optimizer is AdamW, whose ``inner_lr`` follows the same
@@ -130,7 +140,9 @@ class Manifest(pydantic.BaseModel):
     inner_lr: float = pydantic.Field(1e-3, gt=0)
     outer_lr: float = pydantic.Field(0.7, gt=0)
     outer_momentum: float = pydantic.Field(0.9, ge=0, lt=1)
-    compression: Literal["none", "fp16", "uniform8bit", "blockwise8bit"] = "none"
+    compression: str = "none"
+    compression_rungs: list[str] = pydantic.Field(default_factory=list)
+    error_feedback_decay: float = pydantic.Field(1.0, gt=0, le=1)
     optimizer: Literal["adamw", "lamb"] = "adamw"
     warmup_epochs: int = pydantic.Field(0, ge=0)
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
@@ -149,6 +161,20 @@ class Manifest(pydantic.BaseModel):
         except (TypeError, ValueError) as error:
             raise ValueError(f"the dataset spec is not plain JSON ({error})") from None
         return value
+
+    @pydantic.field_validator("compression")
+    @classmethod
+    def _compression_is_a_rung(cls, value: str) -> str:
+        return parse_rung(value).name
+
+    @pydantic.model_validator(mode="after")
+    def _rungs_fit_the_mode(self) -> "Manifest":
+        rungs = allowed_rungs(self.compression, self.compression_rungs)
+        sparse = [rung.name for rung in rungs if rung.sparse]
+        if sparse and self.mode != "diloco":
+            raise ValueError(f"compression {sparse[0]} sends sparse pseudo-gradients, which only mode 'diloco' has; "
+                             f"use mode 'diloco', or a dense compression (none, fp16, blockwise8bit)")
+        return self
 
     @pydantic.model_validator(mode="before")
     @classmethod

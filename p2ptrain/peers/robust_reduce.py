@@ -51,7 +51,10 @@ rate per step, so S steps cannot move it by many times S x lr; S is what one
 pseudo-gradient can hold: ``DiLoCoTrainer.most_inner_steps_per_round`` times
 the rounds local progress is kept. With rounds that end on the swarm's samples
 that is the round's samples in steps of the reducer's own size, so a peer that
-trains with much smaller steps than the reducer could exceed it); the same piece
+trains with much smaller steps than the reducer could exceed it; in a run that
+allows sparse rungs, times what the error feedback's residual can hold,
+``error_feedback.rounds_held``: without bound at decay 1, where such pieces
+are only clipped); the same piece
 as the sender sent in an earlier round (``robust_allreduce.ReplayMemory``).
 
 **Two senders.** With two pieces there is no majority: each is as far from the

@@ -154,6 +154,20 @@ def load_data(manifest, tokenizer, micro_batch: int, peer_id: str, cache_dir: Pa
     return batches, validation
 
 
+def peer_compression(spec: WorkerSpec, manifest, trainable_parameters: int) -> str:
+    """The rung this peer sends pseudo-gradients with: its plan's, or (a plan made without the
+    run's manifest, when joining) chosen now from the spec's ``uplink_mbit_s``, as the daemon's
+    plan chooses it (``compression_ladder.choose_rung``)."""
+    from p2ptrain.peers.compression_ladder import ROUND_UPLOAD_S, allowed_rungs, choose_rung
+
+    if spec.plan.compression:
+        return spec.plan.compression
+    allowed = allowed_rungs(manifest.compression, manifest.compression_rungs)
+    rung, reason = choose_rung(allowed, trainable_parameters, spec.uplink_mbit_s, ROUND_UPLOAD_S)
+    logger.info("%s", reason)
+    return rung.name
+
+
 def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_step: int,
                  averaging_client: bool = False) -> Trainer:
     """The manifest's trainer: ``SyncTrainer``, or in ``diloco`` mode ``SwarmRoundTrainer``
@@ -187,14 +201,22 @@ def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_ste
     )
     schedule = dict(warmup_epochs=manifest.warmup_epochs, lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs)
     if manifest.mode == "diloco":
-        diloco = dict(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr, outer_momentum=manifest.outer_momentum)
-        if manifest.round_end == "local_steps":
-            from p2ptrain.peers.diloco import DiLoCoTrainer
+        from p2ptrain.peers.compression_ladder import RungNotAllowed, allowed_rungs
 
-            return DiLoCoTrainer(**diloco, **schedule, **common)
-        from p2ptrain.peers.diloco_rounds import SwarmRoundTrainer
+        allowed = [rung.name for rung in allowed_rungs(manifest.compression, manifest.compression_rungs)]
+        common["compression"] = peer_compression(spec, manifest, sum(parameter.numel() for parameter in parameters))
+        diloco = dict(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr, outer_momentum=manifest.outer_momentum,
+                      allowed_compression=allowed, error_feedback_decay=manifest.error_feedback_decay)
+        try:
+            if manifest.round_end == "local_steps":
+                from p2ptrain.peers.diloco import DiLoCoTrainer
 
-        return SwarmRoundTrainer(round_time_limit_s=manifest.round_time_limit_s, **diloco, **schedule, **common)
+                return DiLoCoTrainer(**diloco, **schedule, **common)
+            from p2ptrain.peers.diloco_rounds import SwarmRoundTrainer
+
+            return SwarmRoundTrainer(round_time_limit_s=manifest.round_time_limit_s, **diloco, **schedule, **common)
+        except RungNotAllowed as error:
+            raise WorkerFailure(error.message, error.fix) from error
     from p2ptrain.peers.sync import SyncTrainer
 
     return SyncTrainer(optimizer=manifest.optimizer, **schedule, **common)

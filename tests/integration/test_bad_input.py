@@ -78,7 +78,7 @@ CLI_CASES = {
     "new-run-seq-len-zero": (["join", "--new-run", "x", "--seq-len", "0"], EXIT_USAGE, "use a whole number of tokens"),
     "new-run-hub-dataset-without-name": (["join", "--new-run", "x", "--dataset", "hub:"], EXIT_USAGE, "--dataset hub:NAME[:CONFIG]"),
     "new-run-hub-dataset-and-files": (["join", "--new-run", "x", "--dataset", "hub:wikitext", "notes.txt"], EXIT_USAGE, "give one hub dataset"),
-    "new-run-compression-zip": (["join", "--new-run", "x", "--compression", "zip"], EXIT_USAGE, "choose from 'none'"),
+    "new-run-compression-zip": (["join", "--new-run", "x", "--compression", "zip"], EXIT_USAGE, "use none, fp16"),
     "new-run-momentum-1.5": (["join", "--new-run", "x", "--outer-momentum", "1.5"], EXIT_USAGE, "use a number in [0, 1)"),
     "new-run-inner-lr-nan": (["join", "--new-run", "x", "--inner-lr", "nan"], EXIT_USAGE, "use a finite number > 0"),
     "new-run-round-end-time": (["join", "--new-run", "x", "--round-end", "time"], EXIT_USAGE, "choose from 'samples', 'local_steps'"),

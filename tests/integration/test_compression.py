@@ -1,6 +1,6 @@
 """Compressed averaging in real runs: two training workers on 127.0.0.1 per compression.
 
-Gradients in ``sync``, pseudo-gradients in ``diloco``. The fp16 run also trains
+Gradients in ``sync``, pseudo-gradients in ``diloco`` (a sparse rung with error feedback too). The fp16 run also trains
 with LAMB and a warm-up + cosine schedule, so the large-batch optimizer goes
 through hivemind's real optimizer step and state averaging too.
 """
@@ -23,6 +23,7 @@ pytestmark = pytest.mark.swarm
         ("sync", "fp16", {"optimizer": "lamb", "warmup_epochs": 1, "lr_schedule": "cosine", "total_epochs": 20}),
         ("sync", "blockwise8bit", {}),
         ("diloco", "blockwise8bit", {"local_steps": 6}),
+        ("diloco", "sparse2bit-64of4096", {"local_steps": 6}),
     ],
 )
 def test_two_workers_average_compressed_gradients(tmp_path, mode, compression, settings):

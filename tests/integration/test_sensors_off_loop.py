@@ -29,7 +29,10 @@ def test_a_slow_loginctl_does_not_delay_status_and_still_pauses_for_the_user(dae
         daemon.status()
         latencies.append(time.monotonic() - started)
         time.sleep(0.1)
-    assert max(latencies) < 1.0, f"slowest status {max(latencies):.2f} s of {len(latencies)}"
+    # Behind the sensors, two of three requests would wait (1.8 s of every ~2.8 s), up to 1.8 s; a
+    # loaded machine can delay any one request as long, so judge the 90th percentile, not the slowest.
+    ninetieth = sorted(latencies)[int(0.9 * len(latencies))]
+    assert ninetieth < 1.0, f"90 % of status requests took up to {ninetieth:.2f} s (slowest {max(latencies):.2f} s of {len(latencies)})"
 
     # the readings still reach the policies: the fake session is in use
     status = daemon.wait_until(lambda s: s["state"] == "paused", 60, what="the user-active pause")

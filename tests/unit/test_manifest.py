@@ -56,6 +56,9 @@ def test_hash_is_stable_for_equal_manifests():
         {"outer_lr": 0.5},
         {"outer_momentum": 0.8},
         {"compression": "fp16"},
+        {"mode": "diloco", "compression": "sparse2bit-64of4096"},
+        {"compression": "fp16", "compression_rungs": ["blockwise8bit"]},
+        {"error_feedback_decay": 0.9},
         {"seed": 1},
         {"created_at": 1001.0},
         {"optimizer": "lamb"},
@@ -77,6 +80,7 @@ def test_every_field_is_covered_by_the_hash_test():
     covered = {"run_id", "mode", "model", "lora", "dataset", "seq_len", "target_batch_size", "local_steps"}
     covered |= {"micro_batch_hint", "inner_lr", "outer_lr", "outer_momentum", "compression", "seed", "created_at"}
     covered |= {"optimizer", "warmup_epochs", "lr_schedule", "total_epochs", "round_end", "round_time_limit_s"}
+    covered |= {"compression_rungs", "error_feedback_decay"}
     covered |= {"format"}  # one valid value today; a new format is refused before hashing
     assert set(Manifest.model_fields) == covered
 
