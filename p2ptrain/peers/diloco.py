@@ -179,12 +179,11 @@ class DiLoCoTrainer:
                 # the most inner steps behind one value sent: local progress is kept for up to
                 # MAX_ROUNDS_BEHIND rounds more (a round without a group, a late peer re-based),
                 # and on a sparse rung what was not sent waits in the residual
-                steps=(1 + MAX_ROUNDS_BEHIND) * self.most_inner_steps_per_round(target_batch_size, batch_size_per_step)
-                * rounds_held(rungs, error_feedback_decay),
+                steps=(1 + MAX_ROUNDS_BEHIND) * self.most_inner_steps_per_round() * rounds_held(rungs, error_feedback_decay),
                 parameter_count=len(self.global_parameters)),
         )
 
-    def most_inner_steps_per_round(self, target_batch_size: int, batch_size_per_step: int) -> int:
+    def most_inner_steps_per_round(self) -> float:
         """The most inner steps an honest peer takes in one round (``robust_reduce`` bounds a
         pseudo-gradient's values by them): H."""
         return self.local_steps

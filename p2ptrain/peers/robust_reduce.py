@@ -48,13 +48,14 @@ thinks: NaN or infinity; a weight that is not a finite number >= 0 or above
 ``max_weight``; a pseudo-gradient with a value above ``max_element``
 (``RobustOptions``: an inner optimizer moves a parameter by about its learning
 rate per step, so S steps cannot move it by many times S x lr; S is what one
-pseudo-gradient can hold: ``DiLoCoTrainer.most_inner_steps_per_round`` times
-the rounds local progress is kept. With rounds that end on the swarm's samples
-that is the round's samples in steps of the reducer's own size, so a peer that
-trains with much smaller steps than the reducer could exceed it; in a run that
-allows sparse rungs, times what the error feedback's residual can hold,
-``error_feedback.rounds_held``: without bound at decay 1, where such pieces
-are only clipped); the same piece
+pseudo-gradient can hold: ``DiLoCoTrainer.most_inner_steps_per_round``, H, for
+each of the 1 + ``MAX_ROUNDS_BEHIND`` rounds local progress is kept, and in a
+run that allows sparse rungs times what the error feedback's residual can
+hold, ``error_feedback.rounds_held``. Where S has no bound there is no such
+value: rounds that end on the swarm's samples (``round_end: samples``, the
+default; a peer trains on while its round is averaged, as many steps as its
+speed gives) and sparse rungs at decay 1. There scaled, sign-flipped and
+constant pieces are clipped like any other, not named); the same piece
 as the sender sent in an earlier round (``robust_allreduce.ReplayMemory``).
 
 **Two senders.** With two pieces there is no majority: each is as far from the
@@ -137,10 +138,12 @@ class RobustOptions:
     parameter_count: int | None = None
 
     @classmethod
-    def for_pseudo_gradients(cls, max_weight: float, inner_lr: float, steps: int, parameter_count: int) -> "RobustOptions":
+    def for_pseudo_gradients(cls, max_weight: float, inner_lr: float, steps: float, parameter_count: int) -> "RobustOptions":
         """DiLoCo's pseudo-gradients: at most ``steps`` inner steps at (peak) ``inner_lr``
-        each, so no value above ``PLAUSIBLE_STEP`` x ``inner_lr`` x ``steps``."""
-        return cls(max_weight=max_weight, max_element=PLAUSIBLE_STEP * inner_lr * steps, name_outliers=False,
+        each, so no value above ``PLAUSIBLE_STEP`` x ``inner_lr`` x ``steps`` (no bound
+        when ``steps`` is infinite)."""
+        max_element = PLAUSIBLE_STEP * inner_lr * steps if math.isfinite(steps) else None
+        return cls(max_weight=max_weight, max_element=max_element, name_outliers=False,
                    detect_replays=True, parameter_count=parameter_count)
 
     @classmethod
