@@ -91,7 +91,7 @@ def simulate(args, windows: list, robust: bool, rogue: bool, rounding: float = 0
     streams = [train_batches(DATASET, loaded.tokenizer, args.seq_len, args.micro_batch, stream_seed(SEED, f"replica{index}"), args.cache_dir)
                for index in range(REPLICAS)]
     samples = args.local_steps * args.micro_batch
-    options = RobustOptions.for_pseudo_gradients(plausible_weight(samples), args.inner_lr, 4 * args.local_steps, len(parameters))
+    options = RobustOptions.for_pseudo_gradients(plausible_weight(samples), args.inner_lr, 1.0, len(parameters))
     noise = torch.Generator().manual_seed(SEED)
     losses, reduce_seconds, deviations, named = [mean_loss(model, windows)], [], [], 0
     for round_index in range(args.rounds):

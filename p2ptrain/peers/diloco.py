@@ -176,17 +176,9 @@ class DiLoCoTrainer:
             trust=self.trust,
             robust=RobustOptions.for_pseudo_gradients(
                 plausible_weight(max(target_batch_size, local_steps * batch_size_per_step)), inner_lr,
-                # the most inner steps behind one value sent: local progress is kept for up to
-                # MAX_ROUNDS_BEHIND rounds more (a round without a group, a late peer re-based),
-                # and on a sparse rung what was not sent waits in the residual
-                steps=(1 + MAX_ROUNDS_BEHIND) * self.most_inner_steps_per_round() * rounds_held(rungs, error_feedback_decay),
-                parameter_count=len(self.global_parameters)),
+                # bounds a pseudo-gradient by the samples behind it, which this peer sends as its weight
+                rounds_held(rungs, error_feedback_decay), parameter_count=len(self.global_parameters)),
         )
-
-    def most_inner_steps_per_round(self) -> float:
-        """The most inner steps an honest peer takes in one round (``robust_reduce`` bounds a
-        pseudo-gradient's values by them): H."""
-        return self.local_steps
 
     def _shared_state(self):
         with self._lock:
@@ -195,7 +187,8 @@ class DiLoCoTrainer:
 
     @property
     def pending_samples(self) -> int:
-        """Samples behind this peer's local progress: its weight in the next average."""
+        """Samples behind this peer's local progress: its weight in the next average, which also
+        bounds its pseudo-gradient's values in the others' reducers (``robust_reduce``)."""
         return self.samples_this_epoch + self.carried_samples
 
     def wants_batch(self) -> bool:

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import threading
 import time
 
@@ -129,14 +128,6 @@ class SwarmRoundTrainer(DiLoCoTrainer):
     def wants_batch(self) -> bool:
         """Always: a peer trains until the swarm ends the round, and on while it is averaged."""
         return True
-
-    def most_inner_steps_per_round(self) -> float:
-        """No bound: a peer trains on while its round is matched and averaged, so the steps behind
-        its next pseudo-gradient grow with those seconds and with its speed, which no other peer
-        knows. Two honest peers of the tiny model (~37 steps a second) named each other at the
-        round's samples in steps (16) and at three times that; a fast peer beside a slow one was
-        named at H. Their pieces are clipped, not judged by size (``robust_reduce``)."""
-        return math.inf
 
     def is_behind(self) -> bool:
         """True when the swarm finished a round this peer is not part of (then it downloads and re-bases)."""

@@ -6,14 +6,18 @@
   part and combines them with ``robust_reduce.robust_aggregate`` instead of
   adding them into a weighted sum; it leaves out banned senders and senders that
   replay an earlier piece (``ReplayMemory``);
-- its tensor container (``CheckedPartContainer``) checks each part that another
-  reducer returns: one from a banned peer, one holding NaN/infinity or a value
-  above ``RobustOptions.max_element``, or one farther from our own piece than
-  ``far_from_own`` times its norm, is refused and our own piece kept for it, as
-  hivemind does for a reducer that failed. A reducer can return anything for
-  its part (BTARD verifies reducers with commitments and random checks;
-  hivemind has nothing of the kind), so these bounds are what limits a
-  misbehaving reducer.
+- its tensor container (``CheckedPartContainer``) holds each part that another
+  reducer returns until this peer's own reducer has seen every piece it will
+  get this round (so it knows the senders' weights and whom it named), then
+  checks it: one from a banned peer, or from a peer this reducer named as a
+  sender in this round, is not used; one past ``robust_reduce.bad_result``'s
+  bounds (NaN/infinity, a value above the bound of the largest weight counted
+  in the group, or farther from our own piece than ``far_from_own`` times its
+  norm) is refused and names its reducer. Our own piece is kept for a part not
+  used, as hivemind does for a reducer that failed. A reducer can return
+  anything for its part (BTARD verifies reducers with commitments and random
+  checks; hivemind has nothing of the kind), so these checks are what limits
+  a misbehaving reducer.
 
 When the round ends, the runner hands the senders and reducers it named to
 ``RoundJudge.report`` (one record per round; ``trust.Trust`` counts them).
@@ -33,7 +37,7 @@ from hivemind.averaging.allreduce import AllReduceRunner
 from hivemind.averaging.partition import AllreduceException, BannedException, TensorPartContainer, TensorPartReducer
 from hivemind.p2p import PeerID
 
-from p2ptrain.peers.robust_reduce import BAD_RESULT, REPLAYED, RobustOptions, Suspect, implausible, robust_aggregate
+from p2ptrain.peers.robust_reduce import REPLAYED, RobustOptions, Suspect, bad_result, robust_aggregate, worse_suspect
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +101,6 @@ class RoundJudge:
     report: Callable[[dict], None]
 
 
-def _worst(current: Suspect | None, new: Suspect) -> Suspect:
-    return new if current is None or new.ratio > current.ratio else current
-
-
 class RobustPartReducer(TensorPartReducer):
     """hivemind's ``TensorPartReducer`` that combines the pieces of each part robustly.
 
@@ -110,14 +110,18 @@ class RobustPartReducer(TensorPartReducer):
         own: this peer's index among the senders (None if it does not send).
         part_offsets: flat element index of each part's first element.
         judge: the averager's ``RoundJudge``.
+        on_finished: called once this reducer has combined its last part (at once when it
+            has none) or the round ended.
     """
 
     def __init__(self, part_shapes: Sequence[torch.Size], sender_ids: Sequence[PeerID], own: int | None,
-                 part_offsets: Sequence[int], judge: RoundJudge):
+                 part_offsets: Sequence[int], judge: RoundJudge, on_finished: Callable[[], None]):
         self.sender_ids, self.own, self.part_offsets, self.judge = list(sender_ids), own, list(part_offsets), judge
+        self.on_finished = on_finished
         self.pieces: dict[int, tuple[torch.Tensor, float]] = {}
         self.suspects: dict[int, Suspect] = {}
         self.ratios: dict[int, float] = {}  # the largest distance / clip radius of each sender, over the parts
+        self.largest_weight = 0.0  # the largest weight counted in any part (robust_reduce.bad_result)
         self.replay_samples: dict[int, dict[int, float]] = {}  # to remember once the round succeeded
         self.combine_seconds = 0.0  # what the robust combination costs this round (the log says)
         super().__init__(part_shapes, len(sender_ids))
@@ -173,18 +177,29 @@ class RobustPartReducer(TensorPartReducer):
             elif self.judge.options.detect_replays and weights[sender] > 0:
                 sampled = self.judge.replays.sample(piece, offset)
                 if self.judge.replays.is_replay(peer, sampled):
-                    self.suspects[sender] = _worst(self.suspects.get(sender), Suspect(REPLAYED, 1.0))
+                    self.suspects[sender] = worse_suspect(self.suspects.get(sender), Suspect(REPLAYED, 1.0))
                     weights[sender] = 0.0
                 self.replay_samples.setdefault(sender, {}).update(sampled)
         aggregate = robust_aggregate({sender: piece for sender, (piece, _) in self.pieces.items()}, weights,
                                      own=self.own, options=self.judge.options)
         for sender, suspect in aggregate.suspects.items():
             if self.sender_ids[sender] not in self.judge.banned:
-                self.suspects[sender] = _worst(self.suspects.get(sender), suspect)
+                self.suspects[sender] = worse_suspect(self.suspects.get(sender), suspect)
         for sender, ratio in aggregate.ratios.items():
             self.ratios[sender] = max(ratio, self.ratios.get(sender, 0.0))
+        self.largest_weight = max(self.largest_weight, aggregate.largest_weight)
         self.combine_seconds += time.perf_counter() - started
         return aggregate.result
+
+    def finalize(self):
+        finished = self.finished.is_set()
+        super().finalize()
+        if not finished:
+            self.on_finished()
+
+    def named(self, peer: PeerID) -> bool:
+        """True when this reducer named ``peer`` as a sender in this round (so far)."""
+        return any(self.sender_ids[sender] == peer for sender in self.suspects)
 
     def remember_replays(self) -> None:
         """Keep this round's samples for the next rounds' replay checks (once the round succeeded)."""
@@ -193,22 +208,44 @@ class RobustPartReducer(TensorPartReducer):
 
 
 class CheckedPartContainer(TensorPartContainer):
-    """hivemind's ``TensorPartContainer`` whose results from other reducers pass ``check`` first.
+    """hivemind's ``TensorPartContainer`` that holds the parts other reducers return until
+    ``release``, then uses each as ``check`` says.
 
     Args:
         check: ``check(peer_index, local_part, delta) -> delta`` for a part that the
             peer at ``peer_index`` reduced; returns the delta to use.
+        own_index: this peer's index in the group (its own reducer's parts are not held).
         (the rest as ``TensorPartContainer``)
     """
 
     def __init__(self, *args, check: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor], own_index: int, **kwargs):
         self.check, self.own_index = check, own_index
+        self.held: list[tuple[int, int, torch.Tensor]] = []
+        self.released = False
         super().__init__(*args, **kwargs)
 
     def register_processed_part(self, peer_index: int, part_index: int, part: torch.Tensor):
-        if peer_index != self.own_index:
-            part = self.check(peer_index, self._input_parts_by_peer[peer_index][part_index][0], part)
-        super().register_processed_part(peer_index, part_index, part)
+        if peer_index == self.own_index:
+            super().register_processed_part(peer_index, part_index, part)
+        elif not self.released:
+            self.held.append((peer_index, part_index, part))
+        elif not self.finished.is_set():  # a part that comes after the round ended is not read
+            own_piece = self._input_parts_by_peer[peer_index][part_index][0]
+            super().register_processed_part(peer_index, part_index, self.check(peer_index, own_piece, part))
+
+    def release(self) -> None:
+        """Check and use the parts held so far, and from now on each part as it comes."""
+        self.released = True
+        held, self.held = self.held, []
+        if self.finished.is_set():
+            return  # the round is over: nothing will read them
+        for peer_index, part_index, part in held:
+            self.register_processed_part(peer_index, part_index, part)
+
+    def register_failed_reducer(self, peer_index: int):
+        """A reducer that failed: its parts held so far are not used either (our own pieces are)."""
+        self.held = [(index, part_index, part) for index, part_index, part in self.held if index != peer_index]
+        super().register_failed_reducer(peer_index)
 
 
 class RobustAllReduceRunner(AllReduceRunner):
@@ -239,23 +276,20 @@ class RobustAllReduceRunner(AllReduceRunner):
             position += part.numel()
         own_sender = self.sender_peer_ids.index(self.peer_id) if self.peer_id in self.sender_peer_ids else None
         self.tensor_part_reducer = RobustPartReducer(tuple(part.shape for part in self.parts_for_local_averaging),
-                                                     self.sender_peer_ids, own_sender, offsets, judge)
+                                                     self.sender_peer_ids, own_sender, offsets, judge,
+                                                     on_finished=self.tensor_part_container.release)
         self._reported = False
 
     def _check_result(self, peer_index: int, local_part: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """The delta to use for a part reduced by the peer at ``peer_index`` (see the module doc)."""
+        """The delta to use for a part reduced by the peer at ``peer_index`` (see the module doc);
+        called once this peer's own reducer is finished."""
         peer = self.ordered_peer_ids[peer_index]
-        if peer in self.judge.banned:
+        if peer in self.judge.banned or self.tensor_part_reducer.named(peer):
             return torch.zeros_like(delta)
-        options = self.judge.options
-        problem = implausible(local_part + delta, options)
-        ratio = None if problem is None else problem.ratio
-        local_norm, delta_norm = float(local_part.norm()), float(delta.norm())
-        if ratio is None and options.far_from_own is not None and 0 < local_norm and options.far_from_own * local_norm < delta_norm:
-            ratio = delta_norm / local_norm
-        if ratio is None:
+        problem = bad_result(local_part, local_part + delta, self.tensor_part_reducer.largest_weight or None, self.judge.options)
+        if problem is None:
             return delta
-        self.reducer_suspects[peer] = _worst(self.reducer_suspects.get(peer), Suspect(BAD_RESULT, ratio))
+        self.reducer_suspects[peer] = worse_suspect(self.reducer_suspects.get(peer), problem)
         return torch.zeros_like(delta)
 
     def finalize(self, *, cancel: bool = False, exception: BaseException | None = None):

@@ -45,18 +45,39 @@ result) does not count at all.
 
 **What no honest peer can send.** Some pieces are left out whatever the group
 thinks: NaN or infinity; a weight that is not a finite number >= 0 or above
-``max_weight``; a pseudo-gradient with a value above ``max_element``
-(``RobustOptions``: an inner optimizer moves a parameter by about its learning
-rate per step, so S steps cannot move it by many times S x lr; S is what one
-pseudo-gradient can hold: ``DiLoCoTrainer.most_inner_steps_per_round``, H, for
-each of the 1 + ``MAX_ROUNDS_BEHIND`` rounds local progress is kept, and in a
-run that allows sparse rungs times what the error feedback's residual can
-hold, ``error_feedback.rounds_held``. Where S has no bound there is no such
-value: rounds that end on the swarm's samples (``round_end: samples``, the
-default; a peer trains on while its round is averaged, as many steps as its
-speed gives) and sparse rungs at decay 1. There scaled, sign-flipped and
-constant pieces are clipped like any other, not named); the same piece
-as the sender sent in an earlier round (``robust_allreduce.ReplayMemory``).
+``max_weight``; the same piece as the sender sent in an earlier round
+(``robust_allreduce.ReplayMemory``); and a pseudo-gradient with a value above
+*its own weight's bound* (``RobustOptions.max_element``). A pseudo-gradient
+holds the inner steps of exactly the samples its weight counts (both kinds of
+DiLoCo rounds send ``pending_samples``: the round's samples plus those kept
+over rounds without a group, re-based after a download, or trained while the
+previous round was averaged), every step takes at least
+``MIN_SAMPLES_PER_STEP`` (1) sample, whatever micro-batch a planner picks, and
+an inner AdamW step moves a value by at most about ``PLAUSIBLE_STEP`` (4)
+peak learning rates. So an honest piece of weight ``w`` holds no value above
+
+    PLAUSIBLE_STEP x inner_lr x w / MIN_SAMPLES_PER_STEP x rounds_held
+
+(``rounds_held``: on a sparse rung, the rounds' worth the error feedback's
+residual can hold, ``error_feedback.rounds_held``; no bound at decay 1). The
+``w`` is the weight *as it counts* (below): a sender that claims a huge
+weight is judged by twice the median weight, so claiming buys it no room. A
+piece past its bound is left out and names its sender (``implausible-update``);
+a sender with weight 0 does not count and is not judged. The bound is loose
+for honest peers (their micro-batches hold several samples, and Adam moves a
+value by about one learning rate per step, less once trained, in directions
+that partly cancel over steps), and tight enough for attacks: a constant 1.0
+or noise of an update's scale times a thousand is far past it.
+
+**Results from other reducers.** Every part is reduced by one member, which
+can return anything. A reducer's result is a combination of the pieces it
+counted (CenteredClip moves each value only between the pieces' values), so no
+honest result holds a value above the bound of the largest weight counted in
+the group, ``largest_weight`` (this peer's own reducer sees every sender's
+weight with its pieces; a peer that reduces nothing, a client, uses
+``max_weight``'s bound). ``robust_allreduce`` refuses (keeps this peer's own
+piece, names the reducer ``bad-result``) a result past that bound, and any
+result from a peer this peer's reducer named as a sender in the same round.
 
 **Two senders.** With two pieces there is no majority: each is as far from the
 median as the other. When the reducer is one of the two and ``far_from_own``
@@ -90,6 +111,8 @@ PLAUSIBLE_ROUNDS = 100
 # Adam moves a parameter by at most about (1 - beta1) / sqrt(1 - beta2) ~ 3.2 learning rates in
 # a step (1 in the usual case): a pseudo-gradient value above this many lr per step is no one's
 PLAUSIBLE_STEP = 4.0
+# the fewest samples an inner step trains on (a planner's smallest micro-batch, no accumulation)
+MIN_SAMPLES_PER_STEP = 1
 SUSPECT_RATIO = 4.0
 WEIGHT_MEDIAN_MULTIPLE = 2.0
 MAX_ITERATIONS = 20
@@ -100,7 +123,7 @@ SETTLED = 1e-4
 OUTLIER = "outlier"  # its piece was clipped hard
 NON_FINITE = "non-finite"  # its piece held NaN or infinity
 BAD_WEIGHT = "implausible-weight"  # its claimed weight was not finite, negative or above max_weight
-IMPLAUSIBLE = "implausible-update"  # its piece held a value above max_element
+IMPLAUSIBLE = "implausible-update"  # its piece held a value above its weight's max_element
 FAR_FROM_OWN = "far-from-own"  # in a group of two, its piece was far from the reducer's own
 REPLAYED = "replayed"  # it sent the same piece as in an earlier round (robust_allreduce)
 BAD_RESULT = "bad-result"  # as a reducer it returned a result we refused (robust_allreduce)
@@ -115,8 +138,8 @@ class RobustOptions:
     Args:
         max_weight: the most samples a sender can plausibly claim in one round;
             a larger claim is capped there and names the sender (None: no cap).
-        max_element: the largest value an honest piece can hold (None: no bound);
-            a piece or a returned result above it is left out.
+        max_element_per_sample: the largest value an honest piece can hold per sample
+            of its weight (None: no bound); see ``max_element``.
         far_from_own: in a group of two, the other sender's piece is left out when
             it is farther from ours than this many times our piece's norm, and a
             part reduced by another peer is refused (ours kept) on the same bound
@@ -131,19 +154,26 @@ class RobustOptions:
     """
 
     max_weight: float | None = None
-    max_element: float | None = None
+    max_element_per_sample: float | None = None
     far_from_own: float | None = None
     name_outliers: bool = True
     detect_replays: bool = True
     parameter_count: int | None = None
 
+    def max_element(self, weight: float) -> float | None:
+        """The largest value an honest piece counted at ``weight`` (or a result whose
+        largest counted weight is ``weight``) can hold; None: no bound."""
+        if self.max_element_per_sample is None:
+            return None
+        return self.max_element_per_sample * weight
+
     @classmethod
-    def for_pseudo_gradients(cls, max_weight: float, inner_lr: float, steps: float, parameter_count: int) -> "RobustOptions":
-        """DiLoCo's pseudo-gradients: at most ``steps`` inner steps at (peak) ``inner_lr``
-        each, so no value above ``PLAUSIBLE_STEP`` x ``inner_lr`` x ``steps`` (no bound
-        when ``steps`` is infinite)."""
-        max_element = PLAUSIBLE_STEP * inner_lr * steps if math.isfinite(steps) else None
-        return cls(max_weight=max_weight, max_element=max_element, name_outliers=False,
+    def for_pseudo_gradients(cls, max_weight: float, inner_lr: float, rounds_held: float, parameter_count: int) -> "RobustOptions":
+        """DiLoCo's pseudo-gradients: at most one inner step per ``MIN_SAMPLES_PER_STEP`` samples of
+        their weight, at (peak) ``inner_lr``, each value sent holding up to ``rounds_held`` rounds'
+        worth (``error_feedback.rounds_held``; no bound when infinite). See the module doc."""
+        per_sample = PLAUSIBLE_STEP * inner_lr * rounds_held / MIN_SAMPLES_PER_STEP if math.isfinite(rounds_held) else None
+        return cls(max_weight=max_weight, max_element_per_sample=per_sample, name_outliers=False,
                    detect_replays=True, parameter_count=parameter_count)
 
     @classmethod
@@ -176,12 +206,14 @@ class Suspect:
 @dataclasses.dataclass
 class Aggregate:
     """A reducer's result for one part: ``result``, the per-sender ratio of distance
-    from the result to the clip radius (``ratios``, for measurement), and the senders
-    it names (``suspects``, by sender index)."""
+    from the result to the clip radius (``ratios``, for measurement), the senders
+    it names (``suspects``, by sender index), and the largest weight it counted
+    (``largest_weight``: what bounds the group's results, see the module doc)."""
 
     result: torch.Tensor
     ratios: dict[int, float]
     suspects: dict[int, Suspect]
+    largest_weight: float = 0.0
 
 
 def bounded_weights(weights: Mapping[int, float], max_weight: float | None) -> tuple[dict[int, float], dict[int, Suspect]]:
@@ -239,23 +271,31 @@ def robust_aggregate(
         own: the index of the reducer's own piece among the senders, or None.
         options: the averager's ``RobustOptions``.
     """
-    plausible, suspects = {}, {}
+    finite, suspects = {}, {}
     for sender, piece in pieces.items():
-        problem = implausible(piece, options)
-        if problem is None:
-            plausible[sender] = piece.detach().float().reshape(-1)
+        if bool(torch.isfinite(piece).all()):
+            finite[sender] = piece.detach().float().reshape(-1)
         else:
-            suspects[sender] = problem
-    counted, weight_suspects = bounded_weights({sender: weights[sender] for sender in plausible}, options.max_weight)
+            suspects[sender] = Suspect(NON_FINITE, math.inf)
+    counted, weight_suspects = bounded_weights({sender: weights[sender] for sender in finite}, options.max_weight)
     suspects.update(weight_suspects)
+    plausible = {}
+    for sender, piece in finite.items():
+        # a sender that does not count is not judged: a peer tagging along sends whatever its buffers hold
+        problem = too_large(piece, options.max_element(counted[sender])) if counted[sender] > 0 else None
+        if problem is None:
+            plausible[sender] = piece
+        else:
+            suspects[sender] = worse_suspect(suspects.get(sender), problem)
     shape = next(iter(pieces.values())).shape
     active = sorted(sender for sender in plausible if counted[sender] > 0)
     if not active:
-        # no sender counts (all tagged along with weight 0): the plain mean of what is plausible
+        # no sender counts (all tagged along with weight 0): the plain mean of what is finite
         result = torch.stack([plausible[sender] for sender in sorted(plausible)]).mean(dim=0) if plausible else torch.zeros(shape).reshape(-1)
         return Aggregate(result.reshape(shape), {}, suspects)
+    largest_weight = max(counted[sender] for sender in active)
     if len(active) == 2 and own in active and options.far_from_own is not None:
-        return _two_senders(plausible, counted, active, own, options.far_from_own, suspects, shape)
+        return _two_senders(plausible, counted, active, own, options.far_from_own, suspects, shape, largest_weight)
 
     stacked = torch.stack([plausible[sender] for sender in active])
     weight_tensor = torch.tensor([counted[sender] for sender in active], dtype=stacked.dtype)
@@ -264,7 +304,7 @@ def robust_aggregate(
     if tau <= 0:
         # at least half of the pieces are identical: that is the result (honest pieces can
         # differ where most are zero, parameters that few batches touch: nobody is named)
-        return Aggregate(coordinate_median(stacked).reshape(shape), {}, suspects)
+        return Aggregate(coordinate_median(stacked).reshape(shape), {}, suspects, largest_weight)
     result = centered_clip(stacked, weight_tensor, tau)
     ratios = {}
     # where honest pieces nearly agree (parameters) a tiny difference is many clip radii: name only a large one
@@ -273,28 +313,53 @@ def robust_aggregate(
         ratios[sender] = distance / tau
         if options.name_outliers and ratios[sender] >= SUSPECT_RATIO and distance > significant:
             suspects.setdefault(sender, Suspect(OUTLIER, ratios[sender]))
-    return Aggregate(result.reshape(shape), ratios, suspects)
+    return Aggregate(result.reshape(shape), ratios, suspects, largest_weight)
 
 
-def implausible(piece: torch.Tensor, options: RobustOptions) -> Suspect | None:
-    """Why no honest peer can have sent ``piece`` (non-finite, or above ``max_element``), or None."""
-    if not bool(torch.isfinite(piece).all()):
-        return Suspect(NON_FINITE, math.inf)
-    if options.max_element is not None and piece.numel():
-        largest = float(piece.detach().abs().max())
-        if largest > options.max_element:
-            return Suspect(IMPLAUSIBLE, largest / options.max_element)
+def too_large(values: torch.Tensor, max_element: float | None) -> Suspect | None:
+    """``implausible-update`` when ``values`` (finite) hold a value above ``max_element`` (None: no bound), else None."""
+    if max_element is None or not values.numel():
+        return None
+    largest = float(values.detach().abs().max())
+    return Suspect(IMPLAUSIBLE, largest / max_element) if largest > max_element else None
+
+
+def bad_result(own_piece: torch.Tensor, result: torch.Tensor, largest_weight: float | None, options: RobustOptions) -> Suspect | None:
+    """Why a part another reducer returned cannot be an honest reducer's (``bad-result``), or None.
+
+    Args:
+        own_piece: this peer's piece of the part (what it sent).
+        result: the part as the reducer returned it.
+        largest_weight: the largest weight counted in the group, as this peer's own reducer
+            saw the senders' weights (None: unknown, ``max_weight`` is used).
+        options: the averager's ``RobustOptions``.
+    """
+    if not bool(torch.isfinite(result).all()):
+        return Suspect(BAD_RESULT, math.inf)
+    weight = largest_weight if largest_weight is not None else options.max_weight
+    if weight is not None:
+        problem = too_large(result, options.max_element(weight))
+        if problem is not None:
+            return Suspect(BAD_RESULT, problem.ratio)
+    own_norm, distance = float(own_piece.norm()), float((result - own_piece).norm())
+    if options.far_from_own is not None and 0 < own_norm and options.far_from_own * own_norm < distance:
+        return Suspect(BAD_RESULT, distance / own_norm)
     return None
 
 
-def _two_senders(plausible, counted, active, own, far_from_own, suspects, shape) -> Aggregate:
+def worse_suspect(current: Suspect | None, new: Suspect) -> Suspect:
+    """Of two reasons to name a peer (``current`` may be None), the one farther past its bound."""
+    return new if current is None or new.ratio > current.ratio else current
+
+
+def _two_senders(plausible, counted, active, own, far_from_own, suspects, shape, largest_weight) -> Aggregate:
     """Two senders, one of them the reducer: keep the other's piece only if it is near ours."""
     other = active[0] if active[1] == own else active[1]
     own_norm = float(plausible[own].norm())
     distance = float((plausible[other] - plausible[own]).norm())
     if own_norm > 0 and distance > far_from_own * own_norm:
         suspects.setdefault(other, Suspect(FAR_FROM_OWN, distance / own_norm))
-        return Aggregate(plausible[own].clone().reshape(shape), {}, suspects)
+        return Aggregate(plausible[own].clone().reshape(shape), {}, suspects, largest_weight)
     total = counted[own] + counted[other]
     result = (plausible[own] * counted[own] + plausible[other] * counted[other]) / total
-    return Aggregate(result.reshape(shape), {}, suspects)
+    return Aggregate(result.reshape(shape), {}, suspects, largest_weight)

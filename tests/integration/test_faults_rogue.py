@@ -293,10 +293,8 @@ def attack_catalogue(tmp_path: Path, manifest: dict, prefixes: list[tuple[str, s
 
 @pytest.mark.timeout(900)
 def test_a_rogue_cannot_wreck_a_diloco_run_and_is_named(tmp_path):
-    # fixed H: rounds that end on the swarm's samples (the default) bound no pseudo-gradient value, so
-    # there the scaled, sign-flipped and constant pieces are clipped, not named (robust_reduce)
-    manifest = run_manifest("rogue-diloco", mode="diloco", local_steps=8, target_batch_size=64, inner_lr=2e-3,
-                            round_end="local_steps")
+    # the default rounds, which end on the swarm's samples (round_end: samples)
+    manifest = run_manifest("rogue-diloco", mode="diloco", local_steps=8, target_batch_size=64, inner_lr=2e-3)
     prefix = f"{averaging_prefix(parse_manifest(manifest))}_diloco"
     attack_catalogue(tmp_path, manifest, [(prefix, PseudoGradientAverager.__name__, False, "pseudo-gradient")])
 

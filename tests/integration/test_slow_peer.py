@@ -55,7 +55,7 @@ def test_a_slow_peer_takes_part_in_rounds_and_its_work_is_used(tmp_path):
         # on a busy machine the fast peers may get no more CPU than the slow one: the quota must at least have bitten
         assert quota.throttled_periods() > 0, "the CPU quota never held the slow peer back"
         # honest peers of unequal speed name nobody: a fast peer's pseudo-gradient holds more inner
-        # steps than H, within what robust_reduce allows (DiLoCoTrainer.most_inner_steps_per_round)
+        # steps than a slow one's, within the bound its weight (its samples) gives it in robust_reduce
         assert [event["message"] for worker in workers for event in worker.events("suspect-peer")] == []
         for worker in workers[:2]:
             longest = max(report["longest_idle_s"] for report in worker.of_type("step"))

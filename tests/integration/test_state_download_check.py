@@ -46,7 +46,7 @@ def pseudo_gradient_averager(dht: DHT, served: Served, priority: float) -> Pseud
     averager = PseudoGradientAverager(
         state_provider=served, averaged_tensors=[torch.zeros(shape) for shape in SHAPES], dht=dht, prefix="check_diloco",
         min_matchmaking_time=2.0, request_timeout=1.0, start=True,
-        robust=RobustOptions.for_pseudo_gradients(max_weight=1e6, inner_lr=1e-3, steps=8, parameter_count=len(SHAPES)),
+        robust=RobustOptions.for_pseudo_gradients(max_weight=1e6, inner_lr=1e-3, rounds_held=1.0, parameter_count=len(SHAPES)),
     )
     averager.state_sharing_priority = priority
     return averager

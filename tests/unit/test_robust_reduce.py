@@ -14,20 +14,24 @@ import torch
 
 from p2ptrain.peers.robust_allreduce import MIN_REPLAY_EVIDENCE, ReplayMemory
 from p2ptrain.peers.robust_reduce import (
+    BAD_RESULT,
     BAD_WEIGHT,
     FAR_FROM_OWN,
     IMPLAUSIBLE,
     NON_FINITE,
     OUTLIER,
     RobustOptions,
+    bad_result,
     bounded_weights,
     robust_aggregate,
 )
 
 SIZE = 4096
 UPDATES = RobustOptions.for_gradients(max_weight=10_000.0)
-# honest pieces below hold values up to ~4.5e-3: as if 8 steps at lr 1e-3
-PSEUDO_GRADIENTS = RobustOptions.for_pseudo_gradients(max_weight=10_000.0, inner_lr=1e-3, steps=8, parameter_count=1)
+# honest pieces below hold values up to ~4.5e-3: as if 8 steps at lr 1e-3 (of 10 samples and more)
+PSEUDO_GRADIENTS = RobustOptions.for_pseudo_gradients(max_weight=10_000.0, inner_lr=1e-3, rounds_held=1.0, parameter_count=1)
+# the bound of a piece per sample of its weight: PLAUSIBLE_STEP (4) x the inner lr
+PER_SAMPLE = 4e-3
 
 
 def honest_pieces(count: int, seed: int = 0, noise: float = 1.0) -> dict[int, torch.Tensor]:
@@ -75,6 +79,57 @@ def test_a_pseudo_gradient_no_optimizer_step_can_make_is_left_out_and_named_even
     aggregate = robust_aggregate({0: honest[0], 1: rogue}, {0: 10.0, 1: 10.0}, own=0, options=PSEUDO_GRADIENTS)
     assert aggregate.suspects[1].reason == IMPLAUSIBLE and aggregate.suspects[1].ratio > 1
     assert torch.equal(aggregate.result, honest[0])
+
+
+def test_a_pseudo_gradient_just_under_its_weights_bound_counts_and_just_over_is_named():
+    honest = honest_pieces(3, seed=10)
+    weights = {0: 10.0, 1: 10.0, 2: 10.0, 3: 10.0}
+    for scale, named in ((0.99, False), (1.01, True)):
+        piece = torch.full((SIZE,), scale * PER_SAMPLE * 10.0)
+        aggregate = robust_aggregate({**honest, 3: piece}, weights, own=0, options=PSEUDO_GRADIENTS)
+        if named:
+            assert aggregate.suspects[3].reason == IMPLAUSIBLE and aggregate.suspects[3].ratio == pytest.approx(1.01)
+            assert torch.allclose(aggregate.result, weighted_mean(honest, {0: 10.0, 1: 10.0, 2: 10.0}), atol=1e-7)
+        else:
+            # within its bound it counts (clipped to the others, as any far piece)
+            assert aggregate.suspects == {} and 3 in aggregate.ratios
+    # the bound grows with the weight: the same piece from a sender of twice the samples counts
+    piece = torch.full((SIZE,), 1.5 * PER_SAMPLE * 10.0)
+    heavier = robust_aggregate({**honest, 3: piece}, {**weights, 3: 20.0}, own=0, options=PSEUDO_GRADIENTS)
+    assert heavier.suspects == {} and heavier.largest_weight == 20.0
+    # a sender with weight 0 (tagging along) does not count and is not judged
+    along = robust_aggregate({**honest, 3: torch.full((SIZE,), 1e6)}, {**weights, 3: 0.0}, own=0, options=PSEUDO_GRADIENTS)
+    assert along.suspects == {} and along.largest_weight == 10.0
+
+
+def test_a_huge_claimed_weight_does_not_raise_the_bound():
+    """The bound is that of the weight as it counts: twice the median weight (20 here), not the claim."""
+    honest = honest_pieces(3, seed=11)
+    weights = {0: 10.0, 1: 10.0, 2: 10.0, 3: 5_000.0}  # within max_weight: not named for the weight itself
+    over = robust_aggregate({**honest, 3: torch.full((SIZE,), 1.1 * PER_SAMPLE * 20.0)}, weights, own=0, options=PSEUDO_GRADIENTS)
+    assert over.suspects[3].reason == IMPLAUSIBLE and over.suspects[3].ratio == pytest.approx(1.1)
+    assert over.largest_weight == 10.0
+    under = robust_aggregate({**honest, 3: torch.full((SIZE,), 0.9 * PER_SAMPLE * 20.0)}, weights, own=0, options=PSEUDO_GRADIENTS)
+    assert under.suspects == {} and under.largest_weight == 20.0
+
+
+def test_a_result_above_the_bound_of_the_groups_largest_weight_is_refused():
+    """A reducer returns a combination of the pieces it counted: no value above the bound of the
+    largest weight counted in the group; a plain mean with a rogue's constant in it has them."""
+    honest = honest_pieces(3, seed=12)
+    own = honest[0]
+    bound = PER_SAMPLE * 20.0
+    assert bad_result(own, weighted_mean(honest, {0: 10.0, 1: 20.0, 2: 10.0}), 20.0, PSEUDO_GRADIENTS) is None
+    assert bad_result(own, torch.full((SIZE,), 0.99 * bound), 20.0, PSEUDO_GRADIENTS) is None
+    refused = bad_result(own, torch.full((SIZE,), 1.01 * bound), 20.0, PSEUDO_GRADIENTS)
+    assert refused.reason == BAD_RESULT and refused.ratio == pytest.approx(1.01)
+    # the plain mean of the test's constant rogue (1.0 at weight 32) among two honest peers is far past it
+    plain = weighted_mean({**honest, 3: torch.full((SIZE,), 1.0)}, {0: 10.0, 1: 10.0, 2: 10.0, 3: 32.0})
+    assert bad_result(own, plain, 20.0, PSEUDO_GRADIENTS).ratio > 5
+    # a peer whose reducer saw no weight (a client) judges by max_weight's bound; NaN is always refused
+    assert bad_result(own, torch.full((SIZE,), 1.01 * bound), None, PSEUDO_GRADIENTS) is None
+    assert bad_result(own, torch.full((SIZE,), 1.01 * PER_SAMPLE * 10_000.0), None, PSEUDO_GRADIENTS) is not None
+    assert bad_result(own, torch.full((SIZE,), math.nan), 20.0, PSEUDO_GRADIENTS).ratio == math.inf
 
 
 def attack(name: str, honest: dict[int, torch.Tensor]) -> torch.Tensor:
