@@ -212,13 +212,14 @@ class CheckedPartContainer(TensorPartContainer):
     ``release``, then uses each as ``check`` says.
 
     Args:
-        check: ``check(peer_index, local_part, delta) -> delta`` for a part that the
-            peer at ``peer_index`` reduced; returns the delta to use.
+        check: ``check(peer_index, local_part, delta) -> bool`` for a part that the peer
+            at ``peer_index`` reduced: whether to use it (a part not used keeps our own
+            piece, and counts as lost, as hivemind counts a failed reducer's).
         own_index: this peer's index in the group (its own reducer's parts are not held).
         (the rest as ``TensorPartContainer``)
     """
 
-    def __init__(self, *args, check: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor], own_index: int, **kwargs):
+    def __init__(self, *args, check: Callable[[int, torch.Tensor, torch.Tensor], bool], own_index: int, **kwargs):
         self.check, self.own_index = check, own_index
         self.held: list[tuple[int, int, torch.Tensor]] = []
         self.released = False
@@ -231,7 +232,10 @@ class CheckedPartContainer(TensorPartContainer):
             self.held.append((peer_index, part_index, part))
         elif not self.finished.is_set():  # a part that comes after the round ended is not read
             own_piece = self._input_parts_by_peer[peer_index][part_index][0]
-            super().register_processed_part(peer_index, part_index, self.check(peer_index, own_piece, part))
+            if not self.check(peer_index, own_piece, part):
+                part = torch.zeros_like(part)
+                self.failed_size += part.numel()
+            super().register_processed_part(peer_index, part_index, part)
 
     def release(self) -> None:
         """Check and use the parts held so far, and from now on each part as it comes."""
@@ -280,17 +284,16 @@ class RobustAllReduceRunner(AllReduceRunner):
                                                      on_finished=self.tensor_part_container.release)
         self._reported = False
 
-    def _check_result(self, peer_index: int, local_part: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """The delta to use for a part reduced by the peer at ``peer_index`` (see the module doc);
+    def _check_result(self, peer_index: int, local_part: torch.Tensor, delta: torch.Tensor) -> bool:
+        """Whether to use a part reduced by the peer at ``peer_index`` (see the module doc);
         called once this peer's own reducer is finished."""
         peer = self.ordered_peer_ids[peer_index]
         if peer in self.judge.banned or self.tensor_part_reducer.named(peer):
-            return torch.zeros_like(delta)
+            return False
         problem = bad_result(local_part, local_part + delta, self.tensor_part_reducer.largest_weight or None, self.judge.options)
-        if problem is None:
-            return delta
-        self.reducer_suspects[peer] = worse_suspect(self.reducer_suspects.get(peer), problem)
-        return torch.zeros_like(delta)
+        if problem is not None:
+            self.reducer_suspects[peer] = worse_suspect(self.reducer_suspects.get(peer), problem)
+        return problem is None
 
     def finalize(self, *, cancel: bool = False, exception: BaseException | None = None):
         super().finalize(cancel=cancel, exception=exception)

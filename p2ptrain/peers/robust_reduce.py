@@ -67,7 +67,12 @@ a sender with weight 0 does not count and is not judged. The bound is loose
 for honest peers (their micro-batches hold several samples, and Adam moves a
 value by about one learning rate per step, less once trained, in directions
 that partly cancel over steps), and tight enough for attacks: a constant 1.0
-or noise of an update's scale times a thousand is far past it.
+or noise of an update's scale times a thousand is far past it. Its limits: a
+peer that trained more than twice the median's samples (a fast one) is judged
+by twice the median, so it holds while its steps are fewer than that (its
+micro-batches of at least its share over twice the median); and a rogue that
+claims twice the median weight and stays within that weight's bound is only
+clipped, not named.
 
 **Results from other reducers.** Every part is reduced by one member, which
 can return anything. A reducer's result is a combination of the pieces it

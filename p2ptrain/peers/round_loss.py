@@ -3,8 +3,9 @@
 hivemind's all-reduce splits the averaged vector into parts, each reduced by
 one peer of the group. When a reducer drops out, the parts it held come back
 as this peer's own values ("Averaging: received 66.0% results" in hivemind's
-log); when a sender drops out, the parts this peer reduces are averaged over
-fewer peers ("Reducer: received 66.7% of input tensors"). Either way
+log), as do parts whose result this peer refused (``robust_allreduce``); when
+a sender drops out, the parts this peer reduces are averaged over fewer peers
+("Reducer: received 66.7% of input tensors"). Either way
 ``averager.step`` still returns the whole group, and the round looked like
 "averaged with 3 peers".
 

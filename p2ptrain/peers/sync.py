@@ -68,7 +68,8 @@ class StepOutcome:
     waited_s: seconds the call spent on rounds rather than on training (averaging, waiting
         for the swarm, state downloads), for the worker's idle time.
     averaged_share: the share of the ``averaged_with`` round's values that were really averaged
-        (below 1.0 when a peer dropped out mid-round: the rest kept this peer's own values;
+        (below 1.0 when a peer dropped out mid-round or a part's result was refused: the rest
+        kept this peer's own values;
         ``peers.round_loss``).
     failed_exchanges: rounds since the last outcome whose group formed but whose data exchange failed.
     """

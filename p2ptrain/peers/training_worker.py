@@ -507,8 +507,8 @@ class Worker:
             self.last_group = outcome.averaged_with
             if outcome.averaged_share < 1.0:
                 self.event("averaging-incomplete", f"averaged with {outcome.averaged_with} peers, but only "
-                           f"{outcome.averaged_share:.0%} of the values: a peer dropped out mid-round, the rest kept "
-                           "this peer's own values", peers=outcome.averaged_with, share=outcome.averaged_share,
+                           f"{outcome.averaged_share:.0%} of the values: a peer dropped out mid-round or returned a part "
+                           "this peer refused, the rest kept this peer's own values", peers=outcome.averaged_with, share=outcome.averaged_share,
                            epoch=self.trainer.local_epoch)
             else:
                 self.event("averaged", f"averaged with {outcome.averaged_with} peers", peers=outcome.averaged_with, epoch=self.trainer.local_epoch)

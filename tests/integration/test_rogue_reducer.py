@@ -97,6 +97,8 @@ def test_a_named_rogues_plain_mean_of_its_part_is_not_used():
             assert bool((from_honest | kept).all()), f"peer {index} used something else: largest value {float(result.abs().max()):.4f}"
             share_kept = float(kept.float().mean())
             assert 0.15 < share_kept < 0.5, f"peer {index} kept its own piece for {share_kept:.0%} of the values"
+            # and says so: the round's averaged share leaves the refused part out
+            assert averagers[index].received_share() == pytest.approx(1 - share_kept, abs=0.01)
             named = [(suspect["reason"], suspect["role"]) for report in averagers[index].pop_round_reports()
                      for suspect in report["suspects"] if suspect["peer_id"] == rogue_id]
             # (an attempt that grouped the rogue with one honest peer leaves a replay on the next)
