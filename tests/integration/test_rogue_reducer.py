@@ -87,8 +87,10 @@ def test_a_named_rogues_plain_mean_of_its_part_is_not_used():
 
         own = [torch.cat([tensor.reshape(-1) for tensor in piece]) for piece in pieces]
         honest_mean = (own[0] + own[1]) / 2
-        # hivemind's plain mean moves the rogue's part by a third of its constant: that is what it returned
-        assert abs(float(flat(rogue).mean()) - ROGUE_VALUE / 3) < 0.1 * ROGUE_VALUE
+        # what the rogue returned for its part (and kept): hivemind's plain mean, a third of its constant,
+        # within the bound of the group's largest weight
+        rogues_part = (flat(rogue) - ROGUE_VALUE / 3).abs() < 0.1 * ROGUE_VALUE
+        assert float(rogues_part.float().mean()) > 0.15 and float(flat(rogue).abs().max()) < BOUND
         for index in range(2):
             result = flat(averagers[index])
             # parts honest peers reduced: the rogue's piece left out; the rogue's part: our own piece kept
