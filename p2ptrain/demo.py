@@ -23,6 +23,8 @@ from p2ptrain.paths import resolve_paths
 from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
 
 RUN_NAME = "demo"
+# how long the daemons get to checkpoint and leave when the demo stops, before they are killed
+STOP_TIMEOUT_S = 60
 DEMO_CONFIG = """\
 nickname = "{nickname}"
 [dht]
@@ -74,15 +76,29 @@ class DemoPeer:
             time.sleep(0.3)
         raise RuntimeError(f"{self.nickname}: timed out waiting for {what}; see {self.log_path}")
 
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+    def ask_to_stop(self) -> None:
+        """SIGTERM the daemon, if it runs: it checkpoints, leaves the run and exits."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait_or_kill(self, deadline: float) -> None:
+        """Wait until ``deadline`` (``time.monotonic()``) for the daemon to exit, then SIGKILL its session."""
+        if self.process is None:
             return
-        self.process.send_signal(signal.SIGTERM)
         try:
-            self.process.wait(60)
+            self.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(5)
+
+
+def stop_all(peers: list[DemoPeer]) -> None:
+    """Stop every peer's daemon at once (one by one, each would wait out rounds with the others)."""
+    for peer in peers:
+        peer.ask_to_stop()
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for peer in peers:
+        peer.wait_or_kill(deadline)
 
 
 def _progress_line(peers: list[DemoPeer]) -> str:
@@ -164,8 +180,7 @@ def run_demo(peers: int = 3, mode: str = "sync", base_dir: str | None = None, du
         # Stop the daemons even when nobody reads the output any more (`p2ptrain demo | head -2`).
         with contextlib.suppress(BrokenPipeError):
             print("stopping the demo's daemons ...", flush=True)
-        for peer in swarm:
-            peer.stop()
+        stop_all(swarm)
         if not base_dir:
             shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemons import DaemonProcess, start_daemon, write_local_config
+from daemons import DaemonProcess, start_daemon, stop_all, write_local_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -45,6 +45,4 @@ def daemons(short_tmp):
             return started
 
     yield Factory()
-    for daemon in started:
-        daemon.terminate(timeout=20)
-        daemon.kill()
+    stop_all(started, timeout=20)

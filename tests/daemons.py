@@ -107,12 +107,20 @@ class DaemonProcess:
 
     def terminate(self, timeout: float = 30) -> int:
         """SIGTERM the daemon and wait for it; returns its exit code."""
+        self.ask_to_stop()
+        return self.wait_or_kill(timeout)
+
+    def ask_to_stop(self) -> None:
+        """SIGTERM the daemon, if it runs (it checkpoints, leaves its run and exits)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+
+    def wait_or_kill(self, timeout: float) -> int:
+        """Wait up to ``timeout`` for the daemon to exit, then SIGKILL its whole session; returns its exit code."""
+        try:
+            self.process.wait(max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            self.kill()
         return self.process.returncode
 
     @property
@@ -136,6 +144,18 @@ class DaemonProcess:
             self.process.wait(10)
         except subprocess.TimeoutExpired:
             pass
+
+
+def stop_all(daemons, timeout: float = 30) -> None:
+    """End several daemons at once (a test's cleanup): SIGTERM to all, then wait for each until one
+    shared ``timeout``, then SIGKILL each one's whole session (leftovers of a daemon that exited too)."""
+    daemons = list(daemons)
+    for daemon in daemons:
+        daemon.ask_to_stop()
+    deadline = time.monotonic() + timeout
+    for daemon in daemons:
+        daemon.wait_or_kill(deadline - time.monotonic())
+        daemon.kill()
 
 
 def start_daemon(home: Path, env: dict | None = None, wait: bool = True, log_level: str = "info", prefix: tuple[str, ...] = ()) -> DaemonProcess:

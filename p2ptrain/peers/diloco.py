@@ -65,6 +65,7 @@ from p2ptrain.peers.error_feedback import ErrorFeedback, rounds_held
 from p2ptrain.peers.robust_reduce import RobustOptions, plausible_weight
 from p2ptrain.peers.sample_account import SampleAccount
 from p2ptrain.peers.progress import QuietProgressTracker
+from p2ptrain.peers.round_cancel import CancellableRounds
 from p2ptrain.peers.round_loss import CountsLostParts, found_no_group
 from p2ptrain.peers.sync import MAX_ROUNDS_BEHIND, CheckedStateMixin, StepOutcome, all_finite
 from p2ptrain.peers.trust import Trust
@@ -72,7 +73,7 @@ from p2ptrain.peers.trust import Trust
 logger = logging.getLogger(__name__)
 
 
-class PseudoGradientAverager(CountsLostParts, CheckedStateMixin):
+class PseudoGradientAverager(CountsLostParts, CancellableRounds, CheckedStateMixin):
     """Averages pseudo-gradients and shares the outer state (global parameters,
     momentum, epoch) with peers that download it."""
 
@@ -228,6 +229,11 @@ class DiLoCoTrainer:
     def pause(self) -> None:
         """Nothing to let go of: a round of fixed H runs inside ``step``/``tick``, never while paused."""
 
+    def abandon_rounds(self) -> None:
+        """Cancel the round an outer step waits for (or, in rounds on samples, the one in flight):
+        it ends as a round without a group, and the local progress is kept."""
+        self.averager.cancel_rounds()
+
     def tick(self) -> StepOutcome:
         """Take the outer step once this peer and the swarm are ready for it."""
         if self.inner_steps < self.local_steps:
@@ -261,10 +267,11 @@ class DiLoCoTrainer:
                 buffer.copy_(pseudo_gradient)
         exchange_failed = False
         try:
+            # started without waiting, so that abandon_rounds can cancel it
             group = self.averager.step(
-                weight=float(max(self.pending_samples, 1)), gather=self.local_epoch, timeout=self.averaging_timeout
-            )
-        except Exception as error:
+                weight=float(max(self.pending_samples, 1)), gather=self.local_epoch, timeout=self.averaging_timeout, wait=False
+            ).result()
+        except Exception as error:  # hivemind ends a round without a group with an exception (a cancelled one too)
             logger.info("Outer averaging failed: %r", error)
             group, exchange_failed = None, not found_no_group(error)
         if not group:

@@ -92,7 +92,7 @@ def fix_for(reachability: str, host_maddrs: list[str], announce_maddrs: list[str
     if announce_maddrs:
         where += f", and check that dht.announce_maddrs ({', '.join(announce_maddrs)}) is your public address"
     else:
-        where += (f"; if your router maps it to another port, set dht.announce_maddrs to "
+        where += ("; if your router maps it to another port, set dht.announce_maddrs to "
                   "/ip4/<your public IP>/tcp/<that port>")
     if reachability == RELAYED:
         return f"a relay is in use, expect slower rounds: {where}"

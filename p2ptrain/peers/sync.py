@@ -39,6 +39,7 @@ from p2ptrain.peers.optimizers import make_optimizer, make_scheduler
 from p2ptrain.peers.progress import QuietProgressTracker
 from p2ptrain.peers.robust_averager import GradientAverager, RobustAverager
 from p2ptrain.peers.robust_reduce import RobustOptions, plausible_weight
+from p2ptrain.peers.round_cancel import CancellableRounds
 from p2ptrain.peers.round_loss import CountsLostParts, found_no_group
 from p2ptrain.peers.sample_account import SampleAccount
 from p2ptrain.peers.trust import Trust
@@ -114,7 +115,7 @@ class CheckedStateMixin(RobustAverager):
     then the next peer tried (``robust_averager``)."""
 
 
-class CheckedTrainingStateAverager(TrainingStateAverager, CheckedStateMixin):
+class CheckedTrainingStateAverager(TrainingStateAverager, CancellableRounds, CheckedStateMixin):
     """hivemind's TrainingStateAverager with downloaded state checked first,
     and averaged parameters and statistics adopted only when all finite."""
 
@@ -419,6 +420,15 @@ class SyncTrainer:
         if scheduled is not None and not scheduled.done() and not scheduled.triggered:
             scheduled.weight = 0.0
             scheduled.allow_allreduce()
+
+    def abandon_rounds(self) -> None:
+        """Cancel the gradient and state rounds in flight: a step waiting for one goes on
+        with local gradients (hivemind's own fallback) instead of the whole averaging timeout. When a
+        swarm stops at once, or a peer is left alone, the others never come to that round."""
+        for control in (self.optimizer.scheduled_grads, self.optimizer.scheduled_state):
+            if control is not None and not control.done():
+                control.cancel()
+        self.optimizer.state_averager.cancel_rounds()  # a state round hivemind started without scheduling it
 
     def load_state_from_peers(self) -> bool:
         """Download the newest state from the swarm; True if the epoch moved."""

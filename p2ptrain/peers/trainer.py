@@ -66,6 +66,11 @@ class Trainer(Protocol):
     def pause(self) -> None:
         """Training pauses: let a round pre-scheduled with the swarm go on without this peer."""
 
+    def abandon_rounds(self) -> None:
+        """Stop waiting for the averaging rounds in flight (called from another thread when the
+        worker must stop while ``step`` or ``tick`` may wait for one): the waiting call returns as
+        after a failed round, and the worker checkpoints before its stop deadline."""
+
     def load_state_from_peers(self) -> bool:
         """Download the swarm's newest state; True if the local epoch moved."""
 

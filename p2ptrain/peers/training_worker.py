@@ -175,8 +175,20 @@ class Worker:
             timer = threading.Timer(deadline, self._stop_now, args=(deadline,))
             timer.daemon = True
             timer.start()
+            if not self.interruptible and self.trainer is not None:
+                # the step may wait for a round whose peers stop too (a swarm stopped at once) or are
+                # gone (a peer left alone): let go of it, so the step ends and the checkpoint is taken
+                # (not from this handler: it runs on the main thread, inside that wait)
+                threading.Thread(target=self._abandon_rounds, args=(self.trainer,), name="abandon-rounds", daemon=True).start()
         if self.interruptible:
             raise Stopped()
+
+    @staticmethod
+    def _abandon_rounds(trainer: Trainer) -> None:
+        try:
+            trainer.abandon_rounds()
+        except Exception:
+            logger.exception("Could not cancel the averaging rounds in flight; the stop waits for them")
 
     def _stop_now(self, deadline: float) -> None:
         """Runs on a timer thread when the main thread did not stop within ``deadline`` seconds."""

@@ -226,8 +226,10 @@ class RetentionThread:
     def _run(self) -> None:
         database = None
         while not self._stop.is_set():
-            limits = self.limits()
+            interval_s = MAX_INTERVAL_S  # until the limits are read
             try:
+                limits = self.limits()
+                interval_s = limits.interval_s()
                 if database is None:
                     database = connect(self.path)
                     database.conn.isolation_level = None
@@ -239,6 +241,9 @@ class RetentionThread:
                 if self.last_error is None:
                     logger.warning("retention could not run on %s: %s", self.path, error)
                 self.last_error = str(error)
-            self._stop.wait(limits.interval_s())
+            except Exception as error:  # e.g. a limit the config holds that is no number: the next pass may do
+                logger.exception("retention pass failed")
+                self.last_error = str(error)
+            self._stop.wait(interval_s)
         if database is not None:
             database.close()

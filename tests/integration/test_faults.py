@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from daemons import cli, start_daemon, still_running, write_local_config
+from daemons import cli, start_daemon, still_running, stop_all, write_local_config
 from p2ptrain.paths import resolve_paths
 from p2ptrain.processes import group_members
 from p2ptrain.storage import queries
@@ -73,6 +73,12 @@ def worker_processes(daemon) -> list[psutil.Process]:
 def integrity(home: Path) -> str:
     with sqlite3.connect(resolve_paths(home).database) as connection:
         return connection.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+def local_epoch_stored(home: Path) -> int:
+    """The newest local epoch of the worker's step reports in the daemon's database."""
+    with sqlite3.connect(resolve_paths(home).database) as connection:
+        return connection.execute("SELECT MAX(epoch) FROM steps").fetchone()[0] or 0
 
 
 def training_at(daemon, epoch: int, timeout: float, what: str) -> dict:
@@ -142,9 +148,7 @@ def swarm(tmp_path_factory):
             )
         yield started
     finally:
-        for daemon in started:
-            daemon.terminate(timeout=30)
-            daemon.kill()
+        stop_all(started)
 
 
 @pytest.mark.timeout(240)
@@ -224,14 +228,18 @@ def test_sigkill_of_a_daemon_then_restart_rejoins_and_loses_at_most_a_checkpoint
     a, b, c = swarm
     if c.process.poll() is not None:  # a rerun: the first attempt killed C and failed before restarting it
         swarm[2] = c = start_daemon(c.home)
-        training_at(c, 0, 240, "C to rejoin before the rerun")
-    c.wait_until(lambda s: events(c.home, "checkpoint-saved"), 2 * CHECKPOINT_INTERVAL_S + 60, interval=2, what="a first checkpoint")
+    training_at(c, 0, 240, "C to train (a rerun may find it restarted and joining)")
+    daemon_started = c.status()["started_at"]
+    c.wait_until(lambda s: any(e["ts"] >= daemon_started for e in events(c.home, "checkpoint-saved")),
+                 2 * CHECKPOINT_INTERVAL_S + 60, interval=2, what="a first checkpoint")
     before = worker_processes(c)
-    assert any("p2pd" in " ".join(p.cmdline()) for p in before)
-    last_epoch = epoch_of(c)
+    assert any("p2pd" in " ".join(p.cmdline()) for p in before), [p.cmdline() for p in before]
     c.process.kill()  # the daemon alone, not its group
     killed_at = time.time()
     c.process.wait(10)
+    # C's own epoch as its daemon stored it (``run.epoch`` in status is the swarm's, which a peer
+    # that caught up by downloading the state may be ahead of)
+    last_epoch = local_epoch_stored(c.home)
     # the worker checkpoints on the parent-death SIGTERM, then ends its group
     left = still_running(before, timeout=ORPHAN_LIMIT_S)
     gone_after = time.time() - killed_at

@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from daemons import cli, start_daemon, still_running, write_local_config
+from daemons import cli, start_daemon, still_running, stop_all, write_local_config
 from p2ptrain.paths import resolve_paths
 
 pytestmark = [pytest.mark.swarm]
@@ -69,9 +69,7 @@ def sync_swarm(tmp_path_factory):
             assert joined.returncode == 0, joined.stderr
         yield daemons, address
     finally:
-        for daemon in daemons:
-            daemon.terminate(timeout=30)
-            daemon.kill()
+        stop_all(daemons)
 
 
 @pytest.mark.timeout(420)

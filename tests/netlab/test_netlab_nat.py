@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from lab import Lab
+from daemons import stop_all
 from swarm import events, run_cli, start_on
 
 from p2ptrain.paths import resolve_paths
@@ -68,10 +69,7 @@ def swarm(lab_machine):
         daemons["lab"] = lab
         yield daemons
     finally:
-        for name, daemon in daemons.items():
-            if name != "lab":
-                daemon.terminate(timeout=30)
-                daemon.kill()
+        stop_all(daemon for name, daemon in daemons.items() if name != "lab")
         lab.teardown()
         shutil.rmtree(root, ignore_errors=True)
 

@@ -148,6 +148,18 @@ async def test_p_resumes_when_paused(tmp_path):
         assert len(daemon.requests_for("resume")) == 1
 
 
+async def test_a_machine_without_a_gpu_shows_its_cpu_as_the_daemon_describes_it(tmp_path):
+    status = training_status()
+    status["hardware"]["gpus"] = []  # the daemon's hardware.cpu: model, cores_physical, cores_logical
+    with FakeDaemon(tmp_path / "home", status) as daemon:
+        app = make_app(daemon.paths.home)
+        async with app.run_test(size=(200, 60)) as pilot:
+            await wait_until(pilot, lambda: app.state == "training", what="training")
+            await pilot.pause(0.1)
+            hardware = plain_text(app.query_one(HardwarePanel))
+            assert "no NVIDIA GPU · AMD Ryzen 5 5600X (6 cores, 12 threads)" in hardware, hardware
+
+
 async def test_leave_asks_first_and_cancel_sends_nothing(daemon):
     app = make_app(daemon.paths.home)
     async with app.run_test(size=(100, 30)) as pilot:

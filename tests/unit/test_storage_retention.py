@@ -142,6 +142,23 @@ def test_the_retention_thread_runs_at_once_while_the_writer_keeps_writing(tmp_pa
     assert rows(path, "SELECT count(*) FROM steps WHERE epoch = 1")[0][0] > 0
 
 
+@pytest.mark.timeout(30)
+def test_a_limit_that_is_no_number_is_reported_and_the_retention_thread_stays(tmp_path):
+    with Database.open(tmp_path / "p2ptrain.db", flush_interval_s=0):
+        pass
+    thread = RetentionThread(tmp_path / "p2ptrain.db", lambda: RetentionLimits(keep_steps_days="30"))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while thread.last_error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert thread.last_error is not None and "str" in thread.last_error
+        assert thread._thread.is_alive(), "a bad limit ended the retention thread: nothing would be deleted until a restart"
+    finally:
+        thread.stop()
+    assert not thread._thread.is_alive()
+
+
 def test_peer_snapshots_older_than_an_hour_keep_the_last_of_each_peer_per_10_minutes(tmp_path):
     path = tmp_path / "p2ptrain.db"
     with Database.open(path, flush_interval_s=3600) as db:

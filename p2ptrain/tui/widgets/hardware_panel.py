@@ -66,10 +66,12 @@ def gpu_lines(gpu: dict) -> list[str]:
 
 
 def describe_cpu(cpu: object) -> str:
-    """The daemon's CPU facts (a name, or a dict with a name and core count) in one line."""
+    """The daemon's CPU facts (``hardware.cpu``: model, cores_physical, cores_logical) in one line."""
     if isinstance(cpu, dict):
-        name = cpu.get("name") or cpu.get("model") or "CPU"
-        cores = cpu.get("cores") or cpu.get("count")
+        name = cpu.get("model") or "CPU"
+        cores, threads = cpu.get("cores_physical"), cpu.get("cores_logical")
+        if cores and threads and threads != cores:
+            return f"{name} ({cores} cores, {threads} threads)"
         return f"{name} ({cores} cores)" if cores else str(name)
     return str(cpu)
 

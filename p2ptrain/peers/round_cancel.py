@@ -1,0 +1,44 @@
+"""Averaging rounds a stopping worker can let go of.
+
+A worker stops (SIGTERM from the daemon: a ``systemctl stop``, the demo's
+Ctrl-C) while its training step may be waiting for an averaging round. When the
+whole swarm stops at once, or this peer is the last one left, nobody comes to
+that round, and the step would wait out the averaging timeout (30 s on loopback,
+longer on the internet): past the worker's stop deadline, which then ends it
+without its final checkpoint. hivemind's optimizer creates some of those rounds
+inside its state averager, out of our reach; ``CancellableRounds``, mixed into
+an averager before hivemind's class, remembers every round started without
+waiting (``step(wait=False)``, which is how hivemind starts them too), and
+``cancel_rounds`` ends them: the waiting step goes on as after a failed round.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.control import StepControl
+
+
+class CancellableRounds(DecentralizedAverager):
+    """A ``DecentralizedAverager`` whose rounds in flight can be cancelled from another thread."""
+
+    def __init__(self, *args, **kwargs):
+        self._rounds_lock = threading.Lock()
+        self._rounds_in_flight: list[StepControl] = []
+        super().__init__(*args, **kwargs)
+
+    def step(self, *args, **kwargs):
+        result = super().step(*args, **kwargs)
+        if isinstance(result, StepControl):
+            with self._rounds_lock:
+                self._rounds_in_flight = [control for control in self._rounds_in_flight if not control.done()] + [result]
+        return result
+
+    def cancel_rounds(self) -> None:
+        """Cancel every round this averager started that has not finished."""
+        with self._rounds_lock:
+            rounds = list(self._rounds_in_flight)
+        for control in rounds:
+            if not control.done():
+                control.cancel()
