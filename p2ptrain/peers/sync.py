@@ -423,10 +423,11 @@ class SyncTrainer:
         """Cancel the gradient and state rounds in flight: a step waiting for one goes on
         with local gradients (hivemind's own fallback) instead of the whole averaging timeout. When a
         swarm stops at once, or a peer is left alone, the others never come to that round."""
-        for control in (self.optimizer.scheduled_grads, self.optimizer.scheduled_state):
-            if control is not None and not control.done():
-                control.cancel()
-        self.optimizer.state_averager.cancel_rounds()  # a state round hivemind started without scheduling it
+        scheduled_grads = self.optimizer.scheduled_grads
+        if scheduled_grads is not None and not scheduled_grads.done():
+            scheduled_grads.cancel()
+        # every state round, scheduled ahead (schedule_step) or started inside the step, goes through CancellableRounds
+        self.optimizer.state_averager.cancel_rounds()
 
     def load_state_from_peers(self) -> bool:
         """Download the newest state from the swarm; True if the epoch moved."""
