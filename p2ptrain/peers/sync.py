@@ -34,6 +34,7 @@ import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.utils import MPFuture
 
 from p2ptrain.peers.checkpoint import state_problem
 from p2ptrain.peers.compression import make_compression
@@ -146,7 +147,18 @@ class CheckedTrainingStateAverager(TrainingStateAverager, CancellableRounds, Che
 
 
 class CountingGradientAverager(CountsLostParts, GradientAverager):
-    """hivemind's GradientAverager that knows how much of its last round was averaged."""
+    """hivemind's GradientAverager that knows how much of its last round was averaged,
+    and downloads nothing when the optimizer catches up (see ``load_state_from_peers``)."""
+
+    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None):
+        """Download nothing. hivemind's optimizer asks its gradient averager for the swarm's state
+        after the state averager, but a ``GradientAverager`` throws the download away (another
+        peer's gradient buffers, as large as the trained parameters): only the transfer was left."""
+        if wait:
+            return None
+        skipped = MPFuture()
+        skipped.set_result(None)
+        return skipped
 
 
 class SyncOptimizer(hivemind.Optimizer):
