@@ -33,6 +33,7 @@ from typing import Sequence
 import hivemind
 import torch
 from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.utils import MPFuture
 
 from p2ptrain.peers.compression import make_compression
 from p2ptrain.peers.optimizers import make_optimizer, make_scheduler
@@ -134,7 +135,18 @@ class CheckedTrainingStateAverager(TrainingStateAverager, CancellableRounds, Che
 
 
 class CountingGradientAverager(CountsLostParts, GradientAverager):
-    """The robust GradientAverager (``robust_averager``) that knows how much of its last round was averaged."""
+    """The robust GradientAverager (``robust_averager``) that knows how much of its last round
+    was averaged, and downloads nothing when the optimizer catches up (see ``load_state_from_peers``)."""
+
+    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None):
+        """Download nothing. hivemind's optimizer asks its gradient averager for the swarm's state
+        after the state averager, but a ``GradientAverager`` throws the download away (another
+        peer's gradient buffers, as large as the trained parameters): only the transfer was left."""
+        if wait:
+            return None
+        skipped = MPFuture()
+        skipped.set_result(None)
+        return skipped
 
 
 class SyncOptimizer(hivemind.Optimizer):
@@ -425,10 +437,11 @@ class SyncTrainer:
         """Cancel the gradient and state rounds in flight: a step waiting for one goes on
         with local gradients (hivemind's own fallback) instead of the whole averaging timeout. When a
         swarm stops at once, or a peer is left alone, the others never come to that round."""
-        for control in (self.optimizer.scheduled_grads, self.optimizer.scheduled_state):
-            if control is not None and not control.done():
-                control.cancel()
-        self.optimizer.state_averager.cancel_rounds()  # a state round hivemind started without scheduling it
+        scheduled_grads = self.optimizer.scheduled_grads
+        if scheduled_grads is not None and not scheduled_grads.done():
+            scheduled_grads.cancel()
+        # every state round, scheduled ahead (schedule_step) or started inside the step, goes through CancellableRounds
+        self.optimizer.state_averager.cancel_rounds()
 
     def load_state_from_peers(self) -> bool:
         """Download the newest state from the swarm; True if the epoch moved."""

@@ -44,6 +44,9 @@ STEP_REPORT_INTERVAL_S = 1.0
 SWARM_REPORT_INTERVAL_S = 15.0
 METRICS_INTERVAL_S = 30.0
 GOODBYE_EXPIRATION_S = 1.0
+# after the stop checkpoint, hivemind's goodbye (progress record, averagers, DHT) gets this long: its
+# optimizer can wait out a whole averaging timeout there for a round nobody comes to
+GOODBYE_TIMEOUT_S = 5.0
 
 
 class Stopped(KeyboardInterrupt):
@@ -610,6 +613,14 @@ class Worker:
                 logger.exception("Could not checkpoint while stopping")
         if self.daemon_gone():
             return  # no one to say goodbye to in order: main() ends the whole group now
+        goodbye = threading.Thread(target=self._say_goodbye, name="goodbye", daemon=True)
+        goodbye.start()
+        goodbye.join(GOODBYE_TIMEOUT_S)
+        if goodbye.is_alive():
+            logger.warning("hivemind's shutdown took over %.0f s (a round nobody came to?): ending its processes", GOODBYE_TIMEOUT_S)
+
+    def _say_goodbye(self) -> None:
+        """Shut the network watch, the trainer (hivemind's goodbye to the swarm) and the DHT down, in order."""
         for closing in (self.network, self.trainer, self.dht):
             if closing is None:
                 continue

@@ -54,6 +54,9 @@ def test_a_lora_run_on_a_local_model_and_local_notes_then_export_the_adapters(tm
         assert 0 < local["trainable_parameters"] < local["parameters"] / 5, local  # LoRA adapters only
         paused = starter.run(["p2ptrain", "pause"])
         assert paused.returncode == 0, paused.stderr
+        # the pause answers at once; the worker then checkpoints and exits (the first checkpoint of this run:
+        # an export started before it finds none)
+        starter.wait_until(lambda s: s["local"]["workers"][0]["state"] == "paused", 60, what="the worker to checkpoint and stop")
         exported = starter.run(export, cwd=work, timeout=240)
         assert exported.returncode == 0, exported.stdout + exported.stderr
     finally:

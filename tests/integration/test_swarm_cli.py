@@ -94,14 +94,16 @@ def test_three_daemons_reach_epoch_3_together_through_the_cli(sync_swarm):
         # a peer that caught up by downloading state may not have averaged yet: give it a few rounds
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            averaged = [event for event in events(daemon.home) if event["kind"] == "averaged"]
-            if any(event["data"]["peers"] >= 2 for event in averaged):
+            together = [event for event in events(daemon.home) if event["kind"] == "averaged" and event["data"]["peers"] >= 2]
+            if len(together) >= 3:
                 break
             time.sleep(3)
-        assert any(event["data"]["peers"] >= 2 for event in averaged), averaged[-3:]
-        # every peer reachable: no round may lose a peer's share (hivemind's "received <100% results")
+        assert len(together) >= 3, together
+        # every peer reachable: rounds keep every peer's share (hivemind's "received <100% results").
+        # One now and then may lose one on a loaded machine (a peer late for a round, as when it just
+        # caught up); an unreachable peer loses its share in every round it is in
         incomplete = [event for event in events(daemon.home) if event["kind"] == "averaging-incomplete"]
-        assert incomplete == [], incomplete
+        assert len(incomplete) * 3 <= len(together), (incomplete, len(together))
     for daemon in daemons:
         val_losses = validation_losses(daemon.home)
         assert len(val_losses) >= 3 and val_losses[-1] < val_losses[0], val_losses
