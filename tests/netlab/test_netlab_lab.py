@@ -124,7 +124,7 @@ def test_teardown_ends_processes_and_deletes_namespaces(lab_machine):
     lab.teardown()
     assert sleeper.wait(10) is not None
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"-gone-" not in listed
+    assert "-gone-" not in listed
 
 
 def test_labs_of_dead_test_runs_are_removed(lab_machine):
