@@ -40,6 +40,7 @@ COMMANDS = {
     "leave": [["p2ptrain", "leave"]],
     "p2ptrain peers [--json]": [["p2ptrain", "peers"], ["p2ptrain", "peers", "--json"]],
     "events": [["p2ptrain", "events"]],
+    "p2ptrain unban PEER | --all": [["p2ptrain", "unban", "--all"]],
     "p2ptrain config show | get KEY | set KEY VALUE": [
         ["p2ptrain", "config", "show"], ["p2ptrain", "config", "get", "storage.keep_events"],
         ["p2ptrain", "config", "set", "storage.keep_events", "50000"]],
@@ -155,6 +156,8 @@ def test_peers_and_events(volunteers):
     assert all(peer["peer_id"][:8] in table or peer["nickname"] in table for peer in peers), table
     history = succeeded(volunteer.run(commands_of("events")[0]))
     assert "joined" in history and "port-taken" in history
+    unbanned = succeeded(volunteer.run(commands_of("p2ptrain unban PEER | --all")[0]))
+    assert unbanned.startswith("lifted the ban of nobody; 0 still banned"), unbanned  # honest peers ban nobody
 
 
 @pytest.mark.timeout(300)
