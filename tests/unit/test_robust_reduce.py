@@ -219,6 +219,19 @@ def test_parameters_that_differ_by_a_thousandth_are_clipped_not_named():
     assert aggregate.ratios[2] > 4 and aggregate.suspects == {}
 
 
+def test_between_two_peers_parameters_a_few_own_steps_apart_are_averaged_and_a_flip_is_not():
+    """A state round of two: the other peer stepped on its own gradients (0.13 of the norm apart,
+    as measured between two honest peers with 8-bit state rounds): averaged, nobody named."""
+    parameters = 0.02 * torch.randn(SIZE)
+    diverged = parameters + 0.13 * 0.02 * torch.randn(SIZE)
+    aggregate = robust_aggregate({0: parameters, 1: diverged}, {0: 1.0, 1: 1.0}, own=0, options=RobustOptions.for_parameters(1))
+    assert aggregate.suspects == {}
+    assert relative_error(aggregate.result, (parameters + diverged) / 2) < 1e-6
+    flipped = robust_aggregate({0: parameters, 1: -parameters}, {0: 1.0, 1: 1.0}, own=0, options=RobustOptions.for_parameters(1))
+    assert flipped.suspects[1].reason == FAR_FROM_OWN
+    assert relative_error(flipped.result, parameters) < 1e-6
+
+
 def test_a_replayed_piece_is_recognised_and_a_fresh_one_is_not():
     memory = ReplayMemory(total_size=100_000)
     stale = torch.randn(30_000)
