@@ -114,11 +114,10 @@ def measure(mode: str, options, root: Path) -> dict:
         elapsed = time.monotonic() - started
         wire = sum(line_bytes(lab, h.name) for h in hosts) - bytes_before
         samples = contributed(daemons) - samples_before
-        kinds = {}
-        for daemon in daemons.values():
-            traffic = (daemon.status().get("local") or {}).get("traffic") or {}
-            for kind, rate in (traffic.get("bytes_per_s") or {}).items():
-                kinds[kind] = kinds.get(kind, 0.0) + rate / len(daemons)
+        peer_kinds = {name: ((daemon.status().get("local") or {}).get("traffic") or {}).get("bytes_per_s") or {}
+                      for name, daemon in daemons.items()}
+        kinds = {kind: sum(rates.get(kind, 0.0) for rates in peer_kinds.values()) / len(daemons)
+                 for kind in {kind for rates in peer_kinds.values() for kind in rates}}
         training_lines = line_rates(lab, daemons, options.sample_s)
         for daemon in daemons.values():
             run_cli(daemon, "pause")
@@ -128,7 +127,8 @@ def measure(mode: str, options, root: Path) -> dict:
             "mode": mode, "target_loss": options.target_loss, "reached_s": reached, "elapsed_s": elapsed,
             "best_val_loss": best_val_loss(daemons["pub"], run), "samples": samples, "wire_bytes": wire,
             "wire_bytes_per_sample": wire / samples if samples else None,
-            "training_kinds_bytes_per_s": kinds, "training_line_bytes_per_s": training_lines,
+            "training_kinds_bytes_per_s": kinds, "training_peer_kinds_bytes_per_s": peer_kinds,
+            "training_line_bytes_per_s": training_lines,
             "paused_line_bytes_per_s": paused,
             "shaping": {"upload_mbit": options.upload_mbit, "download_mbit": options.download_mbit,
                         "loss_pct": options.loss_pct},

@@ -171,6 +171,7 @@ def start_dht(
     from hivemind.p2p import P2P
     from hivemind.utils.crypto import RSAPrivateKey
 
+    from p2ptrain.peers.local_reads import mark_joined
     from p2ptrain.peers.validators import RunRecordValidator
 
     peers = [validate_multiaddr(address) for address in initial_peers]
@@ -226,6 +227,7 @@ def start_dht(
             ) from error
         raise _explain_start_failure(error, peers, identity_path) from error
     dht.p2ptrain_private_key = private_key
+    mark_joined(dht)
     dht.p2ptrain_followed_runs = set(follow_runs)
     dht.p2ptrain_port_moves = port_moves
     logger.info("DHT started as %s, reachable at %s", dht.peer_id, ", ".join(visible_addresses(dht)))

@@ -16,8 +16,10 @@ traffic:
 ``QuietProgressTracker`` stores at most every ``report_period`` seconds (and
 at once when the local epoch changes) and reads at most every
 ``min_refresh_period`` seconds. An epoch's end is therefore seen up to
-``min_refresh_period`` seconds late. (A paused peer reads nothing: its
-worker has left the swarm.)
+``min_refresh_period`` seconds late. Its reads come from the peer's own copy
+of the records where that copy is complete (``local_reads``: in runs of up to
+five serving peers, after the first minute), so most of them send nothing.
+(A paused peer reads nothing: its worker has left the swarm.)
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from __future__ import annotations
 import time
 
 from hivemind.optim.progress_tracker import ProgressTracker
+
+from p2ptrain.peers.local_reads import LocalFirstDHT
 
 REPORT_PERIOD_S = 10.0
 MIN_REFRESH_PERIOD_S = 2.0
@@ -35,26 +39,39 @@ class QuietProgressTracker(ProgressTracker):
     """A ProgressTracker that writes and reads progress records less often (see the module docstring).
 
     Args:
+        dht: the peer's DHT; progress is read through ``local_reads.LocalFirstDHT``.
         report_period: seconds between stores of this peer's progress within one epoch.
         **kwargs: hivemind's ProgressTracker arguments; ``min_refresh_period`` and
             ``max_refresh_period`` default to 2 and 30 seconds (hivemind: 0.5 and 10).
     """
 
-    def __init__(self, *args, report_period: float = REPORT_PERIOD_S, **kwargs):
+    def __init__(self, dht, *args, report_period: float = REPORT_PERIOD_S, **kwargs):
         kwargs.setdefault("min_refresh_period", MIN_REFRESH_PERIOD_S)
         kwargs.setdefault("max_refresh_period", MAX_REFRESH_PERIOD_S)
         self.report_period = report_period
         self._last_trigger = -float("inf")
-        super().__init__(*args, **kwargs)
+        super().__init__(LocalFirstDHT(dht), *args, **kwargs)
 
     def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
-        """hivemind's, but the record is stored only when the epoch changed or ``report_period`` passed;
-        the next store (by time or by hivemind's own expiry timer) carries the latest numbers."""
+        """hivemind 1.1.12's, but the reporter thread is woken to store the record only when the epoch
+        changed, at the first samples of an epoch, or when ``report_period`` passed (hivemind wakes it
+        on every call, and the thread often stores before a caller could take that back); the next
+        store, by time or by hivemind's expiry timer, carries the latest numbers.
+
+        The first samples count because hivemind's reporter stores only for a peer it saw with
+        samples in the current or the previous epoch: the store at an epoch change (0 samples) is
+        skipped unless the last one had some."""
         new_epoch = local_epoch != self.local_progress.epoch
-        super().report_local_progress(local_epoch, samples_accumulated, update_global_samples)
-        now = time.monotonic()
-        if new_epoch or now - self._last_trigger >= self.report_period:
-            self._last_trigger = now
+        first_samples = samples_accumulated > 0 and (new_epoch or self.local_progress.samples_accumulated == 0)
+        extra_samples = samples_accumulated - self.local_progress.samples_accumulated
+        if update_global_samples and local_epoch == self.local_progress.epoch == self.global_progress.epoch:
+            self.global_progress.samples_accumulated += extra_samples
+        if extra_samples > 0:
+            self.performance_ema.update(task_size=extra_samples)
         else:
-            # super() asked the reporter thread to store now; take it back (at worst one store slips through)
-            self.should_report_progress.clear()
+            self.performance_ema.reset_timer()
+        self.local_progress = self._get_local_progress(local_epoch, samples_accumulated)
+        now = time.monotonic()
+        if new_epoch or first_samples or now - self._last_trigger >= self.report_period:
+            self._last_trigger = now
+            self.should_report_progress.set()

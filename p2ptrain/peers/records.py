@@ -130,10 +130,11 @@ def read_metrics(dht, run_id: str) -> list[LocalMetrics]:
     from hivemind.dht.protocol import DHTProtocol
 
     from p2ptrain.peers.dht import follow_run
+    from p2ptrain.peers.local_reads import read_record
     from p2ptrain.peers.validators import owner_peer_id
 
     follow_run(dht, run_id)
-    found = dht.get(metrics_key(run_id), latest=True)
+    found = read_record(dht, metrics_key(run_id))
     if found is None or not isinstance(found.value, dict):
         return []
     peers = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from p2ptrain.peers.local_reads import read_record
 from p2ptrain.peers.manifest import averaging_prefix_for
 from p2ptrain.peers.records import LocalMetrics, read_metrics
 from p2ptrain.worker_pipe import PeerRow, Swarm
@@ -33,7 +34,7 @@ class _Progress:
 def _read_progress(dht, prefix: str) -> list[_Progress]:
     from hivemind.p2p import PeerID
 
-    found = dht.get(f"{prefix}_progress", latest=True)
+    found = read_record(dht, f"{prefix}_progress")
     if found is None or not isinstance(found.value, dict):
         return []
     progress = []

@@ -23,6 +23,7 @@ processes hivemind forks afterwards inherit the counters and the hooks.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import multiprocessing
@@ -52,6 +53,16 @@ def kind_of_key(key) -> str:
     if "_averager." in key or "_diloco." in key or key.endswith(".all_averagers"):
         return "matchmaking"
     return "dht"
+
+
+@contextlib.contextmanager
+def counted_as_key(key):
+    """Count the DHT requests made inside this block (in this task) under the kind of ``key``."""
+    token = _current_kind.set(kind_of_key(key))
+    try:
+        yield
+    finally:
+        _current_kind.reset(token)
 
 
 def kind_of_message(message_type) -> str:
@@ -136,11 +147,8 @@ def _install_hooks() -> None:
         original = getattr(DHT, name)
 
         async def marked(self, key, *args, __original=original, **kwargs):
-            token = _current_kind.set(kind_of_key(key))
-            try:
+            with counted_as_key(key):
                 return await __original(self, key, *args, **kwargs)
-            finally:
-                _current_kind.reset(token)
 
         setattr(DHT, name, marked)
 
