@@ -53,25 +53,13 @@ class QuietProgressTracker(ProgressTracker):
         super().__init__(LocalFirstDHT(dht), *args, **kwargs)
 
     def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
-        """hivemind 1.1.12's, but the reporter thread is woken to store the record only when the epoch
-        changed, at the first samples of an epoch, or when ``report_period`` passed (hivemind wakes it
-        on every call, and the thread often stores before a caller could take that back); the next
-        store, by time or by hivemind's expiry timer, carries the latest numbers.
-
-        The first samples count because hivemind's reporter stores only for a peer it saw with
-        samples in the current or the previous epoch: the store at an epoch change (0 samples) is
-        skipped unless the last one had some."""
+        """hivemind's, but the record is stored only when the epoch changed or ``report_period`` passed;
+        the next store (by time or by hivemind's own expiry timer) carries the latest numbers."""
         new_epoch = local_epoch != self.local_progress.epoch
-        first_samples = samples_accumulated > 0 and (new_epoch or self.local_progress.samples_accumulated == 0)
-        extra_samples = samples_accumulated - self.local_progress.samples_accumulated
-        if update_global_samples and local_epoch == self.local_progress.epoch == self.global_progress.epoch:
-            self.global_progress.samples_accumulated += extra_samples
-        if extra_samples > 0:
-            self.performance_ema.update(task_size=extra_samples)
-        else:
-            self.performance_ema.reset_timer()
-        self.local_progress = self._get_local_progress(local_epoch, samples_accumulated)
+        super().report_local_progress(local_epoch, samples_accumulated, update_global_samples)
         now = time.monotonic()
-        if new_epoch or first_samples or now - self._last_trigger >= self.report_period:
+        if new_epoch or now - self._last_trigger >= self.report_period:
             self._last_trigger = now
-            self.should_report_progress.set()
+        else:
+            # super() asked the reporter thread to store now; take it back (at worst one store slips through)
+            self.should_report_progress.clear()

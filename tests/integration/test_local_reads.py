@@ -1,18 +1,15 @@
-"""The swarm's records read from a peer's own copy, and progress stored only when due: counted
-with p2ptrain's traffic meter between real hivemind DHT peers on 127.0.0.1.
+"""The swarm's records read from a peer's own copy: counted with p2ptrain's traffic meter
+between real hivemind DHT peers on 127.0.0.1.
 
 The meter is installed in this process before the peers start, so their DHT processes
 (forked from it) count every request they send, by the kind of its key.
 """
-
-import time
 
 import pytest
 from hivemind.utils import get_dht_time
 
 from p2ptrain.peers.dht import start_dht, visible_addresses
 from p2ptrain.peers.local_reads import FULL_COPY_AFTER_S
-from p2ptrain.peers.progress import QuietProgressTracker
 from p2ptrain.peers.records import LocalMetrics, publish_metrics, read_metrics
 from p2ptrain.peers.traffic import TrafficMeter
 
@@ -72,25 +69,3 @@ def test_after_a_minute_a_peer_reads_every_record_from_its_own_copy_without_aski
     newer = LocalMetrics(peer_id=three_peers[0].peer_id.to_base58(), nickname="renamed", time=get_dht_time())
     assert publish_metrics(three_peers[0], "local-run", newer)
     assert "renamed" in [row.nickname for row in read_metrics(reader, "local-run")]
-
-
-@pytest.mark.timeout(120)
-def test_progress_is_stored_on_a_new_epoch_or_after_the_report_period_not_on_every_step(three_peers, meter):
-    a_minute_in_the_swarm(three_peers[0])  # its reads of the progress key send nothing: only stores count
-    tracker = QuietProgressTracker(three_peers[0], "quiet-run", target_batch_size=10_000, report_period=30.0, start=True)
-    try:
-        time.sleep(2)  # the tracker's first store, at start
-        before = meter.totals()["progress"][0]
-        for step in range(1, 41):
-            tracker.report_local_progress(local_epoch=0, samples_accumulated=8 * step)
-            time.sleep(0.05)
-        time.sleep(2)
-        steps_sent = meter.totals()["progress"][0] - before
-        tracker.report_local_progress(local_epoch=1, samples_accumulated=0)
-        time.sleep(2)
-        epoch_sent = meter.totals()["progress"][0] - before - steps_sent
-    finally:
-        tracker.shutdown(timeout=10)
-    # one store (to the two other peers) at most for the 40 steps, and one at once for the new epoch
-    assert epoch_sent > 0
-    assert steps_sent < 1.5 * epoch_sent
