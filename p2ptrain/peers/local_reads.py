@@ -80,7 +80,8 @@ def read_record(dht, key: str, return_future: bool = False):
 
 class LocalFirstDHT:
     """A DHT whose ``get`` is :func:`read_record`, for hivemind's ProgressTracker (which reads its
-    progress key as often as every ``progress.MIN_REFRESH_PERIOD_S``); everything else is the DHT's."""
+    progress key as often as every ``progress.MIN_REFRESH_PERIOD_S``, always with ``latest=True``:
+    ``latest`` is therefore not looked at); everything else is the DHT's."""
 
     def __init__(self, dht):
         self._dht = dht

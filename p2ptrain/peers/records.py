@@ -117,7 +117,8 @@ def withdraw_metrics(dht, run_id: str, expiration_s: float = METRICS_EXPIRATION_
 
 
 def read_metrics(dht, run_id: str) -> list[LocalMetrics]:
-    """Every peer's current metrics for ``run_id``, newest DHT state.
+    """Every peer's current metrics for ``run_id``: from this peer's own copy once it holds every
+    record, else the newest state the DHT's nodes have (``local_reads.read_record``).
 
     Records that fail the schema, or whose ``peer_id`` is not the one of the
     key they are signed with, are logged and dropped. Signatures are checked
