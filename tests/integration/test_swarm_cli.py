@@ -72,7 +72,7 @@ def sync_swarm(tmp_path_factory):
         stop_all(daemons)
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_three_daemons_reach_epoch_3_together_through_the_cli(sync_swarm):
     daemons, _ = sync_swarm
     for daemon in daemons:
@@ -91,18 +91,20 @@ def test_three_daemons_reach_epoch_3_together_through_the_cli(sync_swarm):
             time.sleep(1)
         assert epochs_rows(daemon.home) >= 3
     for daemon in daemons:
-        # a peer that caught up by downloading state may not have averaged yet: give it a few rounds
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            together = [event for event in events(daemon.home) if event["kind"] == "averaged" and event["data"]["peers"] >= 2]
-            if len(together) >= 3:
+        # a peer that caught up by downloading state may not have averaged yet, and its first rounds may
+        # lose a share (late for a round it just joined): give it rounds until the startup's losses are
+        # a third of the complete ones. Every peer is reachable, so rounds keep every peer's share
+        # (hivemind's "received <100% results"); an unreachable peer loses its share in every round it
+        # is in and never gets there
+        deadline = time.monotonic() + 150
+        while True:
+            recorded = events(daemon.home)
+            together = [event for event in recorded if event["kind"] == "averaged" and event["data"]["peers"] >= 2]
+            incomplete = [event for event in recorded if event["kind"] == "averaging-incomplete"]
+            if (len(together) >= 3 and len(incomplete) * 3 <= len(together)) or time.monotonic() > deadline:
                 break
             time.sleep(3)
         assert len(together) >= 3, together
-        # every peer reachable: rounds keep every peer's share (hivemind's "received <100% results").
-        # One now and then may lose one on a loaded machine (a peer late for a round, as when it just
-        # caught up); an unreachable peer loses its share in every round it is in
-        incomplete = [event for event in events(daemon.home) if event["kind"] == "averaging-incomplete"]
         assert len(incomplete) * 3 <= len(together), (incomplete, len(together))
     for daemon in daemons:
         val_losses = validation_losses(daemon.home)
