@@ -21,6 +21,14 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture
+def meter():
+    """p2ptrain's traffic meter, installed in this process: DHT peers started afterwards count their bytes."""
+    from metered_peers import installed_meter  # imports hivemind: only for the tests that ask
+
+    return installed_meter()
+
+
+@pytest.fixture
 def short_tmp(tmp_path_factory) -> Path:
     """A temporary directory; pytest's may be deep, which exercises the long-socket-path fallback too."""
     return tmp_path_factory.mktemp("p2p")

@@ -1,44 +1,21 @@
 """The swarm's records read from a peer's own copy: counted with p2ptrain's traffic meter
-between real hivemind DHT peers on 127.0.0.1.
-
-The meter is installed in this process before the peers start, so their DHT processes
-(forked from it) count every request they send, by the kind of its key.
+between real hivemind DHT peers on 127.0.0.1 (``tests/metered_peers.py``).
 """
 
 import pytest
 from hivemind.utils import get_dht_time
 
-from p2ptrain.peers.dht import start_dht, visible_addresses
+from metered_peers import loopback_dhts, sent_and_received
 from p2ptrain.peers.local_reads import FULL_COPY_AFTER_S
 from p2ptrain.peers.records import LocalMetrics, publish_metrics, read_metrics
-from p2ptrain.peers.traffic import TrafficMeter
 
 pytestmark = pytest.mark.swarm
-LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
-
-
-@pytest.fixture
-def meter():
-    installed = TrafficMeter()
-    installed.install()
-    return installed
 
 
 @pytest.fixture
 def three_peers(tmp_path, meter):
-    started = []
-    try:
-        for name in "abc":
-            initial = [address for dht in started[:1] for address in visible_addresses(dht)]
-            started.append(start_dht(initial, tmp_path / f"{name}.key", host_maddrs=LOOPBACK, start_timeout=30))
-        yield started
-    finally:
-        for dht in reversed(started):
-            dht.shutdown()
-
-
-def sent_and_received(meter, kind):
-    return sum(meter.totals()[kind])
+    with loopback_dhts(tmp_path, 3) as peers:
+        yield peers
 
 
 def a_minute_in_the_swarm(dht):
