@@ -183,7 +183,6 @@ class SyncOptimizer(hivemind.Optimizer):
         self.client_mode = self._averaging_client
         return QuietProgressTracker(dht=self.dht, prefix=self.run_id, target_batch_size=target_batch_size,
                                     client_mode=self.client_mode, status_loglevel=self.status_loglevel, start=True,
-                                    near_end_s=1.5 * self.matchmaking_time,
                                     **kwargs)
 
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
