@@ -5,20 +5,24 @@ defaults make progress records the largest part of a peer's background
 traffic:
 
 - every local step stores a signed progress record in the DHT (several nodes
-  each, ~1 store a second per peer while training), although readers do not
-  need it: they extrapolate each peer's samples from its reported speed and
-  the record's time;
+  each, ~1 store a second per peer while training);
 - every peer reads the whole swarm's records as often as every 0.5 s when it
   expects the epoch to end soon, and a paused swarm keeps expecting that (its
   records still carry the speeds from before the pause), so paused peers read
   twice a second forever.
 
-``QuietProgressTracker`` stores at most every ``report_period`` seconds (and
-at once when the local epoch changes) and reads at most every
-``min_refresh_period`` seconds. An epoch's end is therefore seen up to
-``min_refresh_period`` seconds late. Its reads come from the peer's own copy
-of the records where that copy is complete (``local_reads``: in runs of up to
-five serving peers, after the first minute), so most of them send nothing.
+``QuietProgressTracker`` asks for a store at most every ``report_period``
+seconds (and at once when the local epoch changes), but hivemind's reporter
+thread stores once woken, so the take-back holds only while a store is in
+flight: in practice records are still stored about once a step. That freshness
+is what DiLoCo rounds on the swarm's samples need: stricter paces (every 10 s,
+every 2 s, every step only near the epoch end) let a slow peer's used share in
+``tests/integration/test_slow_peer.py`` fall below 80 % (``benchmarks/RESULTS.md``).
+It reads at most every ``min_refresh_period`` seconds, so an epoch's end is
+seen up to ``min_refresh_period`` seconds late. Its reads come from the peer's
+own copy of the records where that copy is complete (``local_reads``: in runs
+of up to five serving peers, after the first minute), so most of them send
+nothing.
 (A paused peer reads nothing: its worker has left the swarm.)
 """
 
@@ -53,13 +57,14 @@ class QuietProgressTracker(ProgressTracker):
         super().__init__(LocalFirstDHT(dht), *args, **kwargs)
 
     def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
-        """hivemind's, but the record is stored only when the epoch changed or ``report_period`` passed;
-        the next store (by time or by hivemind's own expiry timer) carries the latest numbers."""
+        """hivemind's, then the store it asked for is taken back unless the epoch changed or
+        ``report_period`` passed (the take-back holds only while the reporter is busy with a store:
+        see the module docstring)."""
         new_epoch = local_epoch != self.local_progress.epoch
         super().report_local_progress(local_epoch, samples_accumulated, update_global_samples)
         now = time.monotonic()
         if new_epoch or now - self._last_trigger >= self.report_period:
             self._last_trigger = now
         else:
-            # super() asked the reporter thread to store now; take it back (at worst one store slips through)
+            # super() asked the reporter thread to store now; take it back (it usually stored already)
             self.should_report_progress.clear()
