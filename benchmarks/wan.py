@@ -7,17 +7,22 @@ Every peer's line is shaped: ``--upload-mbit`` up, ``--download-mbit`` down and
 ``--loss-pct`` percent of packets lost each way (no delay: this kernel has no
 netem, see the lab's docstring). For each mode it measures:
 
-- wall-clock time from "all 4 peers train" until the creator records a
-  validation loss at or below ``--target-loss`` (its ``epochs`` table);
+- wall-clock time from the run's creation until the creator records a
+  validation loss at or below ``--target-loss`` (its ``epochs`` table), and
+  when all 4 peers were training: both modes pay the same joining time (the
+  creator trains alone until the volunteers behind NAT have joined);
 - bytes on the wire per sample trained: everything the four lines carried
   (sent + received: the routers' forwarding counters for the homes, ``eth0``
-  for the public host) over the samples the four contributed meanwhile;
+  for the public host) over the samples the four contributed from "all 4
+  train" until the target was reached, and at least ``--wire-window-s``;
 - the background rate: every peer paused for ``--pause-s`` seconds, bytes per
   second per peer on its line, and what the peers' own meters attribute to
   each kind (``status.local.traffic``) while they trained.
 
     sudo .venv/bin/python benchmarks/wan.py --modes sync diloco --json wan.jsonl
     sudo .venv/bin/python benchmarks/wan.py --modes sync --background-only   # the background alone
+    sudo .venv/bin/python benchmarks/wan.py --modes sync --background-only --request-log /tmp/requests
+    .venv/bin/python benchmarks/request_counts.py /tmp/requests --since T0 --until T1   # which requests cost it
 
 Numbers depend on this machine's load: note ``uptime`` beside them.
 """
@@ -41,6 +46,7 @@ from lab import Lab, lab_unavailable, remove_stale_labs  # noqa: E402
 from swarm import run_cli, start_on  # noqa: E402
 
 from p2ptrain.paths import resolve_paths  # noqa: E402
+from p2ptrain.peers.request_log import ENVIRONMENT_VARIABLE as REQUEST_LOG  # noqa: E402
 
 MODES = {
     "sync": ["--mode", "sync", "--target-batch-size", "256"],
@@ -81,6 +87,14 @@ def best_val_loss(daemon, run: str) -> float | None:
     return row[0]
 
 
+def reached_at(daemon, run: str, target: float) -> float | None:
+    """When (Unix time) the creator's first epoch at or below validation loss ``target`` ended, or None."""
+    with sqlite3.connect(resolve_paths(daemon.home).database) as connection:
+        row = connection.execute("SELECT min(ended_at) FROM epochs WHERE run_id = ? AND val_loss <= ?",
+                                 [run, target]).fetchone()
+    return row[0]
+
+
 def measure(mode: str, options, root: Path) -> dict:
     """One mode: a fresh lab and four daemons; returns the row of the results table."""
     lab = Lab(tag=mode[:2])
@@ -89,10 +103,12 @@ def measure(mode: str, options, root: Path) -> dict:
         hosts = [lab.add_public("pub")] + [lab.add_home(f"h{index}") for index in (1, 2, 3)]
         for host in hosts:
             lab.shape(host.name, options.upload_mbit, options.download_mbit, options.loss_pct)
-            daemons[host.name] = start_on(host, root / mode)
+            env = {REQUEST_LOG: str(options.request_log / host.name)} if options.request_log else None
+            daemons[host.name] = start_on(host, root / mode, env=env)
         run = f"wan-{mode}"
-        created = run_cli(daemons["pub"], "join", "--new-run", run, "--micro-batch", "8", *MODES[mode])
-        assert created.returncode == 0, created.stderr
+        created = time.time()
+        joined = run_cli(daemons["pub"], "join", "--new-run", run, "--micro-batch", "8", *MODES[mode])
+        assert joined.returncode == 0, joined.stderr
         address = daemons["pub"].wait_until(lambda s: (s.get("local") or {}).get("addresses"), 600,
                                             what="the run")["local"]["addresses"][0]
         for name in ("h1", "h2", "h3"):
@@ -100,22 +116,25 @@ def measure(mode: str, options, root: Path) -> dict:
         for daemon in daemons.values():
             daemon.wait_until(lambda s: s["state"] == "training" and (s.get("run") or {}).get("num_peers") == 4,
                               900, interval=2, what="4 peers training")
-        started, bytes_before, samples_before = time.monotonic(), sum(line_bytes(lab, h.name) for h in hosts), contributed(daemons)
+        started, bytes_before, samples_before = time.time(), sum(line_bytes(lab, h.name) for h in hosts), contributed(daemons)
         reached = None
-        while time.monotonic() - started < (options.train_s if options.background_only else options.timeout_s):
+        while True:
+            now = time.time()
             if options.background_only:
-                time.sleep(5)
-                continue
-            loss = best_val_loss(daemons["pub"], run)
-            if loss is not None and loss <= options.target_loss:
-                reached = time.monotonic() - started
-                break
+                if now - started >= options.train_s:
+                    break
+            else:
+                if reached is None and (moment := reached_at(daemons["pub"], run, options.target_loss)) is not None:
+                    reached = moment - created
+                if (reached is not None and now - started >= options.wire_window_s) or now - created >= options.timeout_s:
+                    break
             time.sleep(5)
-        elapsed = time.monotonic() - started
+        elapsed = time.time() - started
         wire = sum(line_bytes(lab, h.name) for h in hosts) - bytes_before
         samples = contributed(daemons) - samples_before
         peer_kinds = {name: ((daemon.status().get("local") or {}).get("traffic") or {}).get("bytes_per_s") or {}
                       for name, daemon in daemons.items()}
+        measured_until = time.time()  # the meters' rates are over their last minute
         kinds = {kind: sum(rates.get(kind, 0.0) for rates in peer_kinds.values()) / len(daemons)
                  for kind in {kind for rates in peer_kinds.values() for kind in rates}}
         training_lines = line_rates(lab, daemons, options.sample_s)
@@ -124,11 +143,12 @@ def measure(mode: str, options, root: Path) -> dict:
         time.sleep(options.settle_s)
         paused = line_rates(lab, daemons, options.pause_s)
         return {
-            "mode": mode, "target_loss": options.target_loss, "reached_s": reached, "elapsed_s": elapsed,
+            "mode": mode, "target_loss": options.target_loss, "reached_s_from_creation": reached,
+            "all_training_s_from_creation": started - created, "wire_window_s": elapsed,
             "best_val_loss": best_val_loss(daemons["pub"], run), "samples": samples, "wire_bytes": wire,
             "wire_bytes_per_sample": wire / samples if samples else None,
             "training_kinds_bytes_per_s": kinds, "training_peer_kinds_bytes_per_s": peer_kinds,
-            "training_line_bytes_per_s": training_lines,
+            "training_line_bytes_per_s": training_lines, "measured_window": [measured_until - 60, measured_until],
             "paused_line_bytes_per_s": paused,
             "shaping": {"upload_mbit": options.upload_mbit, "download_mbit": options.download_mbit,
                         "loss_pct": options.loss_pct},
@@ -148,7 +168,10 @@ def main() -> int:
     parser.add_argument("--download-mbit", type=float, default=100.0)
     parser.add_argument("--loss-pct", type=float, default=0.5)
     parser.add_argument("--target-loss", type=float, default=4.0, help="validation loss to reach (nats per byte)")
-    parser.add_argument("--timeout-s", type=float, default=1800.0, help="give up on the target after this long")
+    parser.add_argument("--timeout-s", type=float, default=1800.0,
+                        help="give up on the target this long after the run's creation")
+    parser.add_argument("--wire-window-s", type=float, default=120.0,
+                        help="count bytes per sample over at least this long with all 4 training")
     parser.add_argument("--settle-s", type=float, default=30.0, help="after pausing, wait this long before measuring")
     parser.add_argument("--pause-s", type=float, default=120.0, help="measure the paused background this long")
     parser.add_argument("--sample-s", type=float, default=60.0, help="measure the lines while training this long")
@@ -156,6 +179,8 @@ def main() -> int:
                         help="no target loss: train --train-s seconds, then measure the background")
     parser.add_argument("--train-s", type=float, default=180.0, help="with --background-only: seconds of training")
     parser.add_argument("--json", type=Path, help="append one JSON line per mode here")
+    parser.add_argument("--request-log", type=Path,
+                        help="log every request of each peer under this directory (benchmarks/request_counts.py)")
     options = parser.parse_args()
     reason = lab_unavailable()
     if reason:

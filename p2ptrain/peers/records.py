@@ -82,14 +82,11 @@ def publish_metrics(dht, run_id: str, metrics: LocalMetrics, expiration_s: float
     from hivemind.utils import get_dht_time
 
     from p2ptrain.peers.dht import follow_run, own_public_key
+    from p2ptrain.peers.local_reads import store_record
 
     follow_run(dht, run_id)
-    stored = dht.store(
-        metrics_key(run_id),
-        subkey=own_public_key(dht),
-        value=metrics.model_dump(mode="json"),
-        expiration_time=get_dht_time() + expiration_s,
-    )
+    stored = store_record(dht, metrics_key(run_id), own_public_key(dht), metrics.model_dump(mode="json"),
+                          get_dht_time() + expiration_s)
     if not stored:
         logger.warning("the DHT did not accept this peer's metrics for run %s", run_id)
     return bool(stored)
@@ -108,11 +105,10 @@ def withdraw_metrics(dht, run_id: str, expiration_s: float = METRICS_EXPIRATION_
     from hivemind.utils import get_dht_time
 
     from p2ptrain.peers.dht import follow_run, own_public_key
+    from p2ptrain.peers.local_reads import store_record
 
     follow_run(dht, run_id)
-    stored = dht.store(
-        metrics_key(run_id), subkey=own_public_key(dht), value=None, expiration_time=get_dht_time() + expiration_s
-    )
+    stored = store_record(dht, metrics_key(run_id), own_public_key(dht), None, get_dht_time() + expiration_s)
     return bool(stored)
 
 

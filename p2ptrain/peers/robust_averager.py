@@ -118,7 +118,9 @@ class RobustAverager(DecentralizedAverager):
             async for tensor, update in azip(as_aiter(*tensors), runner):
                 tensor.add_(update, alpha=self._averaging_alpha)
                 self.last_updated = get_dht_time()
-                self._state_updated.set()
+                # hivemind also sets ``_state_updated`` here, which re-declares this peer as a state source
+                # in the DHT after every tensor of every round (4 stores a second at a sync peer in the
+                # lab) though the declared priority did not change: its setter re-declares when it does
         else:
             async for _ in runner:
                 raise ValueError("aux peers should not receive averaged tensors")

@@ -32,6 +32,7 @@ import subprocess
 import threading
 import time
 
+from p2ptrain.peers import request_log
 from p2ptrain.worker_pipe import Traffic
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 KINDS = ("averaging", "matchmaking", "progress", "metrics", "dht", "other")
 _FRAMING_BYTES = 9  # hivemind's marker byte and 8-byte length before each streamed message
 _current_kind: contextvars.ContextVar[str] = contextvars.ContextVar("p2ptrain_traffic_kind", default="dht")
+_current_key: contextvars.ContextVar[str] = contextvars.ContextVar("p2ptrain_traffic_key", default="")
 _meter: TrafficMeter | None = None
 
 
@@ -58,11 +60,12 @@ def kind_of_key(key) -> str:
 @contextlib.contextmanager
 def counted_as_key(key):
     """Count the DHT requests made inside this block (in this task) under the kind of ``key``."""
-    token = _current_kind.set(kind_of_key(key))
+    token, key_token = _current_kind.set(kind_of_key(key)), _current_key.set(str(key))
     try:
         yield
     finally:
         _current_kind.reset(token)
+        _current_key.reset(key_token)
 
 
 def kind_of_message(message_type) -> str:
@@ -113,22 +116,32 @@ def _install_hooks() -> None:
     if getattr(P2P, "p2ptrain_counted", False):
         return
     P2P.p2ptrain_counted = True
+    logged = request_log.enabled()
     send_protobuf, receive_protobuf = P2P.send_protobuf, P2P.receive_protobuf
     call_unary, add_unary = P2P._call_unary_protobuf_handler, P2P._add_protobuf_unary_handler
 
     async def counted_send(protobuf, writer):
         await send_protobuf(protobuf, writer)
-        _count(kind_of_message(type(protobuf)), sent=protobuf.ByteSize() + _FRAMING_BYTES)
+        kind, size = kind_of_message(type(protobuf)), protobuf.ByteSize() + _FRAMING_BYTES
+        _count(kind, sent=size)
+        if logged:
+            request_log.record("stream", kind, type(protobuf).__name__, "", size, 0)
 
     async def counted_receive(input_protobuf_type, reader):
         protobuf, error = await receive_protobuf(input_protobuf_type, reader)
         received = protobuf if protobuf is not None else error
-        _count(kind_of_message(input_protobuf_type), received=received.ByteSize() + _FRAMING_BYTES)
+        kind, size = kind_of_message(input_protobuf_type), received.ByteSize() + _FRAMING_BYTES
+        _count(kind, received=size)
+        if logged:
+            request_log.record("stream", kind, type(received).__name__, "", 0, size)
         return protobuf, error
 
     async def counted_call(self, peer_id, handle_name, input, output_protobuf_type):
         response = await call_unary(self, peer_id, handle_name, input, output_protobuf_type)
         _count(_current_kind.get(), sent=input.ByteSize(), received=response.ByteSize())
+        if logged:
+            request_log.record("call", _current_kind.get(), handle_name, _current_key.get(), input.ByteSize(),
+                               response.ByteSize())
         return response
 
     async def counted_handler(self, handle_name, handler, input_protobuf_type, balanced=False):
@@ -136,6 +149,9 @@ def _install_hooks() -> None:
             response = await handler(request, context)
             # answering other peers' DHT requests: upkeep of the swarm's DHT
             _count("dht", sent=response.ByteSize(), received=request.ByteSize())
+            if logged:
+                request_log.record("serve", "dht", handle_name, request_log.served_key(request), response.ByteSize(),
+                                   request.ByteSize())
             return response
 
         await add_unary(self, handle_name, counted, input_protobuf_type, balanced=balanced)

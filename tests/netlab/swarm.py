@@ -16,11 +16,12 @@ def lab_config(home: Path, nickname: str) -> None:
         f'nickname = "{nickname}"\n[storage]\nflush_interval_s = 0.5\n[policy]\nmax_cpu_threads = 1\n')
 
 
-def start_on(host, root: Path) -> DaemonProcess:
-    """``p2ptrain daemon`` on ``host`` (inside its namespace), home ``root/<host name>``."""
+def start_on(host, root: Path, env: dict | None = None) -> DaemonProcess:
+    """``p2ptrain daemon`` on ``host`` (inside its namespace), home ``root/<host name>``, with ``env``
+    added to its environment."""
     home = root / host.name
     lab_config(home, host.name)
-    daemon = start_daemon(home, prefix=tuple(host.command([])))
+    daemon = start_daemon(home, env=env, prefix=tuple(host.command([])))
     daemon.host = host
     return daemon
 
