@@ -13,8 +13,9 @@
   sender in this round, is not used; one past ``robust_reduce.bad_result``'s
   bounds (NaN/infinity, a value above the bound of the largest weight counted
   in the group, or farther from our own piece than ``far_from_own`` times its
-  norm) is refused and names its reducer. Our own piece is kept for a part not
-  used, as hivemind does for a reducer that failed. A reducer can return
+  norm when this peer's weight counts) is refused and names its reducer. Our
+  own piece is kept for a part not used, as hivemind does for a reducer that
+  failed. A reducer can return
   anything for its part (BTARD verifies reducers with commitments and random
   checks; hivemind has nothing of the kind), so these checks are what limits
   a misbehaving reducer.
@@ -289,7 +290,8 @@ class RobustAllReduceRunner(AllReduceRunner):
         peer = self.ordered_peer_ids[peer_index]
         if peer in self.judge.banned or self.tensor_part_reducer.named(peer):
             return False
-        problem = bad_result(local_part, local_part + delta, self.tensor_part_reducer.largest_weight or None, self.judge.options)
+        problem = bad_result(local_part, local_part + delta, self.tensor_part_reducer.largest_weight or None, self.judge.options,
+                             own_weight=self.weight)
         if problem is not None:
             self.reducer_suspects[peer] = worse_suspect(self.reducer_suspects.get(peer), problem)
         return problem is None

@@ -83,6 +83,18 @@ weight with its pieces; a peer that reduces nothing, a client, uses
 ``max_weight``'s bound). ``robust_allreduce`` refuses (keeps this peer's own
 piece, names the reducer ``bad-result``) a result past that bound, and any
 result from a peer this peer's reducer named as a sender in the same round.
+Where ``far_from_own`` is set it also refuses a result farther from this
+peer's own piece than ``far_from_own`` times that piece's norm, but only when
+this peer sent its piece with a weight above 0. A peer tagging along with
+weight 0 sends whatever its buffers hold, not its current values (hivemind's
+tag-along before a state download sends the last round's average; a
+pre-scheduled sync round that the host dropped can still run, see
+``sync.CountingGradientAverager``): an honest result can be any distance from
+that (16 times the stale piece's norm, measured), and the peer does not use
+the result anyway. A peer that counts compares its current piece: honest
+results stay within about one norm of it (batch noise; 1.0 at most measured
+on the tiny model, 4 samples against 60), and a rogue's flip, scale or
+constant is still refused there.
 
 **Two senders.** With two pieces there is no majority: each is as far from the
 median as the other. When the reducer is one of the two and ``far_from_own``
@@ -337,7 +349,8 @@ def too_large(values: torch.Tensor, max_element: float | None) -> Suspect | None
     return Suspect(IMPLAUSIBLE, largest / max_element) if largest > max_element else None
 
 
-def bad_result(own_piece: torch.Tensor, result: torch.Tensor, largest_weight: float | None, options: RobustOptions) -> Suspect | None:
+def bad_result(own_piece: torch.Tensor, result: torch.Tensor, largest_weight: float | None, options: RobustOptions,
+               *, own_weight: float) -> Suspect | None:
     """Why a part another reducer returned cannot be an honest reducer's (``bad-result``), or None.
 
     Args:
@@ -346,6 +359,8 @@ def bad_result(own_piece: torch.Tensor, result: torch.Tensor, largest_weight: fl
         largest_weight: the largest weight counted in the group, as this peer's own reducer
             saw the senders' weights (None: unknown, ``max_weight`` is used).
         options: the averager's ``RobustOptions``.
+        own_weight: the weight this peer sent its piece with; at 0 (tagging along) its piece
+            is not its current values, and the result is not compared with it (see the module doc).
     """
     if not bool(torch.isfinite(result).all()):
         return Suspect(BAD_RESULT, math.inf)
@@ -355,7 +370,7 @@ def bad_result(own_piece: torch.Tensor, result: torch.Tensor, largest_weight: fl
         if problem is not None:
             return Suspect(BAD_RESULT, problem.ratio)
     own_norm, distance = float(own_piece.norm()), float((result - own_piece).norm())
-    if options.far_from_own is not None and 0 < own_norm and options.far_from_own * own_norm < distance:
+    if options.far_from_own is not None and own_weight > 0 and 0 < own_norm and options.far_from_own * own_norm < distance:
         return Suspect(BAD_RESULT, distance / own_norm)
     return None
 

@@ -136,7 +136,27 @@ class CheckedTrainingStateAverager(TrainingStateAverager, CancellableRounds, Che
 
 class CountingGradientAverager(CountsLostParts, GradientAverager):
     """The robust GradientAverager (``robust_averager``) that knows how much of its last round
-    was averaged, and downloads nothing when the optimizer catches up (see ``load_state_from_peers``)."""
+    was averaged, whose pre-scheduled rounds count nothing until triggered (``schedule_step``),
+    and that downloads nothing when the optimizer catches up (see ``load_state_from_peers``)."""
+
+    def schedule_step(self, scheduled_time: float | None = None, **kwargs):
+        """hivemind's pre-scheduled round, with weight 0 until the step that triggers it sets the
+        samples it holds (``GradientAverager.step``).
+
+        hivemind's optimizer cancels a pre-scheduled round when it counts no other peer yet, but
+        the round can still run: cancelling first cancels the trigger, which the averager's process
+        reads as "triggered", and a group found in that moment averages. It then ran with the
+        default weight 1 and whatever the gradient buffers held (the gradients loaded for the next
+        round, or the last round's average), the host ignored its result, and the other peer named
+        an honest one (``far-from-own``, ``bad-result``, ``replayed``: seen under load at a swarm's
+        start). At weight 0 such a round only tags along: nobody counts or judges its piece.
+
+        Args:
+            scheduled_time, kwargs: as hivemind's ``GradientAverager.schedule_step``.
+        """
+        control = super().schedule_step(scheduled_time, **kwargs)
+        control.weight = 0.0
+        return control
 
     def load_state_from_peers(self, wait: bool = True, timeout: float | None = None):
         """Download nothing. hivemind's optimizer asks its gradient averager for the swarm's state

@@ -119,18 +119,36 @@ def test_a_result_above_the_bound_of_the_groups_largest_weight_is_refused():
     honest = honest_pieces(3, seed=12)
     own = honest[0]
     bound = PER_SAMPLE * 20.0
-    assert bad_result(own, weighted_mean(honest, {0: 10.0, 1: 20.0, 2: 10.0}), 20.0, PSEUDO_GRADIENTS) is None
-    assert bad_result(own, torch.full((SIZE,), 0.99 * bound), 20.0, PSEUDO_GRADIENTS) is None
-    refused = bad_result(own, torch.full((SIZE,), 1.01 * bound), 20.0, PSEUDO_GRADIENTS)
+    assert bad_result(own, weighted_mean(honest, {0: 10.0, 1: 20.0, 2: 10.0}), 20.0, PSEUDO_GRADIENTS, own_weight=10.0) is None
+    assert bad_result(own, torch.full((SIZE,), 0.99 * bound), 20.0, PSEUDO_GRADIENTS, own_weight=10.0) is None
+    refused = bad_result(own, torch.full((SIZE,), 1.01 * bound), 20.0, PSEUDO_GRADIENTS, own_weight=10.0)
     assert refused.reason == BAD_RESULT and refused.ratio == pytest.approx(1.01)
     # the plain mean of the test's constant rogue (1.0 at weight 32) among two honest peers is far past it
     plain = weighted_mean({**honest, 3: torch.full((SIZE,), 1.0)}, {0: 10.0, 1: 10.0, 2: 10.0, 3: 32.0})
-    assert bad_result(own, plain, 20.0, PSEUDO_GRADIENTS).ratio > 5
+    assert bad_result(own, plain, 20.0, PSEUDO_GRADIENTS, own_weight=10.0).ratio > 5
     # a peer whose reducer saw no weight (a client) judges by max_weight's bound; NaN is always refused
-    assert bad_result(own, torch.full((SIZE,), 1.01 * bound), None, PSEUDO_GRADIENTS) is None
-    assert bad_result(own, torch.full((SIZE,), 1.01 * PER_SAMPLE * 10_000.0), None, PSEUDO_GRADIENTS) is not None
-    assert bad_result(own, torch.full((SIZE,), math.nan), 20.0, PSEUDO_GRADIENTS).ratio == math.inf
+    assert bad_result(own, torch.full((SIZE,), 1.01 * bound), None, PSEUDO_GRADIENTS, own_weight=10.0) is None
+    assert bad_result(own, torch.full((SIZE,), 1.01 * PER_SAMPLE * 10_000.0), None, PSEUDO_GRADIENTS, own_weight=10.0) is not None
+    assert bad_result(own, torch.full((SIZE,), math.nan), 20.0, PSEUDO_GRADIENTS, own_weight=10.0).ratio == math.inf
 
+
+
+def test_a_peer_tagging_along_does_not_judge_results_by_its_stale_piece():
+    """A sync peer whose round ran at weight 0 sent whatever its buffers held: measured, a piece 16
+    times smaller than the group's gradient and half aligned with it. The honest result (the other
+    peer's gradient) is far from that piece; only a peer whose piece counts judges by the distance."""
+    generator = torch.Generator().manual_seed(13)
+    gradient = torch.randn(SIZE, generator=generator) * 1e-3
+    stale = (gradient + 1.7 * torch.randn(SIZE, generator=generator) * 1e-3) / 32
+    assert float((gradient - stale).norm()) > UPDATES.far_from_own * float(stale.norm())
+    assert bad_result(stale, gradient, 40.0, UPDATES, own_weight=0.0) is None
+    assert bad_result(stale, gradient, 40.0, UPDATES, own_weight=4.0).reason == BAD_RESULT
+    # a peer that counts still refuses a rogue's flipped and scaled result, and an honest one passes
+    honest = honest_pieces(2, seed=14)
+    assert bad_result(honest[0], -50.0 * honest[1], 40.0, UPDATES, own_weight=4.0).reason == BAD_RESULT
+    assert bad_result(honest[0], weighted_mean(honest, {0: 4.0, 1: 40.0}), 40.0, UPDATES, own_weight=4.0) is None
+    # NaN is refused whatever the weight
+    assert bad_result(stale, torch.full((SIZE,), math.nan), 40.0, UPDATES, own_weight=0.0).ratio == math.inf
 
 def attack(name: str, honest: dict[int, torch.Tensor]) -> torch.Tensor:
     honest_mean = torch.stack(list(honest.values())).mean(dim=0)
