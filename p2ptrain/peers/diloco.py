@@ -48,6 +48,7 @@ from typing import Sequence
 
 import hivemind
 import torch
+from hivemind.averaging.control import StepControl
 from hivemind.compression import CompressionInfo, TensorRole
 
 from p2ptrain.peers.diloco_math import (
@@ -80,6 +81,18 @@ class PseudoGradientAverager(CountsLostParts, CancellableRounds, CheckedStateMix
     def __init__(self, *, state_provider, **kwargs):
         self._state_provider = state_provider
         super().__init__(**kwargs)
+
+    def schedule_round(self, gather, timeout: float | None) -> StepControl:
+        """A round that looks for its group now and averages when triggered, with weight 0 until the
+        trigger sets the samples behind this peer's pseudo-gradient: a round cancelled while its group
+        forms can still run (see ``sync.CountingGradientAverager.schedule_step``), and then it only tags
+        along instead of counting a stale buffer at hivemind's default weight 1.
+
+        Args:
+            gather: what this peer tells its group (its epoch).
+            timeout: hivemind's averaging timeout.
+        """
+        return self.step(gather=gather, timeout=timeout, weight=0.0, wait=False, require_trigger=True)
 
     def get_current_state(self):
         metadata, tensors = self._state_provider()

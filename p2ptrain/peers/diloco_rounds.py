@@ -201,7 +201,7 @@ class SwarmRoundTrainer(DiLoCoTrainer):
         if self.tracker.global_progress.num_peers <= 1 or time.monotonic() < self._retry_after:
             return
         if self._seconds_to_round_end() <= self.matchmaking_time:
-            self._scheduled = self.averager.step(gather=self.local_epoch, timeout=self.averaging_timeout, wait=False, require_trigger=True)
+            self._scheduled = self.averager.schedule_round(self.local_epoch, self.averaging_timeout)
 
     def _send_round(self, between_steps: bool) -> StepOutcome:
         """End this peer's round: send its pseudo-gradient (weighted by the samples behind it) and
@@ -222,7 +222,7 @@ class SwarmRoundTrainer(DiLoCoTrainer):
             for buffer, pseudo_gradient in zip(buffers, outgoing):
                 buffer.copy_(pseudo_gradient)
         if scheduled is None or scheduled.done():
-            scheduled = self.averager.step(gather=self.local_epoch, timeout=self.averaging_timeout, wait=False, require_trigger=True)
+            scheduled = self.averager.schedule_round(self.local_epoch, self.averaging_timeout)
         scheduled.weight = float(self.pending_samples)
         scheduled.allow_allreduce()
         sent_from = [parameter.detach().to("cpu", torch.float32).clone() for parameter in self.parameters]
