@@ -253,7 +253,7 @@ class DiLoCoTrainer:
             return StepOutcome()
         if self._done_since is None:
             self._done_since = time.monotonic()
-        swarm_ready = self.tracker.ready_to_update_epoch or self.tracker.global_progress.num_peers <= 1
+        swarm_ready = self.tracker.ready_to_update_epoch or self.tracker.alone
         waited_enough = time.monotonic() - self._done_since > 3 * self.matchmaking_time
         if not (swarm_ready or waited_enough):
             return StepOutcome()
@@ -272,7 +272,7 @@ class DiLoCoTrainer:
             self._drop_local_progress("rejected", "Non-finite pseudo-gradient: not contributed, local parameters reset to the global ones")
             return StepOutcome()
 
-        if self.tracker.global_progress.num_peers <= 1:
+        if self.tracker.alone:
             return self._adopt(self.error_feedback.everything(local_pseudo_gradients), averaged_with=1)
         outgoing = self.error_feedback.outgoing(local_pseudo_gradients)
         with self.averager.get_tensors() as buffers:

@@ -198,7 +198,7 @@ class SwarmRoundTrainer(DiLoCoTrainer):
         hivemind.Optimizer does for gradients): a peer in a long step still joins it."""
         if self._scheduled is not None and not self._scheduled.done():
             return
-        if self.tracker.global_progress.num_peers <= 1 or time.monotonic() < self._retry_after:
+        if self.tracker.alone or time.monotonic() < self._retry_after:
             return
         if self._seconds_to_round_end() <= self.matchmaking_time:
             self._scheduled = self.averager.schedule_round(self.local_epoch, self.averaging_timeout)
@@ -207,7 +207,7 @@ class SwarmRoundTrainer(DiLoCoTrainer):
         """End this peer's round: send its pseudo-gradient (weighted by the samples behind it) and
         train on; ``between_steps``: called by the training thread, which may change the local parameters."""
         local_pseudo_gradients = pseudo_gradients(self.global_parameters, self.parameters)
-        finite, alone = all_finite(local_pseudo_gradients), self.tracker.global_progress.num_peers <= 1 and self._scheduled is None
+        finite, alone = all_finite(local_pseudo_gradients), self.tracker.alone and self._scheduled is None
         if not between_steps and (alone or not finite):
             return StepOutcome()
         if not finite:

@@ -56,6 +56,26 @@ class QuietProgressTracker(ProgressTracker):
         self._last_trigger = -float("inf")
         super().__init__(LocalFirstDHT(dht), *args, **kwargs)
 
+    other_peers = 0  # set by every look at the swarm's records (the first one in hivemind's __init__)
+
+    @property
+    def alone(self) -> bool:
+        """Whether the last look at the swarm's progress records found no other peer's.
+
+        hivemind's ``num_peers`` counts this peer's own record too, once it is stored: a peer that
+        has just joined sees one record, someone else's, and ``num_peers <= 1`` took it for alone
+        (in the network lab three volunteers joining a DiLoCo run each took an outer step on their
+        own a second after downloading the swarm's state, and ran ahead of the creator for good)."""
+        return self.other_peers == 0
+
+    def _parse_swarm_progress_data(self, metadata):
+        """hivemind's, counting the records of peers other than this one (:attr:`alone`)."""
+        own = self.local_progress.peer_id
+        entries = metadata.values() if isinstance(metadata, dict) else ()
+        self.other_peers = sum(1 for entry in entries
+                               if isinstance(entry.value, dict) and entry.value.get("peer_id") != own)
+        return super()._parse_swarm_progress_data(metadata)
+
     def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
         """hivemind's, then the store it asked for is taken back unless the epoch changed or
         ``report_period`` passed (the take-back holds only while the reporter is busy with a store:
