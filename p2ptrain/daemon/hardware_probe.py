@@ -77,7 +77,7 @@ class HardwareFacts:
     driver_version: str | None = None
 
     def to_status(self) -> dict:
-        """DESIGN's `status["hardware"]`: {gpus: [...], cpu: {...}, ram: {...}}."""
+        """The status object's `hardware` (docs/design.md): {gpus: [...], cpu: {...}, ram: {...}, driver_version}."""
         gpus = []
         for gpu in self.gpus:
             entry = asdict(gpu)

@@ -57,7 +57,7 @@ class ControlMethods:
     """The protocol's methods, bound to one daemon's collaborators.
 
     Args:
-        status: builds DESIGN's status object.
+        status: builds the status object (docs/design.md, "Control protocol").
         control: the state machine the verbs go to.
         run: the run view (the live peer table).
         db: the database the history methods read.

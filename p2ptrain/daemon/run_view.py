@@ -178,7 +178,7 @@ class RunView:
                                       "measured_at": report.measured_at}
 
     def traffic_status(self, month_used_gb: float, moment: datetime) -> dict | None:
-        """DESIGN's ``local.traffic``, summed over the running workers: bytes per second by kind (sent +
+        """The status object's ``local.traffic``, summed over the running workers: bytes per second by kind (sent +
         received), ``month_gb`` (that rate over this whole month) and ``month_used_gb`` (counted so far)."""
         measured = [view.traffic for view in self.workers.values() if view.joined and view.traffic]
         if not measured:
@@ -239,7 +239,7 @@ class RunView:
         }
 
     def local_status(self) -> dict | None:
-        """DESIGN's ``local``: the first joined worker's view (or, with none joined, as
+        """The status object's ``local``: the first joined worker's view (or, with none joined, as
         while paused, the first that ever joined: its last numbers), with ``workers``
         (every worker's view) and, when there are several, ``samples_per_second``,
         ``trained_samples``, ``contributed_samples`` and ``unused_samples`` summed

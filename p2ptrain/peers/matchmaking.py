@@ -7,7 +7,7 @@ asked to fetch again at once (``pop_next_leader`` triggers an update whenever
 its queue is empty), and so on: a tight loop of DHT lookups for as long as the
 search lasts. In the network lab one peer waiting for slower ones sent ~19 KB/s
 of matchmaking traffic this way, and paused swarms flooded at hundreds of
-packets a second (``/work/shared/NETWORK-FINDINGS.md``).
+packets a second (``docs/findings/network.md``).
 
 ``pace_leader_search`` installs the same loop with a pause between two
 fetches: a seventh of the matchmaking window, between ``MIN_FETCH_INTERVAL_S``

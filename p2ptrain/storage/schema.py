@@ -68,7 +68,7 @@ PEER_COLUMNS = (
 
 
 def _v1_tables(db: sqlite_utils.Database) -> None:
-    """The tables as DESIGN first named them."""
+    """The tables as the design first named them (docs/design.md, "Storage", has them all)."""
     db["events"].create({"ts": float, "kind": str, "message": str, "data": str})
     db["steps"].create(
         {

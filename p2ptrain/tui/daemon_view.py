@@ -48,8 +48,8 @@ class DaemonView:
     """The daemon as the dashboard shows it.
 
     Args:
-        status: the daemon's ``status`` result (DESIGN's status object), e.g.
-            the snapshot a subscription starts with.
+        status: the daemon's ``status`` result (the status object of
+            docs/design.md), e.g. the snapshot a subscription starts with.
     """
 
     def __init__(self, status: dict) -> None:
