@@ -31,7 +31,7 @@ EXIT_OUTPUT_CLOSED = 141
 # ``add_arguments(parser)`` and ``run(args) -> exit code``; each is imported
 # only when its command is on the command line (they import much more).
 MODULE_COMMANDS = {
-    "plan": ("p2ptrain.daemon.plan", "what a device would do with a model"),
+    "plan": ("p2ptrain.daemon.plan_command", "what a device would do with a model"),
     "doctor": ("p2ptrain.daemon.doctor", "check this machine: hardware, plan, NVML, CUDA, ports"),
     "tui": ("p2ptrain.tui.app", "open the dashboard (same as p2ptrain-tui)"),
     "export": ("p2ptrain.peers.export", "write the trained adapters or model in the Hugging Face format"),

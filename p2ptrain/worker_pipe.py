@@ -2,8 +2,8 @@
 
 The daemon starts a worker with a ``WorkerSpec`` and then talks to it over a
 ``multiprocessing`` pipe: commands down (``Pause``, ``Resume``, ``Finish``,
-``Leave``, ``Unban``), reports up (``Joined``, ``Network``, ``Traffic``, ``Step``,
-``Epoch``, ``Swarm``, ``StateChanged``, ``Event``, ``Error``, ``Left``). Both sides import this
+``Leave``, ``Unban``, ``UsePlan``), reports up (``PlanWanted``, ``Joined``, ``Network``,
+``Traffic``, ``Step``, ``Epoch``, ``Swarm``, ``StateChanged``, ``Event``, ``Error``, ``Left``). Both sides import this
 module, and nothing else of each other.
 
 Messages cross the pipe as plain dicts of builtins: a report as
@@ -114,8 +114,16 @@ class WorkerPlan(Message):
         quantization: ``none``, ``int8`` or ``nf4``.
         micro_batch: samples per forward/backward; None: the manifest's
             ``micro_batch_hint``. The worker confirms it with real steps
-            before its first one, halving it on out-of-memory.
+            before its first one, halving it on out-of-memory and growing it
+            while larger ones fit ``memory_cap_bytes`` and train faster.
         grad_accum: micro-batches accumulated into one step.
+        gradient_checkpointing: recompute activations in the backward pass
+            (less memory, about a third more compute).
+        memory_cap_bytes: the most memory training may take: a GPU worker's
+            allocator is held to it (``torch.cuda.set_per_process_memory_fraction``),
+            so going past it is an out-of-memory error like any other; a CPU
+            worker grows its micro-batch only while its peak resident set stays
+            under it. None: no cap (the device's memory).
         cpu_threads: threads torch may use; None: torch's default.
         device_name: the device's model (``NVIDIA RTX 4090``, the CPU's name),
             which keys the measured speed in the plan cache.
@@ -132,6 +140,8 @@ class WorkerPlan(Message):
     cpu_threads: int | None = None
     device_name: str = ""
     compression: str | None = None
+    gradient_checkpointing: bool = False
+    memory_cap_bytes: int | None = None
 
 
 @dataclasses.dataclass
@@ -155,7 +165,9 @@ class WorkerSpec(Message):
         initial_peers: bootstrap multiaddrs; empty: the peers the worker remembers.
         dht: how its DHT listens.
         nickname: shown to other peers.
-        plan: what it trains with.
+        plan: what it trains with; None when the daemon could not plan without
+            the run's manifest (a peer joining a run): the worker reads the
+            manifest from the swarm, reports ``PlanWanted`` and waits for ``UsePlan``.
         uplink_mbit_s: the machine's upload bandwidth (config
             ``training.uplink_mbit_s``), which picks the compression rung when
             the plan has none; None: unknown (the run's top rung).
@@ -183,7 +195,7 @@ class WorkerSpec(Message):
     initial_peers: list[str] = dataclasses.field(default_factory=list)
     dht: DhtOptions = dataclasses.field(default_factory=DhtOptions)
     nickname: str = ""
-    plan: WorkerPlan = dataclasses.field(default_factory=WorkerPlan)
+    plan: WorkerPlan | None = None
     uplink_mbit_s: float | None = None
     start_paused: bool = False
     checkpoint_interval_s: float = 600.0
@@ -322,6 +334,16 @@ class Unban(Command, kind="unban"):
     peers: list[str] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class UsePlan(Command, kind="use-plan"):
+    """The answer to ``PlanWanted``: the ``plan`` to train with, or None with why there is none
+    (``failure``, ``fix``: the worker then fails, as for any fatal error)."""
+
+    plan: WorkerPlan | None = None
+    failure: str = ""
+    fix: str = ""
+
+
 # ----- reports: worker -> daemon ----------------------------------------------------
 
 REPORTS: dict[str, type[Report]] = {}
@@ -331,6 +353,14 @@ class Report(_OfAKind):
     """A report from the worker; ``KIND`` names it on the pipe (``{"type": KIND, ...}``)."""
 
     KINDS = REPORTS
+
+
+@dataclasses.dataclass
+class PlanWanted(Report, kind="plan-wanted"):
+    """A worker started without a plan has read the run's ``manifest`` (JSON) from the swarm: the
+    daemon plans its device for it and answers ``UsePlan``."""
+
+    manifest: dict
 
 
 @dataclasses.dataclass
@@ -347,7 +377,8 @@ class Joined(Report, kind="joined"):
         averaging_client: it averages as a client (sends its share, never reduces):
             peers could not dial it directly.
         micro_batch, grad_accum: what it trains with, confirmed by real steps
-            (halved from the plan's if that ran out of memory).
+            (halved from the plan's if that ran out of memory, grown if larger ones were faster).
+        gradient_checkpointing: it recomputes activations in the backward pass (the plan's choice).
         parameters, trainable_parameters: the model's sizes.
         manifest: the run manifest it trains with (JSON), and its hash.
         port_moves: the configured listening ports that were taken, and where it listens instead.
@@ -377,6 +408,7 @@ class Joined(Report, kind="joined"):
     calibrated_samples_per_second: float | None = None
     reachability_checked_at: float | None = None
     averaging_client: bool = False
+    gradient_checkpointing: bool = False
 
 
 @dataclasses.dataclass

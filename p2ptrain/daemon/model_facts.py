@@ -32,8 +32,10 @@ class ModelFacts:
     `num_layers`, `num_attention_heads`, `num_key_value_heads` (grouped-query
     attention), `head_dim`: as in the model's config. `tie_word_embeddings`:
     the output layer shares the input embedding. `gated_mlp`: SwiGLU/GeGLU (3
-    matrices) rather than a 2-matrix MLP. `lora`: the run's LoRA settings, or
-    None for full training of every weight.
+    matrices) rather than a 2-matrix MLP. `attention`: the attention kernel,
+    ``sdpa`` (PyTorch's fused kernels, transformers' default) or ``eager``
+    (keeps the attention probabilities: more memory). `lora`: the run's LoRA
+    settings, or None for full training of every weight.
     """
 
     name: str
@@ -46,6 +48,7 @@ class ModelFacts:
     head_dim: int
     tie_word_embeddings: bool = False
     gated_mlp: bool = True
+    attention: str = "sdpa"
     hub_id: str | None = None
     lora: dict | None = field(default=None, compare=False)
 
@@ -56,13 +59,18 @@ class ModelFacts:
         return matrices * self.vocab_size * self.hidden_size
 
     @property
-    def layer_parameters(self) -> int:
-        """Weights of one transformer block (attention, MLP, two norms)."""
+    def linear_parameters(self) -> int:
+        """Weights of one transformer block's linear layers (attention and MLP): what quantization shrinks."""
         query_width = self.num_attention_heads * self.head_dim
         key_value_width = self.num_key_value_heads * self.head_dim
         attention = self.hidden_size * (2 * query_width + 2 * key_value_width)
         mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
-        return attention + mlp + 2 * self.hidden_size
+        return attention + mlp
+
+    @property
+    def layer_parameters(self) -> int:
+        """Weights of one transformer block (its linear layers and two norms)."""
+        return self.linear_parameters + 2 * self.hidden_size
 
     @property
     def parameters(self) -> int:
@@ -233,5 +241,6 @@ def facts_from_config(name: str, config: dict, lora: dict | None = None, hub_id:
         head_dim=config.get("head_dim") or hidden // heads,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", model_type in ("gpt2", "gemma", "opt"))),
         gated_mlp=gated,
+        attention="eager" if _first(config, "attn_implementation", "_attn_implementation") == "eager" else "sdpa",
         lora=lora,
     )

@@ -1,41 +1,35 @@
-"""The hardware plan: precision, quantization, micro-batch and threads for one device.
+"""The hardware plan: precision, quantization, gradient checkpointing, micro-batch and threads for one device.
 
 `make_plan` is a pure function of (model facts, manifest, device facts,
-policy). It sizes from the memory that is *free* now (a desktop's browser and
-compositor hold VRAM too), not from the card's total, and says why it chose
-each value in one line. The training worker then confirms it with real
-passes before its first step (`p2ptrain.peers.calibration`), halving the
-micro-batch on out-of-memory, and records the speed it measured. `run` is
-`p2ptrain plan` (its arguments: `add_arguments`): the same answer for a hypothetical
-device, so a run organiser sees what a T4, a 4090 or an A100 would do, and
-for this machine's own device with what its worker measured.
+policy, what this device measured before). It sizes from the memory that is
+*free* now (a desktop's browser and compositor hold VRAM too) within the
+volunteer's share, not from the card's total, and says why it chose each value
+in one line. Every worker is planned: the run's creator before its worker
+starts, a peer that joins once its worker has read the run's manifest from the
+swarm (the worker asks the daemon: ``PlanWanted``). The worker then holds its
+allocator to the plan's cap and confirms the micro-batch with real passes
+(``p2ptrain.peers.calibration``), growing it while that is faster and halving
+it on out-of-memory. ``p2ptrain plan`` (``plan_command.py``) shows the same
+answer for any device.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import re
-import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
-from p2ptrain.daemon.memory import (
-    GIB,
-    MIB,
-    MemoryEstimate,
-    estimate_memory,
-    format_gib,
-    format_parameters,
-)
-from p2ptrain.daemon.model_facts import ModelFacts, ModelFactsError, model_facts
-from p2ptrain.peers.compression_ladder import LADDER, ROUND_UPLOAD_S, allowed_rungs, choose_rung, parse_rung, upload_bytes_per_value
+from p2ptrain.daemon.memory import GIB, MIB, MemoryEstimate, estimate_memory, format_gib, format_parameters
+from p2ptrain.daemon.model_facts import ModelFacts
+from p2ptrain.peers.compression_ladder import ROUND_UPLOAD_S, allowed_rungs, choose_rung
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pydantic would slow down `p2ptrain plan`
     from p2ptrain.config import PolicySettings
 
-QUANTIZATION_ORDER = ("none", "int8", "nf4")
 BF16_COMPUTE_CAPABILITY = (8, 0)
+# Below this, GPUs have no tensor cores and (consumer Pascal) run fp16 arithmetic at a small fraction of fp32's speed.
+FP16_COMPUTE_CAPABILITY = (7, 0)
+# bitsandbytes' int8 matrix multiplication needs Turing or newer.
+INT8_COMPUTE_CAPABILITY = (7, 5)
 
 
 class PlanError(ValueError):
@@ -77,15 +71,18 @@ class DeviceFacts:
 class PlanPolicy:
     """The volunteer's limits and the plan's tuning knobs.
 
-    `memory_share`: the share of *free* GPU memory training may take
-    (leaves room for the desktop and for allocator fragmentation).
+    `memory_share`: the share of *free* GPU memory training may take (the
+    worker's allocator is capped there: leaves room for the desktop).
     `ram_share`: the same for available RAM when training on the CPU, lower
     because the desktop's own programs grow into RAM while we train.
     `max_cpu_threads`: a cap on torch threads (None: all physical cores).
-    `quantize_below_micro_batch`: when the unquantized model fits fewer
-    samples than this (and than the manifest's micro-batch), quantize to make
-    room: at one or two samples a step a GPU idles on kernel launches, which
-    costs more than dequantizing. `max_micro_batch`: an upper bound.
+    `enough_micro_batch`: a micro-batch that keeps a GPU busy. The plan takes
+    the fastest way to train (no gradient checkpointing, no quantization) that
+    fits this many samples at once, or the manifest's micro-batch if smaller;
+    only when it does not fit does it trade speed for memory. At one or two
+    samples a step a GPU idles on kernel launches, which costs more than
+    recomputing activations or dequantizing weights.
+    `max_micro_batch`: an upper bound.
     `round_upload_s`: the longest one averaging round's upload may take on the
     uplink; the compression rung is the most precise one the run allows within it.
     """
@@ -93,7 +90,7 @@ class PlanPolicy:
     memory_share: float = 0.9
     ram_share: float = 0.5
     max_cpu_threads: int | None = None
-    quantize_below_micro_batch: int = 4
+    enough_micro_batch: int = 4
     max_micro_batch: int = 64
     round_upload_s: float = ROUND_UPLOAD_S
 
@@ -104,16 +101,30 @@ class PlanPolicy:
                    max_cpu_threads=settings.max_cpu_threads)
 
 
+@dataclass(frozen=True)
+class TrainingWay:
+    """One way to fit the model on a device: its quantization and whether activations are recomputed."""
+
+    quantization: str
+    gradient_checkpointing: bool
+
+    def words(self) -> str:
+        quantized = "unquantized" if self.quantization == "none" else self.quantization
+        return f"{quantized}{' with gradient checkpointing' if self.gradient_checkpointing else ''}"
+
+
 @dataclass
 class Plan:
     """What one worker runs with; `rationale` has one line per choice.
 
-    `samples_per_second` is what this machine's training worker measured for
-    the same model, device, precision and quantization (the plan cache), and
-    `calibrated` says it was at this plan's micro-batch and seq_len;
-    `memory_estimate_gib` is the plan's own arithmetic. `compression` is the
-    rung this peer sends averaged tensors with (None when the plan was made
-    without the run's manifest: `choose_compression` then).
+    `memory_estimate_gib` is the plan's own arithmetic at its micro-batch,
+    `memory_allowed_gib` the volunteer's share of the free memory, and
+    `memory_cap_gib` what the worker's allocator is held to (the share less
+    the context the allocator does not see). `samples_per_second` is what
+    this machine's training worker measured for the same model, device,
+    precision and quantization (the plan cache), and `calibrated` says it was
+    at this plan's micro-batch and seq_len. `compression` is the rung this
+    peer sends averaged tensors with (None when the manifest names none).
     """
 
     model: str
@@ -127,6 +138,8 @@ class Plan:
     seq_len: int
     memory_estimate_gib: float
     memory_allowed_gib: float
+    gradient_checkpointing: bool = False
+    memory_cap_gib: float | None = None
     rationale: list[str] = field(default_factory=list)
     compression: str | None = None
     samples_per_second: float | None = None
@@ -146,14 +159,41 @@ class Plan:
 
 
 def choose_precision(device: DeviceFacts) -> tuple[str, str]:
-    """bf16 on GPUs of compute capability >= 8.0, fp16 below, fp32 on the CPU; with the reason."""
+    """bf16 from compute capability 8.0, fp16 from 7.0, fp32 below and on the CPU; with the reason."""
     if device.kind == "cpu":
         return "fp32", "precision fp32: training on the CPU"
     capability = device.compute_capability or (0, 0)
     shown = f"{capability[0]}.{capability[1]}"
     if capability >= BF16_COMPUTE_CAPABILITY:
         return "bf16", f"precision bf16: compute capability {shown} supports bfloat16"
-    return "fp16", f"precision fp16: compute capability {shown} has no bfloat16 (needs 8.0)"
+    if capability >= FP16_COMPUTE_CAPABILITY:
+        return "fp16", f"precision fp16: compute capability {shown} has no bfloat16 (needs 8.0)"
+    return "fp32", (f"precision fp32: compute capability {shown} has no tensor cores, and its fp16 arithmetic is "
+                    f"slower than fp32 (16-bit needs 7.0)")
+
+
+def training_ways(facts: ModelFacts, device: DeviceFacts, measured: dict[str, float] | None = None) -> list[TrainingWay]:
+    """The ways to train `facts` on `device`, fastest first.
+
+    Without quantization before with it (dequantizing costs more than
+    recomputing: nf4 ran 3x slower than bf16 at the same micro-batch on an
+    H100); unquantized without gradient checkpointing before with it, and
+    quantized always with it (QLoRA as peft prepares it, the way measured). nf4 before
+    int8 (smaller, and faster at every micro-batch measured), unless this
+    device measured int8 faster (`measured`: samples/s by quantization, from
+    the plan cache). Quantization needs a CUDA GPU and LoRA (QLoRA); int8 needs
+    compute capability 7.5.
+    """
+    quantizations = ["none"]
+    if device.kind == "cuda" and facts.can_quantize:
+        quantized = ["nf4"]
+        if (device.compute_capability or (0, 0)) >= INT8_COMPUTE_CAPABILITY:
+            measured = measured or {}
+            int8_faster = measured.get("int8", 0.0) > measured.get("nf4", float("inf"))
+            quantized = ["int8", "nf4"] if int8_faster else ["nf4", "int8"]
+        quantizations += quantized
+    unquantized = [TrainingWay("none", False), TrainingWay("none", True)]
+    return unquantized + [TrainingWay(quantization, True) for quantization in quantizations[1:]]
 
 
 def largest_divisor_at_most(total: int, limit: int) -> int:
@@ -164,8 +204,9 @@ def largest_divisor_at_most(total: int, limit: int) -> int:
     return 1
 
 
-def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: PlanPolicy | None = None) -> Plan:
-    """Choose precision, quantization, micro-batch, accumulation and threads for `device`.
+def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: PlanPolicy | None = None,
+              measured: dict[str, float] | None = None) -> Plan:
+    """Choose precision, quantization, gradient checkpointing, micro-batch, accumulation and threads for `device`.
 
     Args:
         facts: the model's shape, with the run's LoRA settings (`model_facts(model, lora)`).
@@ -175,15 +216,17 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
             (`choose_compression`; sync mode sends the manifest's compression).
         device: the device to train on, with its free memory now.
         policy: the volunteer's caps; defaults to `PlanPolicy()`.
+        measured: samples/s this device measured per quantization for this model
+            (the plan cache); orders int8 and nf4 (`training_ways`).
 
-    Quantization is the least of none / int8 / nf4 that fits
-    `quantize_below_micro_batch` samples at once (or the manifest's
-    micro-batch, if smaller); if none does, nf4, which leaves the most room.
-    The micro-batch is the largest that fits and divides the manifest's
-    micro-batch, so accumulation reaches it exactly.
+    The way to train is the first of `training_ways` that fits
+    `policy.enough_micro_batch` samples at once (or the manifest's micro-batch,
+    if smaller); if none does, the one that fits the most. The micro-batch is
+    the largest that fits and divides the manifest's micro-batch, so
+    accumulation reaches it exactly.
 
     Raises:
-        PlanError: the model does not fit even at one sample with the strongest quantization.
+        PlanError: the model does not fit even at one sample in any way.
     """
     policy = policy or PlanPolicy()
     seq_len = int(manifest.get("seq_len") or 128)
@@ -192,30 +235,27 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
     free = device.memory_free_mib * MIB
     share = policy.ram_share if device.kind == "cpu" else policy.memory_share
     allowed = int(free * share)
-    options = QUANTIZATION_ORDER if device.kind == "cuda" and facts.can_quantize else ("none",)
-    estimates = {q: estimate_memory(facts, precision, q, seq_len, device.kind) for q in options}
+    ways = training_ways(facts, device, measured)
+    estimates = {way: estimate_memory(facts, precision, way.quantization, seq_len, device.kind, way.gradient_checkpointing)
+                 for way in ways}
     limit = min(wanted, policy.max_micro_batch)
-    # Samples that fit at once, per quantization (capped by what the run wants).
-    fits = {q: min(limit, estimate.samples_that_fit(allowed)) for q, estimate in estimates.items()}
+    fits = {way: min(limit, estimate.samples_that_fit(allowed)) for way, estimate in estimates.items()}
     memory_words = f"{format_gib(allowed)} allowed ({share:.0%} of {format_gib(free)} free)"
     if not any(fits.values()):
-        strongest = options[-1]
+        smallest = min(ways, key=lambda way: estimates[way].total(1))
         raise PlanError(
             f"{facts.name} does not fit on {device.name}: one sample of {seq_len} tokens needs "
-            f"{format_gib(estimates[strongest].total(1))} in {precision}"
-            f"{'' if strongest == 'none' else ' with ' + strongest} but {memory_words}",
+            f"{format_gib(estimates[smallest].total(1))} in {precision}, {smallest.words()}, but {memory_words}",
             "use a device with more free memory, a smaller model, or a shorter seq_len",
         )
-    floor = min(wanted, policy.quantize_below_micro_batch)
-    # A device too tight for the floor even in nf4 gets nf4 anyway: the most headroom.
-    quantization = next((q for q in options if fits[q] >= floor), options[-1])
-    micro_batch = largest_divisor_at_most(wanted, fits[quantization])
-    chosen = estimates[quantization]
+    enough = min(wanted, policy.enough_micro_batch)
+    way = next((way for way in ways if fits[way] >= enough), None) or max(ways, key=lambda way: fits[way])
+    micro_batch = largest_divisor_at_most(wanted, fits[way])
+    chosen = estimates[way]
     cpu_threads = _cpu_threads(device, policy)
     rationale = [
         precision_reason,
-        _quantization_reason(facts, estimates, fits, quantization, precision, seq_len, memory_words,
-                             device),
+        _way_reason(facts, estimates, fits, way, ways, precision, seq_len, memory_words, enough, device),
         f"micro-batch {micro_batch} x {wanted // micro_batch} accumulation steps: the manifest wants {wanted} "
         f"samples per step, {micro_batch} fit at once (needs {format_gib(chosen.total(micro_batch))})",
         _threads_reason(device, policy, cpu_threads),
@@ -229,13 +269,15 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
         device=device.torch_device,
         device_name=device.name,
         precision=precision,
-        quantization=quantization,
+        quantization=way.quantization,
+        gradient_checkpointing=way.gradient_checkpointing,
         micro_batch=micro_batch,
         grad_accum=wanted // micro_batch,
         cpu_threads=cpu_threads,
         seq_len=seq_len,
         memory_estimate_gib=round(chosen.total(micro_batch) / GIB, 2),
         memory_allowed_gib=round(allowed / GIB, 2),
+        memory_cap_gib=round((allowed - chosen.context) / GIB, 2),
         rationale=rationale,
         compression=compression,
     )
@@ -265,23 +307,28 @@ def choose_compression(manifest: dict, trainable_parameters: int, uplink_mbit_s:
     return rung.name, reason
 
 
-def _quantization_reason(facts: ModelFacts, estimates: dict[str, MemoryEstimate], fits: dict[str, int],
-                         quantization: str, precision: str, seq_len: int, memory_words: str,
-                         device: DeviceFacts) -> str:
-    plain = estimates["none"]
+def _way_reason(facts: ModelFacts, estimates: dict[TrainingWay, MemoryEstimate], fits: dict[TrainingWay, int],
+                way: TrainingWay, ways: list[TrainingWay], precision: str, seq_len: int, memory_words: str,
+                enough: int, device: DeviceFacts) -> str:
+    """One line: what the model needs, and why this quantization and checkpointing."""
+    plain = estimates[ways[0]]
     need = (f"{format_parameters(facts.parameters)} params need {format_gib(plain.weights)} in {precision} plus "
             f"{format_gib(plain.per_sample)} per sample of {seq_len} tokens")
-    if quantization != "none":
-        return (f"quantization {quantization}: {need}; a micro-batch of {fits['none']} fits in "
-                f"{memory_words}, in {quantization} the weights take {format_gib(estimates[quantization].weights)} "
-                f"and a micro-batch of {fits[quantization]} fits")
-    if device.kind == "cpu":
-        why = "bitsandbytes quantization needs a CUDA GPU"
-    elif not facts.can_quantize:
-        why = "full training cannot update quantized weights"
-    else:
-        why = f"a micro-batch of {fits['none']} fits in {memory_words}"
-    return f"quantization none: {need}; {why}"
+    checkpointing = "; gradient checkpointing on" if way.gradient_checkpointing else ""
+    if way == ways[0]:
+        if device.kind == "cpu":
+            why = "bitsandbytes quantization needs a CUDA GPU"
+        elif not facts.can_quantize:
+            why = "full training cannot update quantized weights"
+        else:
+            why = f"a micro-batch of {fits[way]} fits in {memory_words}"
+        return f"quantization none: {need}; {why}"
+    tried = ", ".join(f"{earlier.words()} {fits[earlier]}" for earlier in ways[: ways.index(way) + 1])
+    busy = f"{enough}, enough to keep the GPU busy"
+    reason = f"the fastest way that fits {busy}" if fits[way] >= enough else f"the way that fits the most (none fits {busy})"
+    weights = "" if way.quantization == "none" else f" (its weights take {format_gib(estimates[way].weights)})"
+    return (f"quantization {way.quantization}{checkpointing}: {need}; samples that fit at once in {memory_words}: "
+            f"{tried}; {way.words()}{weights} is {reason}")
 
 
 def _cpu_threads(device: DeviceFacts, policy: PlanPolicy) -> int:
@@ -299,144 +346,3 @@ def _threads_reason(device: DeviceFacts, policy: PlanPolicy, threads: int) -> st
     if device.kind == "cpu":
         return f"{words}: one per physical core"
     return f"{words}: enough to feed the GPU"
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(tib|tb|t|gib|gb|g|mib|mb|m)?\s*$", re.IGNORECASE)
-_UNITS = {"t": 1024**2, "g": 1024, "m": 1}
-
-
-def parse_size_mib(text: str) -> int:
-    """A memory size like "16GiB", "16 GB", "24576MiB" or "80G" in MiB (GB is taken as GiB, as GPU specs mean it).
-
-    Raises ValueError with the accepted forms.
-    """
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"cannot read the size {text!r}; write it like 16GiB, 12GB or 8192MiB")
-    unit = (match.group(2) or "g")[0].lower()
-    return int(float(match.group(1)) * _UNITS[unit])
-
-
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(g|m|k)?(?:bit|b)?(?:ps|/s)?\s*$", re.IGNORECASE)
-_RATE_UNITS = {"g": 1000.0, "m": 1.0, "k": 0.001}
-
-
-def parse_rate_mbit(text: str) -> float:
-    """An uplink like "20Mbit", "20 Mbit/s", "1Gbit", "512kbit" or "20" (Mbit/s) in Mbit/s.
-
-    Raises ValueError with the accepted forms.
-    """
-    match = _RATE.match(text)
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"cannot read the uplink {text!r}; write it like 20Mbit, 512kbit or 1Gbit (bits per second)")
-    return float(match.group(1)) * _RATE_UNITS[(match.group(2) or "m").lower()]
-
-
-def parse_compute_capability(text: str) -> tuple[int, int]:
-    """"7.5" -> (7, 5). Raises ValueError with the accepted form."""
-    match = re.match(r"^\s*(\d+)\.(\d+)\s*$", text)
-    if not match:
-        raise ValueError(f"cannot read the compute capability {text!r}; write it like 7.5 (T4) or 8.9 (RTX 4090)")
-    return int(match.group(1)), int(match.group(2))
-
-
-def with_measurement(plan: Plan, home: str | None) -> Plan:
-    """`plan` with what this machine's worker measured for it, if it ever ran it (`cache_dir/plans.json`)."""
-    import time
-
-    from p2ptrain.paths import resolve_paths
-    from p2ptrain.peers.calibration import cache_key, read_plan_cache
-
-    measured = read_plan_cache(resolve_paths(home).cache_dir).get(cache_key(plan.model, plan.device_name, plan.precision, plan.quantization))
-    if not isinstance(measured, dict) or not isinstance(measured.get("samples_per_second"), (int, float)):
-        return plan
-    same = measured.get("micro_batch") == plan.micro_batch and measured.get("seq_len") == plan.seq_len
-    when = time.strftime("%Y-%m-%d", time.localtime(measured.get("measured_at") or 0))
-    line = (f"measured here on {when}: {measured['samples_per_second']:.2f} samples/s forward and backward at micro-batch "
-            f"{measured.get('micro_batch')} x {measured.get('seq_len')} tokens")
-    return Plan(**{**asdict(plan), "samples_per_second": measured["samples_per_second"], "calibrated": same,
-                   "rationale": [*plan.rationale, line]})
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of `p2ptrain plan` (the CLI adds its global options)."""
-    parser.add_argument("--model", required=True, help="built-in name (tiny, gemma-2b, ...), hub id or local dir")
-    parser.add_argument("--gpu-memory", help="plan for a GPU with this much free memory, e.g. 16GiB")
-    parser.add_argument("--compute-capability", help="that GPU's compute capability, e.g. 7.5 (T4), 8.0 (A100)")
-    parser.add_argument("--device", choices=["cpu"], help="plan for this machine's CPU")
-    parser.add_argument("--seq-len", type=int, help="tokens per sample (default 128 for tiny, 512 otherwise)")
-    parser.add_argument("--micro-batch-hint", type=int, default=8, help="samples per step the run wants (8)")
-    parser.add_argument("--lora-r", type=int, default=8, help="LoRA rank for pretrained models (8)")
-    parser.add_argument("--full-training", action="store_true", help="train every weight instead of LoRA")
-    parser.add_argument("--memory-share", type=float, default=PlanPolicy.memory_share,
-                        help="share of free memory training may use (0.9)")
-    parser.add_argument("--uplink", help="this machine's upload bandwidth, e.g. 20Mbit: picks the compression rung")
-    parser.add_argument("--compression", help="the run's top compression rung (default none: the whole ladder "
-                                              "is allowed)")
-    parser.add_argument("--compression-rungs", nargs="*",
-                        help="cheaper rungs the run allows (default: every rung of the ladder below --compression)")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-
-
-def _device_from_arguments(options: argparse.Namespace) -> DeviceFacts:
-    from p2ptrain.daemon.hardware_probe import probe
-
-    hardware = probe()
-    if options.gpu_memory or options.compute_capability:
-        if not (options.gpu_memory and options.compute_capability):
-            raise ValueError("give --gpu-memory and --compute-capability together, e.g. --gpu-memory 16GiB "
-                             "--compute-capability 7.5")
-        memory = parse_size_mib(options.gpu_memory)
-        capability = parse_compute_capability(options.compute_capability)
-        return DeviceFacts(kind="cuda", name=f"a {memory / 1024:.3g} GiB GPU of compute capability "
-                           f"{capability[0]}.{capability[1]}", memory_total_mib=memory, memory_free_mib=memory,
-                           compute_capability=capability, index=0, cpu_cores=hardware.cpu.cores_physical)
-    devices = hardware.devices()
-    if options.device == "cpu":
-        return next(device for device in devices if device.kind == "cpu")
-    return devices[0]
-
-
-def _compression_arguments(options: argparse.Namespace) -> dict:
-    """The manifest's compression fields for `p2ptrain plan`: by default the whole ladder below the top rung."""
-    top = parse_rung(options.compression or "none")
-    if options.compression_rungs is not None:
-        return {"mode": "diloco", "compression": top.name, "compression_rungs": options.compression_rungs}
-    cheaper = [name for name in LADDER if upload_bytes_per_value(parse_rung(name)) < upload_bytes_per_value(top)]
-    return {"mode": "diloco", "compression": top.name, "compression_rungs": cheaper}
-
-
-def run(options: argparse.Namespace) -> int:
-    """`p2ptrain plan`: print the plan; exit 0, or 2 with a one-line error for bad input or no fit."""
-    tiny = options.model.lower() == "tiny"
-    lora = None if tiny or options.full_training else {"r": options.lora_r}
-    manifest = {"seq_len": options.seq_len or (128 if tiny else 512), "micro_batch_hint": options.micro_batch_hint}
-    try:
-        if options.device and options.gpu_memory:
-            raise ValueError("give either --device cpu or --gpu-memory, not both")
-        if not 0 < options.memory_share <= 1:
-            raise ValueError(f"--memory-share {options.memory_share} is out of range; use a share in (0, 1]")
-        if manifest["seq_len"] < 1 or manifest["micro_batch_hint"] < 1:
-            raise ValueError("--seq-len and --micro-batch-hint must be at least 1")
-        device = _device_from_arguments(options)
-        if options.uplink or options.compression or options.compression_rungs is not None:
-            manifest.update(_compression_arguments(options))
-            device = replace(device, uplink_mbit_s=parse_rate_mbit(options.uplink) if options.uplink else None)
-        facts = model_facts(options.model, lora)
-        plan = make_plan(facts, manifest, device, PlanPolicy(memory_share=options.memory_share))
-        if not options.gpu_memory:
-            plan = with_measurement(plan, getattr(options, "home", None))
-    except (ValueError, ModelFactsError) as error:
-        print(f"p2ptrain plan: {error}", file=sys.stderr)
-        return 2
-    if options.json:
-        print(json.dumps(plan.to_dict(), indent=2))
-        return 0
-    print(f"{plan.model} on {plan.device_name} ({plan.device}): {plan.precision}, quantization "
-          f"{plan.quantization}, micro-batch {plan.micro_batch} x {plan.grad_accum}, {plan.cpu_threads} CPU threads, "
-          f"~{plan.memory_estimate_gib} GiB of {plan.memory_allowed_gib} GiB allowed"
-          f"{f', sends {plan.compression}' if plan.compression else ''}")
-    for line in plan.rationale:
-        print(f"  - {line}")
-    return 0
-

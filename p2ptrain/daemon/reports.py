@@ -23,7 +23,9 @@ from p2ptrain.daemon.traffic_month import MonthlyTraffic
 from p2ptrain.daemon.worker_pool import WorkerPool
 from p2ptrain.storage.bans import record_ban
 from p2ptrain.storage.database import Database
-from p2ptrain.worker_pipe import Epoch, Error, Event, Joined, Left, Network, Report, StateChanged, Step, Swarm, Traffic, encode
+from p2ptrain.worker_pipe import (
+    Epoch, Error, Event, Joined, Left, Network, PlanWanted, Report, StateChanged, Step, Swarm, Traffic, encode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ class WorkerReports:
         self.run, self.db, self.broadcaster, self.events, self.control, self.pool = run, db, broadcaster, events, control, pool
         self.traffic_month = traffic_month
         self.handlers: dict[type[Report], Callable] = {
+            PlanWanted: self.plan_wanted,
             Joined: self.joined,
             Network: self.network,
             Traffic: self.traffic,
@@ -65,6 +68,12 @@ class WorkerReports:
             log.warning("ignoring a %s report of worker %s: the daemon has no handler for it", report.KIND, name)
             return
         handler(name, report)
+
+    def plan_wanted(self, name: str, report: PlanWanted) -> None:
+        """A worker started without a plan read the run's manifest: plan its device now and answer it."""
+        process = self.pool.processes.get(name)
+        if process is not None:
+            process.send(self.pool.answer_plan(name, report.manifest))
 
     def joined(self, name: str, report: Joined) -> None:
         self.run.apply_joined(name, report)

@@ -31,7 +31,7 @@ from p2ptrain.daemon.event_log import EventLog
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import RequestError
 from p2ptrain.daemon.state import DESIRED_STATE_KEY, PAUSED_VIEW_KEY, DesiredState, Lifecycle
-from p2ptrain.daemon.worker_pool import WorkerPool
+from p2ptrain.daemon.worker_pool import NoPlan, WorkerPool
 from p2ptrain.daemon.worker_process import WorkerProcess
 from p2ptrain.daemon.worker_slots import WorkerSlot
 from p2ptrain.storage.bans import banned_peers, lift_bans
@@ -203,7 +203,8 @@ class RunControl:
             self._enter(states.PAUSED, "user")
             return
         for slot in self.pool.slots:
-            self._start_worker(slot)
+            if not self._start_worker(slot):
+                return
         self._enter(states.JOINING)
 
     def _restore_paused_view(self) -> None:
@@ -216,12 +217,18 @@ class RunControl:
             except (KeyError, TypeError, ValueError) as error:
                 log.warning("not showing the run as last seen: its record is unreadable (%s)", error)
 
-    def _start_worker(self, slot: WorkerSlot) -> None:
-        process = self.pool.start(slot, self.desired.run)
+    def _start_worker(self, slot: WorkerSlot) -> bool:
+        """Start one worker; False when no hardware plan fits its device (then the daemon is in ``error``)."""
+        try:
+            process = self.pool.start(slot, self.desired.run)
+        except NoPlan as failure:
+            self.worker_failed(f"no hardware plan for {slot.name}: {failure.message}", failure.fix)
+            return False
         if self.lifecycle.state == states.FINISHING:
             process.send(Finish())  # the others are finishing their epoch: so does this one
         elif self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason == "oom-backoff":
             self._enter(states.JOINING)
+        return True
 
     def worker_joined(self, manifest: dict) -> None:
         """A worker is in the swarm with ``manifest``."""

@@ -35,6 +35,7 @@ WORKER_FIELDS = (
     "peer_id",
     "precision",
     "quantization",
+    "gradient_checkpointing",
     "micro_batch",
     "grad_accum",
     "samples_per_second",
@@ -45,6 +46,8 @@ WORKER_FIELDS = (
     "state",
 )
 UNUSED_REASONS = tuple(reason.name for reason in fields(UnusedSamples))
+# what status.local shows of the plan until the worker has joined and says what it confirmed
+PLANNED_FIELDS = ("precision", "quantization", "gradient_checkpointing", "micro_batch", "grad_accum")
 
 
 @dataclass
@@ -65,6 +68,10 @@ class WorkerView:
             an adopted average or optimizer step, and what never will, by reason.
             The worker restores them from its checkpoint, so they survive restarts;
             the largest reported is kept, so they survive a restart that lost its checkpoint.
+        plan: the daemon's hardware plan for it (``daemon/plan.py: Plan.to_dict``, with its
+            rationale), from when it was made: before the worker starts, or once a joining
+            worker read the run's manifest. Until the worker joins, ``status`` shows the plan's
+            precision, quantization and micro-batch; then what the worker confirmed.
     """
 
     device: str
@@ -78,6 +85,7 @@ class WorkerView:
     unused_samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNUSED_REASONS, 0))
     port_moves: list[PortMove] = field(default_factory=list)
     traffic: dict[str, Any] = field(default_factory=dict)
+    plan: dict[str, Any] | None = None
 
     def apply_joined(self, report: Joined) -> None:
         self.joined = True
@@ -112,8 +120,11 @@ class WorkerView:
         self.state = state
 
     def status(self) -> dict:
+        planned = {name: self.plan[name] for name in PLANNED_FIELDS} if self.plan else {}
         return {
+            **planned,
             **self.local,
+            "plan": self.plan,
             "device": self.device,
             "samples_per_second": self.samples_per_second,
             "loss": self.loss,
@@ -243,9 +254,10 @@ class RunView:
         while paused, the first that ever joined: its last numbers), with ``workers``
         (every worker's view) and, when there are several, ``samples_per_second``,
         ``trained_samples``, ``contributed_samples`` and ``unused_samples`` summed
-        over all of them. None before any joined."""
+        over all of them. Before any joined, the first planned one (its plan); None before that."""
         views = self.workers.values()
-        first = next((view for view in views if view.joined), None) or next((view for view in views if view.local), None)
+        first = (next((view for view in views if view.joined), None) or next((view for view in views if view.local), None)
+                 or next((view for view in views if view.plan), None))
         if first is None:
             return None
         views = list(self.workers.values())
@@ -277,7 +289,8 @@ class RunView:
             "num_peers": self.num_peers, "last_epoch_at": self.last_epoch_at, "reported_at": self.reported_at,
             "peers": [peer.to_dict() for peer in self.peers],
             "workers": {name: {"device": view.device, "local": view.local, "loss": view.loss, "trained_samples": view.trained_samples,
-                               "contributed_samples": view.contributed_samples, "unused_samples": view.unused_samples}
+                               "contributed_samples": view.contributed_samples, "unused_samples": view.unused_samples,
+                               "plan": view.plan}
                         for name, view in self.workers.items()},
         }
 
@@ -288,7 +301,7 @@ class RunView:
         self.peers = [PeerRow.from_dict(row) for row in snapshot["peers"]]
         for name, worker in snapshot["workers"].items():
             view = self.worker(name, worker["device"])
-            view.local, view.loss, view.state = worker["local"], worker["loss"], state
+            view.local, view.loss, view.state, view.plan = worker["local"], worker["loss"], state, worker.get("plan")
             view.trained_samples = worker.get("trained_samples", worker["contributed_samples"])
             view.contributed_samples = worker["contributed_samples"]
             view.unused_samples.update(worker.get("unused_samples") or {})

@@ -20,7 +20,8 @@ from typing import Callable
 
 from p2ptrain.daemon.config_file import ConfigFile
 from p2ptrain.daemon.event_log import EventLog
-from p2ptrain.daemon.plan import DeviceFacts, PlanPolicy
+from p2ptrain.daemon.model_facts import ModelFactsError
+from p2ptrain.daemon.plan import DeviceFacts, PlanError, PlanPolicy
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.worker_process import WorkerProcess
 from p2ptrain.daemon.worker_slots import (
@@ -34,9 +35,17 @@ from p2ptrain.daemon.worker_slots import (
     worker_spec,
 )
 from p2ptrain.paths import Paths
-from p2ptrain.worker_pipe import OUT_OF_MEMORY_EXIT_CODE, Command, Error, Pause, Report
+from p2ptrain.worker_pipe import OUT_OF_MEMORY_EXIT_CODE, Command, Error, Pause, Report, UsePlan, WorkerPlan
 
 log = logging.getLogger(__name__)
+
+
+class NoPlan(Exception):
+    """No hardware plan for a worker: ``message`` says why, ``fix`` what to do."""
+
+    def __init__(self, message: str, fix: str):
+        super().__init__(message)
+        self.message, self.fix = message, fix
 
 
 @dataclass(frozen=True)
@@ -127,20 +136,22 @@ class WorkerPool:
     def start(self, slot: WorkerSlot, run_request: dict) -> WorkerProcess:
         """Start (or restart) one worker, with a plan sized from its device's free memory (as last probed).
 
+        Without the run's manifest (joining a run) it starts without a plan and asks for one
+        once it has read the manifest (``answer_plan``).
+
         Args:
             slot: the worker.
             run_request: the desired run (``run_id``, ``manifest``, ``new_run``, ``initial_peers``).
+
+        Raises:
+            NoPlan: the manifest is known and no plan fits the device (nothing was started).
         """
-        restarts = self.restarts[slot.name]
-        plan = self._plan(slot, run_request.get("manifest"))
-        cap = restarts.micro_batch_cap()
-        if cap and (plan.micro_batch is None or plan.micro_batch > cap[0]):
-            plan = replace(plan, micro_batch=cap[0], grad_accum=cap[1])
-            log.info("plan %s: micro-batch %d x %d after %d out-of-memory error(s)", slot.name, plan.micro_batch, plan.grad_accum, restarts.micro_batch_halvings)
+        manifest = run_request.get("manifest")
+        self.run.worker(slot.name, slot.device_label).state = "joining"
+        plan = self.plan_for(slot, manifest) if manifest else None
         spec = worker_spec(slot, run_request, self.config.config, self.paths, plan, len(self.slots),
                            banned_peers=sorted(self.run.banned))
-        restarts.ran_out_of_memory = False
-        self.run.worker(slot.name, slot.device_label).state = "joining"
+        self.restarts[slot.name].ran_out_of_memory = False
         name = slot.name
         # the callbacks name their worker: after a fatal error and a quick new
         # join, the old run's workers may still be ending while new ones start
@@ -155,14 +166,45 @@ class WorkerPool:
         process.start()
         return process
 
-    def _plan(self, slot: WorkerSlot, manifest: dict | None):
-        """What one worker trains with, sized from its device's free memory now."""
-        plan, failure = hardware_plan(slot, manifest, PlanPolicy.from_settings(self.config.config.policy),
-                                      self.config.config.training.uplink_mbit_s)
-        if failure:
-            self.events.record("plan-failed", f"no hardware plan for {slot.name}: {failure}", {"worker": slot.name})
-        for line in plan.rationale if plan else ():
+    def answer_plan(self, name: str, manifest: dict) -> UsePlan:
+        """The answer to worker ``name``'s ``PlanWanted``: its plan for ``manifest``, or why there is none."""
+        slot = next((slot for slot in self.slots if slot.name == name), None)
+        if slot is None:
+            return UsePlan(failure=f"no worker {name} in this run", fix="join the run again")
+        try:
+            return UsePlan(self.plan_for(self._refreshed(slot), manifest))
+        except NoPlan as error:
+            return UsePlan(failure=error.message, fix=error.fix)
+
+    def plan_for(self, slot: WorkerSlot, manifest: dict) -> WorkerPlan:
+        """Worker ``slot``'s plan for ``manifest``, sized from its device's free memory now and capped
+        after out-of-memory errors; shown in ``status`` (the run view) and recorded as a ``planned`` event.
+
+        Raises:
+            NoPlan: the model's shape is unknown here, or it does not fit the device.
+        """
+        try:
+            plan = hardware_plan(slot, manifest, PlanPolicy.from_settings(self.config.config.policy),
+                                 self.config.config.training.uplink_mbit_s, self.paths.cache_dir)
+        except (ModelFactsError, PlanError) as error:
+            message = getattr(error, "message", str(error))
+            fix = getattr(error, "fix", "give the model as a local directory with its config.json")
+            self.events.record("plan-failed", f"no hardware plan for {slot.name}: {message}", {"worker": slot.name, "fix": fix})
+            raise NoPlan(message, fix) from error
+        restarts = self.restarts[slot.name]
+        cap = restarts.micro_batch_cap()
+        if cap and plan.micro_batch > cap[0]:
+            plan = replace(plan, micro_batch=cap[0], grad_accum=cap[1],
+                           rationale=[*plan.rationale, f"micro-batch {cap[0]} x {cap[1]}: ran out of memory at "
+                                      f"{restarts.out_of_memory_at[0]} ({restarts.micro_batch_halvings} time(s))"])
+        for line in plan.rationale:
             log.info("plan %s: %s", slot.name, line)
+        self.run.worker(slot.name, slot.device_label).plan = plan.to_dict()
+        checkpointing = ", gradient checkpointing" if plan.gradient_checkpointing else ""
+        self.events.record(
+            "planned", f"plan for {slot.name} ({slot.device.name}): {plan.precision}, quantization {plan.quantization}"
+            f"{checkpointing}, micro-batch {plan.micro_batch} x {plan.grad_accum}, ~{plan.memory_estimate_gib} GiB of "
+            f"{plan.memory_allowed_gib} GiB allowed", {"worker": slot.name, **plan.to_dict()})
         return worker_plan(slot, plan)
 
     def due_restarts(self) -> list[WorkerSlot]:

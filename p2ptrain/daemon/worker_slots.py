@@ -23,10 +23,12 @@ from pathlib import Path
 
 from p2ptrain.config import Config
 from p2ptrain.daemon.hardware_probe import HardwareFacts, select_gpus
-from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
-from p2ptrain.daemon.plan import DeviceFacts, Plan, PlanError, PlanPolicy, make_plan
+from p2ptrain.daemon.memory import GIB
+from p2ptrain.daemon.model_facts import model_facts
+from p2ptrain.daemon.plan import DeviceFacts, Plan, PlanPolicy, choose_precision, make_plan
 from p2ptrain.daemon.temp_files import worker_temp_dir
 from p2ptrain.paths import Paths
+from p2ptrain.peers.plan_cache import measured_speeds
 from p2ptrain.worker_pipe import DhtOptions, WorkerPaths, WorkerPlan, WorkerSpec, halved_micro_batch
 
 _PORT = re.compile(r"/(tcp|udp)/(\d+)")
@@ -160,41 +162,39 @@ def leftover_pgid_files(state_dir: Path) -> list[Path]:
     return sorted(state_dir.glob("worker*.pgid"))
 
 
-def hardware_plan(slot: WorkerSlot, manifest: dict | None, policy: PlanPolicy,
-                  uplink_mbit_s: float | None = None) -> tuple[Plan | None, str | None]:
+def hardware_plan(slot: WorkerSlot, manifest: dict, policy: PlanPolicy, uplink_mbit_s: float | None = None,
+                  cache_dir: Path | None = None) -> Plan:
     """The hardware plan for one worker's device, sized from its free memory now.
 
     Args:
         slot: the worker.
-        manifest: the run manifest (None while joining an existing run: the
-            worker then reads it from the DHT and uses its hints).
+        manifest: the run manifest (the daemon's own for a run it creates or has
+            joined before; the worker's, read from the swarm, for a new joiner).
         policy: the volunteer's caps.
         uplink_mbit_s: the configured upload bandwidth, which picks the compression rung.
+        cache_dir: where this machine's measurements are (the plan cache), which order
+            int8 and nf4; None: by the arithmetic alone.
 
-    Returns:
-        (the plan, None), or (None, why there is no plan); (None, None) without a manifest.
+    Raises:
+        ModelFactsError: the model's shape cannot be found here.
+        PlanError: the model does not fit the device.
     """
-    if not manifest:
-        return None, None
-    try:
-        facts = model_facts(manifest["model"], manifest.get("lora"))
-        return make_plan(facts, manifest, replace(slot.device, uplink_mbit_s=uplink_mbit_s), policy), None
-    except (ModelFactsError, PlanError) as error:
-        return None, str(error)
+    facts = model_facts(manifest["model"], manifest.get("lora"))
+    device = replace(slot.device, uplink_mbit_s=uplink_mbit_s)
+    measured = None
+    if cache_dir is not None:
+        precision, _ = choose_precision(device)
+        measured = measured_speeds(cache_dir, facts.name, device.name, precision)
+    return make_plan(facts, manifest, device, policy, measured)
 
 
-def worker_plan(slot: WorkerSlot, plan: Plan | None) -> WorkerPlan:
-    """What the worker trains with: ``plan`` on the worker's own name for its device.
-
-    A GPU worker without a plan still gets its device, so it trains on its GPU
-    with the manifest's hints rather than on the CPU.
-    """
-    if plan is None:
-        return WorkerPlan(device=slot.worker_device, device_name=slot.device.name)
+def worker_plan(slot: WorkerSlot, plan: Plan) -> WorkerPlan:
+    """What the worker trains with: ``plan`` on the worker's own name for its device."""
     return WorkerPlan(
         device=slot.worker_device, precision=plan.precision, quantization=plan.quantization,
         micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, cpu_threads=plan.cpu_threads, device_name=slot.device.name,
-        compression=plan.compression,
+        compression=plan.compression, gradient_checkpointing=plan.gradient_checkpointing,
+        memory_cap_bytes=int(plan.memory_cap_gib * GIB) if plan.memory_cap_gib else None,
     )
 
 
@@ -204,7 +204,7 @@ def restart_delay_s(crashes_in_a_row: int) -> int:
 
 
 def worker_spec(
-    slot: WorkerSlot, run_request: dict, config: Config, paths: Paths, plan: WorkerPlan, workers: int,
+    slot: WorkerSlot, run_request: dict, config: Config, paths: Paths, plan: WorkerPlan | None, workers: int,
     banned_peers: list[str] | None = None,
 ) -> WorkerSpec:
     """The spec one worker is started with.
@@ -214,7 +214,8 @@ def worker_spec(
         run_request: the desired run (``run_id``, ``manifest``, ``new_run``, ``initial_peers``).
         config: the daemon's config (DHT settings, nickname, checkpoint interval, log level).
         paths: the daemon's directories (state and the shared data cache).
-        plan: from ``worker_plan`` (its micro-batch capped after an out-of-memory error).
+        plan: from ``worker_plan`` (its micro-batch capped after an out-of-memory error); None
+            without the run's manifest: the worker asks for one once it has read it (``PlanWanted``).
         workers: how many workers this daemon runs; with several, each
             nickname says its GPU, so the swarm's peer table tells them apart.
         banned_peers: peer ids this machine banned in the run (``storage/bans.py``):

@@ -149,7 +149,7 @@ def tiny_config():
 
 
 def build_model(model: str, lora: dict | None = None, precision: str = "fp32", quantization: str = "none",
-                device: str = "cpu", seed: int = 0) -> LoadedModel:
+                device: str = "cpu", seed: int = 0, gradient_checkpointing: bool = False) -> LoadedModel:
     """Build the model of a run.
 
     `model`: "tiny" (the built-in preset, trained from scratch), or a hub id or
@@ -159,7 +159,9 @@ def build_model(model: str, lora: dict | None = None, precision: str = "fp32", q
     "int8" or "nf4" (QLoRA through bitsandbytes; needs a CUDA GPU and a pretrained
     model). `device`: a torch device string. `seed`: the run's seed; the tiny
     preset's weights and LoRA's initial adapters are drawn from it, so every
-    peer of a run starts from the same weights.
+    peer of a run starts from the same weights. `gradient_checkpointing`: keep
+    only each layer's input and recompute its activations in the backward pass
+    (the plan turns it on where it buys a larger micro-batch or lets the model fit).
 
     Raises ValueError for bad arguments and ModelUnavailable when the model or
     its tokenizer cannot be loaded here.
@@ -196,7 +198,9 @@ def build_model(model: str, lora: dict | None = None, precision: str = "fp32", q
             raise ModelUnavailable(f"the tokenizer of {model!r} has {tokenizer.vocab_size} tokens but the model "
                                    f"only {embeddings} embeddings; use the tokenizer saved with the model")
         if lora is not None:
-            network = add_lora(network, lora, quantization)
+            network = add_lora(network, lora, quantization, gradient_checkpointing)
+        elif gradient_checkpointing:
+            network.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     network.train()
     return LoadedModel(
         model=network,
@@ -239,8 +243,15 @@ def load_pretrained(model: str, precision: str, quantization: str, device: str) 
     return network
 
 
-def add_lora(network: torch.nn.Module, lora: dict, quantization: str) -> torch.nn.Module:
-    """Wrap `network` with LoRA adapters (peft); only the adapters stay trainable."""
+def add_lora(network: torch.nn.Module, lora: dict, quantization: str, gradient_checkpointing: bool = False) -> torch.nn.Module:
+    """Wrap `network` with LoRA adapters (peft); only the adapters stay trainable.
+
+    A quantized model is prepared as QLoRA prescribes (peft's
+    `prepare_model_for_kbit_training`: embeddings, output layer and norms in
+    fp32, gradient checkpointing on: the plan never quantizes without it); an int8
+    model's quantized layers are fed the fp16 inputs bitsandbytes computes in
+    (`feed_int8_layers_fp16`).
+    """
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     unknown = set(lora) - {"r", "alpha", "dropout", "target_modules"}
@@ -248,8 +259,13 @@ def add_lora(network: torch.nn.Module, lora: dict, quantization: str) -> torch.n
         raise ValueError(f"unknown lora settings {sorted(unknown)}; use r, alpha, dropout, target_modules")
     model_type = getattr(network.config, "model_type", "")
     targets = lora.get("target_modules") or DEFAULT_LORA_TARGETS.get(model_type)
+    checkpointing = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
     if quantization != "none":
-        network = prepare_model_for_kbit_training(network)
+        network = prepare_model_for_kbit_training(network, use_gradient_checkpointing=True, **checkpointing)
+        if quantization == "int8":
+            feed_int8_layers_fp16(network)
+    elif gradient_checkpointing:
+        network.gradient_checkpointing_enable(**checkpointing)
     config = LoraConfig(
         r=int(lora.get("r", 8)),
         lora_alpha=float(lora.get("alpha", 16)),
@@ -262,6 +278,30 @@ def add_lora(network: torch.nn.Module, lora: dict, quantization: str) -> torch.n
     except ValueError as error:
         raise ValueError(f"cannot add LoRA to a {model_type or 'this'} model ({first_line(error)}); "
                          f"set lora.target_modules to names of its linear layers") from error
+
+
+def feed_int8_layers_fp16(network: torch.nn.Module) -> None:
+    """Give each bitsandbytes int8 layer its input in fp16, the dtype it computes in, and its
+    output back in the input's dtype.
+
+    QLoRA's preparation keeps the residual stream in fp32, and bitsandbytes
+    casts every other dtype to fp16 itself, logging a warning on each call
+    (7,392 lines in a minute on an H100). The casts here are the ones it makes,
+    silent; the layer keeps its input for the backward pass in fp16, half the bytes.
+    """
+    import bitsandbytes as bnb
+
+    def to_fp16(module, inputs):
+        module._p2ptrain_input_dtype = inputs[0].dtype
+        return (inputs[0].to(torch.float16), *inputs[1:])
+
+    def to_input_dtype(module, inputs, output):
+        return output.to(module._p2ptrain_input_dtype)
+
+    for module in network.modules():
+        if isinstance(module, bnb.nn.Linear8bitLt):
+            module.register_forward_pre_hook(to_fp16)
+            module.register_forward_hook(to_input_dtype)
 
 
 def causal_lm_loss(model: torch.nn.Module, batch: torch.LongTensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from p2ptrain.peers.known_peers import remembered_peers
 from p2ptrain.peers.trainer import Trainer
-from p2ptrain.worker_pipe import WorkerSpec
+from p2ptrain.worker_pipe import WorkerPlan, WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -107,12 +107,13 @@ def run_manifest(spec: WorkerSpec, dht):
     return manifest
 
 
-def load_model(manifest, device: str, precision: str, quantization: str):
+def load_model(manifest, device: str, precision: str, quantization: str, gradient_checkpointing: bool = False):
     """Build the run's model (``models.LoadedModel``) on ``device`` as the hardware plan says.
 
     Args:
         manifest: the run manifest.
-        device, precision, quantization: from the hardware plan (``cuda:0``, ``bf16``, ``nf4``...).
+        device, precision, quantization, gradient_checkpointing: from the hardware plan
+            (``cuda:0``, ``bf16``, ``nf4``...).
 
     Raises:
         WorkerFailure: the model is unavailable, or the manifest or plan is invalid.
@@ -121,7 +122,8 @@ def load_model(manifest, device: str, precision: str, quantization: str):
     from p2ptrain.peers.tokenizers import ModelUnavailable
 
     try:
-        return build_model(manifest.model, manifest.lora.model_dump() if manifest.lora else None, precision, quantization, device, manifest.seed)
+        return build_model(manifest.model, manifest.lora.model_dump() if manifest.lora else None, precision, quantization, device,
+                           manifest.seed, gradient_checkpointing)
     except ModelUnavailable as error:
         raise WorkerFailure(str(error), UNAVAILABLE_FIX) from error
     except ValueError as error:
@@ -154,21 +156,20 @@ def load_data(manifest, tokenizer, micro_batch: int, peer_id: str, cache_dir: Pa
     return batches, validation
 
 
-def peer_compression(spec: WorkerSpec, manifest, trainable_parameters: int) -> str:
-    """The rung this peer sends pseudo-gradients with: its plan's, or (a plan made without the
-    run's manifest, when joining) chosen now from the spec's ``uplink_mbit_s``, as the daemon's
-    plan chooses it (``compression_ladder.choose_rung``)."""
+def peer_compression(spec: WorkerSpec, plan: WorkerPlan, manifest, trainable_parameters: int) -> str:
+    """The rung this peer sends pseudo-gradients with: its plan's, or (a plan that names none) chosen
+    now from the spec's ``uplink_mbit_s``, as the daemon's plan chooses it (``compression_ladder.choose_rung``)."""
     from p2ptrain.peers.compression_ladder import ROUND_UPLOAD_S, allowed_rungs, choose_rung
 
-    if spec.plan.compression:
-        return spec.plan.compression
+    if plan.compression:
+        return plan.compression
     allowed = allowed_rungs(manifest.compression, manifest.compression_rungs)
     rung, reason = choose_rung(allowed, trainable_parameters, spec.uplink_mbit_s, ROUND_UPLOAD_S)
     logger.info("%s", reason)
     return rung.name
 
 
-def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_step: int,
+def make_trainer(spec: WorkerSpec, plan: WorkerPlan, manifest, dht, parameters, batch_size_per_step: int,
                  averaging_client: bool = False) -> Trainer:
     """The manifest's trainer: ``SyncTrainer``, or in ``diloco`` mode ``SwarmRoundTrainer``
     (``round_end: samples``) or ``DiLoCoTrainer`` (``round_end: local_steps``).
@@ -177,6 +178,7 @@ def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_ste
 
     Args:
         spec: the worker spec (``dht`` options, ``averaging`` timings, ``banned_peers``).
+        plan: the worker's hardware plan (its compression rung).
         manifest: the run manifest.
         dht: the worker's running DHT.
         parameters: the trainable parameters.
@@ -204,7 +206,7 @@ def make_trainer(spec: WorkerSpec, manifest, dht, parameters, batch_size_per_ste
         from p2ptrain.peers.compression_ladder import RungNotAllowed, allowed_rungs
 
         allowed = [rung.name for rung in allowed_rungs(manifest.compression, manifest.compression_rungs)]
-        common["compression"] = peer_compression(spec, manifest, sum(parameter.numel() for parameter in parameters))
+        common["compression"] = peer_compression(spec, plan, manifest, sum(parameter.numel() for parameter in parameters))
         diloco = dict(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr, outer_momentum=manifest.outer_momentum,
                       allowed_compression=allowed, error_feedback_decay=manifest.error_feedback_decay)
         try:

@@ -9,8 +9,11 @@ A worker lives from join to pause: ``pause`` (and ``finish``, once its epoch
 is complete) checkpoints, leaves the swarm and ends the process, so the memory
 of the model, its gradients, the optimizer and the CUDA context all go back to
 the volunteer; the daemon's ``resume`` starts a new worker from that checkpoint.
-Before its first step the worker confirms its micro-batch with real passes
-(``calibration``), halving it on out-of-memory.
+A worker started without a plan (joining a run: the daemon had no manifest)
+asks the daemon for one once it has read the manifest (``device_setup``).
+Before its first step the worker holds its GPU allocator to the plan's cap and
+confirms its micro-batch with real passes (``calibration``), halving it on
+out-of-memory and growing it while larger ones are faster.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from p2ptrain.peers.trainer import Trainer
 from p2ptrain.worker_pipe import (
     DAEMON_GONE_DEADLINE_S, FAILED_EXIT_CODE, OUT_OF_MEMORY_EXIT_CODE, STOP_DEADLINE_EXIT_CODE, STOP_DEADLINE_S,
     Command, Epoch, Error, Event, Finish, Joined, Leave, Left, MalformedMessage, Pause, Report, Resume, StateChanged,
-    Step, Unban, WorkerSpec, decode_command, encode, halved_micro_batch,
+    Step, Unban, UsePlan, WorkerPlan, WorkerSpec, decode_command, encode, halved_micro_batch,
 )
 
 logger = logging.getLogger(__name__)
@@ -130,12 +133,15 @@ class Worker:
         self.trainer: Trainer | None = None
         self.state = "joining"
         self.finish_at_epoch: int | None = None
+        self.plan: WorkerPlan | None = spec.plan  # the daemon's, at once or once the manifest is read
+        self.kept_commands: list[Command] = []  # received while waiting for the plan, for the loop
         self.micro_batch: int | None = None  # known once the plan is read; confirmed by calibration
         self.last_loss: float | None = None
         self.samples_per_second = 0.0
         self.peer_id = ""
         self.left = False
-        self.command_handlers = {Pause: self.on_pause, Resume: self.on_resume, Finish: self.on_finish, Leave: self.leave, Unban: self.on_unban}
+        self.command_handlers = {Pause: self.on_pause, Resume: self.on_resume, Finish: self.on_finish, Leave: self.leave, Unban: self.on_unban,
+                                 UsePlan: self.on_use_plan}
 
     # --- pipe ---------------------------------------------------------
     def report(self, report: Report) -> None:
@@ -160,7 +166,7 @@ class Worker:
 
         if self.micro_batch is None or halved_micro_batch(self.micro_batch, self.grad_accum) is None:
             model = self.manifest.model if getattr(self, "manifest", None) else "the run's model"
-            failure = out_of_memory_failure(model, self.spec.plan.device, error, self.micro_batch)
+            failure = out_of_memory_failure(model, self.device, error, self.micro_batch)
             self.report(Error(failure.message, failure.fix, fatal=True, out_of_memory=True, micro_batch=self.micro_batch))
             return FAILED_EXIT_CODE
         self.report(Error(f"out of memory at micro-batch {self.micro_batch}: {error}", "the daemon retries with a smaller micro-batch",
@@ -208,11 +214,11 @@ class Worker:
 
         from p2ptrain.peers.network import PeerNetwork
         from p2ptrain.peers.traffic import TrafficMeter
+        from p2ptrain.peers.device_setup import cap_gpu_memory, check_device, wait_for_plan
         from p2ptrain.peers.dht import port_moves
 
-        spec, plan = self.spec, self.spec.plan
-        if plan.cpu_threads:
-            torch.set_num_threads(plan.cpu_threads)
+        spec = self.spec
+        self.device = spec.plan.device if spec.plan else "cpu"  # until the plan says
         meter = TrafficMeter()
         meter.install()  # before the DHT and averager processes fork: they count into it
         self.dht = join_dht(spec, peers_file(self._checkpoint_file()))
@@ -224,14 +230,20 @@ class Worker:
         self.network = PeerNetwork(self.dht, self.report, client_mode=spec.dht.client_mode, meter=meter)
         self.network.join()
         self.manifest = manifest = run_manifest(spec, self.dht)
-
+        if self.plan is None:
+            self.plan = wait_for_plan(self.conn, self.report, manifest.model_dump(mode="json"), self.kept_commands)
+        plan = self.plan
+        check_device(plan)
+        cap_gpu_memory(plan)
+        if plan.cpu_threads:
+            torch.set_num_threads(plan.cpu_threads)
         self.device, self.precision, self.quantization = plan.device, plan.precision, plan.quantization
         self.grad_accum = plan.grad_accum
         self.manifest_hash = manifest.manifest_hash()
         self.peer_id = self.dht.peer_id.to_base58()
         checkpoint = self._read_checkpoint()
         start_position = int(checkpoint.get("data_position", 0)) if checkpoint else 0
-        self.loaded = load_model(manifest, self.device, self.precision, self.quantization)
+        self.loaded = load_model(manifest, self.device, self.precision, self.quantization, plan.gradient_checkpointing)
         self.micro_batch = plan.micro_batch or manifest.micro_batch_hint
         self.calibration = self._confirm_micro_batch()
         self.batches, self.validation = load_data(manifest, self.loaded.tokenizer, self.micro_batch, self.peer_id, Path(spec.paths.cache_dir), start_position)
@@ -241,7 +253,7 @@ class Worker:
             except (KeyError, ValueError) as error:
                 self.event("checkpoint-ignored", f"checkpoint not used: {error}")
                 checkpoint = None
-        self.trainer = make_trainer(spec, manifest, self.dht, self.loaded.trainable(), self.micro_batch * self.grad_accum,
+        self.trainer = make_trainer(spec, plan, manifest, self.dht, self.loaded.trainable(), self.micro_batch * self.grad_accum,
                                     averaging_client=self.network.averaging_client)
         # hivemind's averagers set SIGINT to ignored when they start
         processes.install_stop_handlers(self.on_signal)
@@ -258,29 +270,29 @@ class Worker:
             precision=self.precision, quantization=self.quantization, micro_batch=self.micro_batch,
             grad_accum=self.grad_accum, parameters=self.loaded.parameters,
             trainable_parameters=self.loaded.trainable_parameters, nickname=spec.nickname,
-            port_moves=self.port_moves,
+            port_moves=self.port_moves, gradient_checkpointing=plan.gradient_checkpointing,
             calibrated_samples_per_second=self.calibration.samples_per_second, **self.trainer.account.totals(),
         ))
         self.network.watch()
 
     def _confirm_micro_batch(self):
-        """Real forward/backward passes at the planned micro-batch, halved until they fit (``calibration``);
-        the result is this worker's micro-batch, recorded in the plan cache and the events."""
-        from p2ptrain.peers.calibration import cache_key, calibrate, record_calibration
+        """Real forward/backward passes from the planned micro-batch, halved until they fit and grown while faster
+        (``calibration``); the result is this worker's micro-batch, recorded in the plan cache and the events."""
+        from p2ptrain.peers.calibration import calibrate
+        from p2ptrain.peers.plan_cache import cache_key, record_measurement
 
-        plan, manifest = self.spec.plan, self.manifest
-        calibration = calibrate(self.loaded.model, manifest.model, self.device, self.micro_batch, self.grad_accum, manifest.seq_len)
+        plan, manifest = self.plan, self.manifest
+        calibration = calibrate(self.loaded.model, manifest.model, self.device, self.micro_batch, self.grad_accum, manifest.seq_len,
+                                memory_cap_bytes=plan.memory_cap_bytes)
         self.micro_batch, self.grad_accum = calibration.micro_batch, calibration.grad_accum
         key = cache_key(manifest.model, plan.device_name or self.device, self.precision, self.quantization)
         try:
-            record_calibration(self.spec.paths.cache_dir, key, calibration, manifest.seq_len)
+            record_measurement(self.spec.paths.cache_dir, key, calibration.to_cache(manifest.seq_len))
         except OSError as error:
             logger.warning("Could not write the plan cache: %s", error)
-        halved = f" after running out of memory at micro-batch {', '.join(map(str, calibration.out_of_memory_at))}" if calibration.out_of_memory_at else ""
-        self.event("calibrated", f"micro-batch {self.micro_batch} x {self.grad_accum} fits{halved}: "
-                   f"{calibration.samples_per_second:.2f} samples/s forward and backward",
-                   micro_batch=self.micro_batch, grad_accum=self.grad_accum, samples_per_second=calibration.samples_per_second,
-                   out_of_memory_at=list(calibration.out_of_memory_at))
+        self.event("calibrated", calibration.words(), micro_batch=self.micro_batch, grad_accum=self.grad_accum,
+                   samples_per_second=calibration.samples_per_second, out_of_memory_at=list(calibration.out_of_memory_at),
+                   planned_micro_batch=calibration.planned, speeds={str(size): speed for size, speed in calibration.speeds.items()})
         return calibration
 
     def _catch_up(self) -> None:
@@ -371,7 +383,13 @@ class Worker:
 
     def handle_commands(self) -> None:
         """Run the daemon's waiting commands, each by its handler in ``command_handlers``
-        (the command's fields are the handler's keyword arguments)."""
+        (the command's fields are the handler's keyword arguments): first those kept while
+        the worker waited for its plan."""
+        while self.kept_commands:
+            command = self.kept_commands.pop(0)
+            self.command_handlers[type(command)](**command.to_dict())
+            if self.left:
+                return
         while self.conn.poll():
             try:
                 command = self.receive_command()
@@ -407,6 +425,10 @@ class Worker:
         self.finish_at_epoch = self.trainer.local_epoch + 1
         if self.state != "training":
             self.set_state("training")
+
+    def on_use_plan(self, plan: WorkerPlan | None, failure: str, fix: str) -> None:
+        """A plan that came after this worker stopped waiting for one (or never asked): it keeps its own."""
+        logger.warning("Ignoring a hardware plan sent while training: the worker already has one")
 
     def on_unban(self, peers: list[str] | None) -> None:
         """Lift this peer's bans of ``peers`` (all when None): the daemon's ``unban``."""

@@ -1,6 +1,7 @@
 """Calibration: the worker confirms its micro-batch with real forward/backward passes before its first
-step, halving it on a real out-of-memory error (the one back-off, shared with the daemon's restarts),
-and records the measured speed in the plan cache that ``p2ptrain plan`` shows."""
+step, halving it on a real out-of-memory error (the one back-off, shared with the daemon's restarts)
+and growing it while a larger one fits the memory cap and trains faster, and records the measured
+speeds in the plan cache that ``p2ptrain plan`` shows."""
 
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def test_a_restarted_worker_starts_at_half_what_it_ran_out_of_memory_at():
 def test_calibration_measures_a_fitting_micro_batch_and_leaves_the_model_as_it_was(tmp_path):
     import torch
 
-    from p2ptrain.peers.calibration import Calibration, cache_key, calibrate, read_plan_cache, record_calibration
+    from p2ptrain.peers.calibration import Calibration, calibrate
     from p2ptrain.peers.models import build_model
+    from p2ptrain.peers.plan_cache import cache_key, read_plan_cache, record_measurement
 
     torch.set_num_threads(1)
     loaded = build_model("tiny", seed=3)
@@ -42,20 +44,50 @@ def test_calibration_measures_a_fitting_micro_batch_and_leaves_the_model_as_it_w
 
     calibration = calibrate(loaded.model, "tiny", "cpu", micro_batch=4, grad_accum=2, seq_len=64)
 
-    assert (calibration.micro_batch, calibration.grad_accum, calibration.out_of_memory_at) == (4, 2, ())
-    assert calibration.samples_per_second > 0
+    assert calibration.micro_batch in (4, 8) and calibration.micro_batch * calibration.grad_accum == 8
+    assert calibration.out_of_memory_at == () and calibration.samples_per_second > 0
     assert all(parameter.grad is None for parameter in loaded.model.parameters())
     assert all(torch.equal(old, new) for old, new in zip(before, loaded.model.parameters()))
 
     key = cache_key("tiny", "Some CPU", "fp32", "none")
-    record_calibration(tmp_path, key, calibration, seq_len=64)
-    record_calibration(tmp_path, cache_key("tiny", "Some GPU", "bf16", "none"), Calibration(8, 1, 99.0), seq_len=64)
+    record_measurement(tmp_path, key, calibration.to_cache(seq_len=64))
+    record_measurement(tmp_path, cache_key("tiny", "Some GPU", "bf16", "none"), Calibration(8, 1, 99.0).to_cache(seq_len=64))
     cached = read_plan_cache(tmp_path)
     assert set(cached) == {key, "tiny|Some GPU|bf16|none"}
     assert cached[key]["samples_per_second"] == calibration.samples_per_second
-    assert (cached[key]["micro_batch"], cached[key]["grad_accum"], cached[key]["seq_len"]) == (4, 2, 64)
+    assert (cached[key]["micro_batch"], cached[key]["grad_accum"], cached[key]["seq_len"]) == (calibration.micro_batch, calibration.grad_accum, 64)
+    assert set(cached[key]["speeds"]) >= {"4"}
     (tmp_path / "plans.json").write_text("{not json")
     assert read_plan_cache(tmp_path) == {}
+
+
+@pytest.mark.timeout(240)
+def test_calibration_grows_a_small_planned_micro_batch_while_it_fits_and_gets_faster():
+    import torch
+
+    from p2ptrain.peers.calibration import GROWTH_GAIN, calibrate
+    from p2ptrain.peers.models import build_model
+
+    torch.set_num_threads(1)
+    model = build_model("tiny", seed=3).model
+    # 16 tokens a sample: a pass of 2 samples is mostly fixed cost, so 8 or 16 at once train much faster
+    grown = calibrate(model, "tiny", "cpu", micro_batch=2, grad_accum=8, seq_len=16)
+
+    assert grown.planned == 2 and grown.micro_batch >= 8, grown.speeds
+    assert grown.micro_batch * grown.grad_accum == 16, "the step keeps its samples"
+    kept = [size for size in sorted(grown.speeds) if size <= grown.micro_batch]
+    assert all(grown.speeds[bigger] >= GROWTH_GAIN * grown.speeds[smaller] for smaller, bigger in zip(kept, kept[1:]))
+    assert "grown from the plan's 2" in grown.words()
+
+    capped = calibrate(model, "tiny", "cpu", micro_batch=2, grad_accum=8, seq_len=16, memory_cap_bytes=1)
+    assert (capped.micro_batch, list(capped.speeds)) == (2, [2]), "a size whose peak would pass the cap is not tried"
+
+
+def test_growth_tries_divisors_of_the_step_about_twice_as_large():
+    from p2ptrain.peers.calibration import next_micro_batch
+
+    assert [next_micro_batch(size, 64) for size in (1, 2, 8, 32, 64)] == [2, 4, 16, 64, None]
+    assert next_micro_batch(4, 12) == 12 and next_micro_batch(3, 12) == 6 and next_micro_batch(5, 5) is None
 
 
 CAPPED_CALIBRATION = """
@@ -110,12 +142,13 @@ def test_plan_shows_what_this_machines_worker_measured(tmp_path):
     from p2ptrain.daemon.model_facts import model_facts
     from p2ptrain.daemon.plan import make_plan
     from p2ptrain.paths import resolve_paths
-    from p2ptrain.peers.calibration import Calibration, cache_key, record_calibration
+    from p2ptrain.peers.calibration import Calibration
+    from p2ptrain.peers.plan_cache import cache_key, record_measurement
 
     device = next(device for device in probe().devices() if device.kind == "cpu")
     plan = make_plan(model_facts("tiny"), {"seq_len": 128, "micro_batch_hint": 8}, device)
-    record_calibration(resolve_paths(tmp_path).cache_dir, cache_key("tiny", device.name, plan.precision, plan.quantization),
-                       Calibration(plan.micro_batch, plan.grad_accum, 123.5), seq_len=128)
+    record_measurement(resolve_paths(tmp_path).cache_dir, cache_key("tiny", device.name, plan.precision, plan.quantization),
+                       Calibration(plan.micro_batch, plan.grad_accum, 123.5).to_cache(seq_len=128))
 
     shown = subprocess.run([sys.executable, "-m", "p2ptrain.cli", "plan", "--model", "tiny", "--device", "cpu", "--json",
                             "--home", str(tmp_path)], capture_output=True, text=True, timeout=100)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from p2ptrain.daemon.model_facts import model_facts
-from p2ptrain.daemon.plan import DeviceFacts, choose_compression, make_plan, parse_rate_mbit
+from p2ptrain.daemon.plan import DeviceFacts, choose_compression, make_plan
+from p2ptrain.daemon.plan_command import parse_rate_mbit
 from p2ptrain.peers.compression_ladder import (
     LADDER,
     RungNotAllowed,
@@ -60,10 +61,10 @@ def test_a_worker_whose_plan_changed_to_a_forbidden_rung_fails_before_joining_an
     """The worker's trainer refuses the rung before it starts an averager: the daemon shows the
     error and its fix (other peers' reducers would refuse what it sends)."""
     manifest = new_manifest("fixed-rung", mode="diloco", compression="sparse2bit-64of4096")
-    spec = WorkerSpec(run_id="fixed-rung", paths=WorkerPaths("state", "cache", "checkpoints", "identity.key"),
-                      plan=WorkerPlan(compression="fp16"))
+    plan = WorkerPlan(compression="fp16")
+    spec = WorkerSpec(run_id="fixed-rung", paths=WorkerPaths("state", "cache", "checkpoints", "identity.key"), plan=plan)
     with pytest.raises(WorkerFailure) as failure:
-        make_trainer(spec, manifest, dht=None, parameters=[torch.nn.Parameter(torch.zeros(4))], batch_size_per_step=4)
+        make_trainer(spec, plan, manifest, dht=None, parameters=[torch.nn.Parameter(torch.zeros(4))], batch_size_per_step=4)
     assert failure.value.message == "compression fp16 is not allowed by this run's manifest (it allows sparse2bit-64of4096)"
 
 

@@ -14,6 +14,7 @@ from test_hardware import FakeNvml, card
 
 from p2ptrain.config import Config
 from p2ptrain.daemon.hardware_probe import probe
+from p2ptrain.daemon.model_facts import ModelFactsError
 from p2ptrain.daemon.plan import PlanPolicy
 from p2ptrain.daemon.worker_process import reap_leftover_groups
 from p2ptrain.daemon.worker_slots import (
@@ -27,7 +28,6 @@ from p2ptrain.daemon.worker_slots import (
     worker_spec,
 )
 from p2ptrain.paths import resolve_paths
-from p2ptrain.worker_pipe import WorkerPlan
 
 LORA_MANIFEST = {
     "run_id": "r",
@@ -49,7 +49,7 @@ def config(**training) -> Config:
 
 def specs(slots, paths, manifest=LORA_MANIFEST, cfg=None):
     cfg = cfg or config()
-    plans = [worker_plan(slot, hardware_plan(slot, manifest, PlanPolicy())[0]) for slot in slots]
+    plans = [worker_plan(slot, hardware_plan(slot, manifest, PlanPolicy())) for slot in slots]
     return [worker_spec(slot, {"run_id": "r", "manifest": manifest}, cfg, paths, plan, len(slots)) for slot, plan in zip(slots, plans)]
 
 
@@ -87,12 +87,12 @@ def test_each_gpu_worker_sees_only_its_own_gpu_in_pci_bus_order(tmp_path):
 def test_each_worker_gets_a_plan_sized_from_its_own_gpu(tmp_path):
     paths = resolve_paths(tmp_path)
     slots = worker_slots(select_devices(config(), two_gpus()), paths)
-    assert [hardware_plan(slot, LORA_MANIFEST, PlanPolicy())[0].device_name for slot in slots] == ["NVIDIA GeForce RTX 4090", "Tesla T4"]
+    assert [hardware_plan(slot, LORA_MANIFEST, PlanPolicy()).device_name for slot in slots] == ["NVIDIA GeForce RTX 4090", "Tesla T4"]
     rtx, t4 = (spec.plan for spec in specs(slots, paths))
 
     assert rtx.precision == "bf16" and t4.precision == "fp16"  # the T4 (7.5) has no bf16
-    assert rtx.quantization == "none" and t4.quantization != "none"
-    assert rtx.micro_batch > t4.micro_batch
+    assert rtx.micro_batch > t4.micro_batch or t4.gradient_checkpointing or t4.quantization != "none"
+    assert rtx.memory_cap_bytes > t4.memory_cap_bytes, "each allocator is capped at its own card's share"
     assert rtx.micro_batch * rtx.grad_accum == t4.micro_batch * t4.grad_accum == 16
 
 
@@ -150,14 +150,14 @@ def test_training_device_cpu_uses_the_cpu_even_with_gpus():
     assert [device.kind for device in devices] == ["cpu"]
 
 
-def test_a_gpu_worker_without_a_plan_still_trains_on_its_gpu(tmp_path):
+def test_a_gpu_worker_whose_model_is_unknown_gets_no_plan_and_a_fix(tmp_path):
     paths = resolve_paths(tmp_path)
     [slot] = worker_slots(select_devices(config(gpus=[1]), two_gpus()), paths)
-    plan, failure = hardware_plan(slot, {**LORA_MANIFEST, "model": "no-such-model-here"}, PlanPolicy())
-    assert plan is None and "no-such-model-here" in failure
-    assert worker_plan(slot, plan) == WorkerPlan(device="cuda:0", device_name=slot.device.name)
-    # joining an existing run: no manifest yet, so no plan and nothing failed
-    assert hardware_plan(slot, None, PlanPolicy()) == (None, None)
+    with pytest.raises(ModelFactsError, match="no-such-model-here"):
+        hardware_plan(slot, {**LORA_MANIFEST, "model": "no-such-model-here"}, PlanPolicy())
+    # joining an existing run: no manifest yet, so the spec has no plan and the worker asks for one
+    spec = worker_spec(slot, {"run_id": "r", "manifest": None}, config(), paths, None, 1)
+    assert spec.plan is None
 
 
 def test_restart_back_off_grows_then_stays_at_its_longest():

@@ -75,3 +75,25 @@ def test_qlora_build_model_on_cuda(model_dir, quantization):
 def test_quantization_of_a_pretrained_model_on_the_cpu_needs_a_cuda_gpu(model_dir):
     with pytest.raises(ValueError, match="quantization 'nf4' needs a CUDA GPU; use quantization 'none' on cpu"):
         build_model(str(model_dir), LORA, quantization="nf4", device="cpu")
+
+
+def test_int8_layers_get_fp16_inputs_and_nothing_floods_the_log(model_dir, caplog):
+    reason = bitsandbytes_runs_on_cpu()
+    if reason:
+        pytest.skip(reason)
+    network = add_lora(load_pretrained(str(model_dir), "fp32", "int8", "cpu"), LORA, "int8")
+    with caplog.at_level("WARNING"):
+        for _ in range(3):
+            assert_only_adapters_train(network)
+    casts = [record.message for record in caplog.records if "will be cast" in record.message]
+    assert not casts, f"bitsandbytes cast the inputs itself: {casts[:1]} ({len(casts)} lines)"
+
+
+def test_gradient_checkpointing_is_on_only_when_the_plan_asks(model_dir):
+    plain = build_model(str(model_dir), LORA)
+    checkpointed = build_model(str(model_dir), LORA, gradient_checkpointing=True)
+    assert not plain.model.base_model.model.is_gradient_checkpointing
+    assert checkpointed.model.base_model.model.is_gradient_checkpointing
+    assert_only_adapters_train(checkpointed.model)
+    tiny = build_model("tiny", gradient_checkpointing=True)
+    assert tiny.model.is_gradient_checkpointing

@@ -32,12 +32,14 @@ from p2ptrain.worker_pipe import (
     Network,
     Pause,
     PeerRow,
+    PlanWanted,
     Resume,
     StateChanged,
     Step,
     Swarm,
     Traffic,
     Unban,
+    UsePlan,
     WorkerPaths,
     WorkerPlan,
     WorkerSpec,
@@ -47,6 +49,7 @@ from p2ptrain.worker_pipe import (
 )
 
 ONE_OF_EACH_REPORT = [
+    PlanWanted(manifest={"run_id": "r", "model": "tiny", "seq_len": 128}),
     Joined(peer_id="QmA", nickname="box", addresses=["/ip4/127.0.0.1/tcp/1/p2p/QmA"], reachability="direct",
            device="cpu", precision="fp32", quantization="none", micro_batch=4, grad_accum=2, parameters=10,
            trainable_parameters=5, manifest={"run_id": "r", "lora": None}, manifest_hash="h"),
@@ -83,9 +86,12 @@ def test_every_command_survives_the_pipe():
         (Leave(), {"cmd": "leave"}),
         (Unban(peers=["QmRogue"]), {"cmd": "unban", "peers": ["QmRogue"]}),
         (Unban(), {"cmd": "unban", "peers": None}),
+        (UsePlan(WorkerPlan(device="cuda:0", precision="fp16", micro_batch=4, grad_accum=2, gradient_checkpointing=True,
+                            memory_cap_bytes=3 << 30)), None),
+        (UsePlan(failure="llama-2-7b does not fit", fix="use a smaller model"), None),
     ]
     for command, wire in sent:
-        assert encode(command) == wire
+        assert wire is None or encode(command) == wire
         assert decode_command(pickle.loads(pickle.dumps(encode(command)))) == command
     assert set(COMMANDS.values()) == {type(command) for command, _ in sent}
 
