@@ -101,10 +101,20 @@ def _fmt(value, spec: str = "", missing: str = "-") -> str:
 
 
 def _device_words(view: dict) -> str:
+    checkpointing = ", gradient checkpointing" if view.get("gradient_checkpointing") else ""
     return (
-        f"{view.get('device') or '?'}, {view.get('precision') or '?'}, quantization {view.get('quantization') or 'none'},"
-        f" micro-batch {_fmt(view.get('micro_batch'))} x {_fmt(view.get('grad_accum'))}"
+        f"{view.get('device') or '?'}, {view.get('precision') or '?'}, quantization {view.get('quantization') or 'none'}"
+        f"{checkpointing}, micro-batch {_fmt(view.get('micro_batch'))} x {_fmt(view.get('grad_accum'))}"
     )
+
+
+def _plan_lines(plan: dict | None) -> list[str]:
+    """The daemon's hardware plan for the (first) worker: its memory and why, a line per choice."""
+    if not plan:
+        return []
+    cap = f", allocator capped at {plan['memory_cap_gib']} GiB" if plan.get("memory_cap_gib") else ""
+    head = f"      Plan: ~{plan.get('memory_estimate_gib')} of {plan.get('memory_allowed_gib')} GiB allowed{cap}"
+    return [head, *(f"            - {line}" for line in plan.get("rationale") or [])]
 
 
 def _worker_line(worker: dict) -> str:
@@ -149,6 +159,7 @@ def format_status(status: dict) -> str:
             lines.extend(_worker_line(worker) for worker in workers)
         else:
             lines.append(f"    Device: {_device_words(local)}")
+        lines.extend(_plan_lines(local.get("plan")))
         total = " in all" if len(workers) > 1 else ""
         lines.append(
             f"  Training: {_fmt(local.get('samples_per_second'), '.1f')} samples/s{total}, loss {_fmt(local.get('loss'), '.3f')},"

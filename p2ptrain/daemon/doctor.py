@@ -252,13 +252,26 @@ def check_user_activity() -> dict:
     return check("user-activity", True, f"user activity read from {sensors.idle_source} (idle {idle:.0f} s)")
 
 
-def diagnose(home: str | None, model: str) -> dict:
-    """Everything `doctor` reports: {hardware, plan, plans, checks}."""
+def diagnose(home: str | None, model: str | None) -> dict:
+    """Everything `doctor` reports: {hardware, plan, plans, checks}.
+
+    The plans are the running daemon's for its run's workers (with the rationale it
+    made them with), or, outside a run or for `model`, what this machine's devices
+    would do with `model` (default: the built-in tiny model).
+    """
     hardware = probe()
     config = _load_config(home)
     checks = [check_nvml(hardware), check_cuda(hardware), check_bitsandbytes(hardware), check_device_groups(),
               check_dht_port(config, home), check_reachability(home, config), check_clock(), check_user_activity()]
-    policy = _plan_policy(config)
+    plans = None if model else _run_plans(home)
+    if not plans:
+        plans = _device_plans(hardware, model or "tiny", _plan_policy(config))
+    return {"hardware": {**hardware.to_status(), "health": hardware.health}, "plan": plans[0], "plans": plans,
+            "checks": checks}
+
+
+def _device_plans(hardware: HardwareFacts, model: str, policy: PlanPolicy) -> list[dict]:
+    """What each device of this machine would do with `model` (the CPU only where there is no GPU)."""
     plans = []
     for device in hardware.devices():
         if device.kind == "cpu" and hardware.gpus:
@@ -268,8 +281,21 @@ def diagnose(home: str | None, model: str) -> dict:
                                    policy).to_dict())
         except (PlanError, ModelFactsError) as error:
             plans.append({"device": device.torch_device, "error": str(error)})
-    return {"hardware": {**hardware.to_status(), "health": hardware.health}, "plan": plans[0], "plans": plans,
-            "checks": checks}
+    return plans
+
+
+def _run_plans(home: str | None) -> list[dict]:
+    """The running daemon's plan for each worker of its run, as made (empty outside a run or without a daemon)."""
+    from p2ptrain.paths import control_socket
+    from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
+
+    try:
+        status = ControlClient(str(control_socket(home)), timeout=2).call("status")
+    except (DaemonError, DaemonNotRunning, OSError, ValueError):
+        return []
+    run_id = (status.get("run") or {}).get("id")
+    workers = (status.get("local") or {}).get("workers") or []
+    return [{**worker["plan"], "device": worker.get("device"), "run": run_id} for worker in workers if worker.get("plan")]
 
 
 def _print_report(report: dict) -> None:
@@ -284,8 +310,11 @@ def _print_report(report: dict) -> None:
         if "error" in plan:
             print(f"plan on {plan['device']}: {plan['error']}")
             continue
-        print(f"plan on {plan['device']}: {plan['precision']}, quantization {plan['quantization']}, micro-batch "
-              f"{plan['micro_batch']} x {plan['grad_accum']}, {plan['cpu_threads']} CPU threads")
+        run = f" in run {plan['run']}" if plan.get("run") else f" for {plan['model']}"
+        checkpointing = ", gradient checkpointing" if plan.get("gradient_checkpointing") else ""
+        print(f"plan on {plan['device']}{run}: {plan['precision']}, quantization {plan['quantization']}{checkpointing}, "
+              f"micro-batch {plan['micro_batch']} x {plan['grad_accum']}, {plan['cpu_threads']} CPU threads, "
+              f"~{plan['memory_estimate_gib']} of {plan['memory_allowed_gib']} GiB allowed")
         for line in plan["rationale"]:
             print(f"  - {line}")
     for item in report["checks"]:
@@ -298,7 +327,8 @@ def _print_report(report: dict) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `p2ptrain doctor` (the CLI adds its global options, `--home` among them)."""
     parser.add_argument("--json", action="store_true", help="print {hardware, plan, plans, checks} as JSON")
-    parser.add_argument("--model", default="tiny", help="the model to plan for (default tiny)")
+    parser.add_argument("--model", help="the model to plan for (default: the run's plans when the daemon is in a "
+                                         "run, else the built-in tiny model)")
 
 
 def run(options: argparse.Namespace) -> int:

@@ -44,6 +44,7 @@ WORKER_FIELDS = (
     "contributed_samples",
     "unused_samples",
     "state",
+    "plan",
 )
 UNUSED_REASONS = tuple(reason.name for reason in fields(UnusedSamples))
 # what status.local shows of the plan until the worker has joined and says what it confirmed

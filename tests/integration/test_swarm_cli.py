@@ -118,6 +118,26 @@ def test_three_daemons_reach_epoch_3_together_through_the_cli(sync_swarm):
     assert len(peers) == 3 and sum(peer["is_local"] for peer in peers) == 1, peers
 
 
+@pytest.mark.timeout(120)
+def test_a_joiner_is_planned_from_the_manifest_it_read_and_shows_the_plan(sync_swarm):
+    daemons, _ = sync_swarm
+    b = daemons[1]
+    recorded = events(b.home)
+    kinds = [event["kind"] for event in recorded]
+    # joined with a run name and an address only: the plan is made once the worker read the manifest
+    assert kinds.index("planned") < kinds.index("joined"), kinds
+    planned = next(event for event in recorded if event["kind"] == "planned")["data"]
+    assert (planned["worker"], planned["precision"], planned["quantization"]) == ("cpu", "fp32", "none")
+    assert planned["micro_batch"] * planned["grad_accum"] == 8 and planned["cpu_threads"] == 1  # max_cpu_threads = 1
+    local = status_json(b.home)["local"]
+    assert local["plan"]["rationale"] == planned["rationale"] and local["workers"][0]["plan"] == local["plan"]
+    assert local["micro_batch"] * local["grad_accum"] == 8
+    shown = cli(b.home, "status").stdout
+    assert "      Plan: ~" in shown and "- 1 CPU thread: capped by max_cpu_threads = 1" in shown, shown
+    doctor = json.loads(cli(b.home, "doctor", "--json", timeout=60).stdout)
+    assert doctor["plans"][0]["run"] == "cli-sync" and doctor["plans"][0]["rationale"] == planned["rationale"]
+
+
 @pytest.mark.timeout(420)
 def test_pause_resume_and_a_timed_pause(sync_swarm):
     daemons, _ = sync_swarm

@@ -34,7 +34,8 @@ def run_manifest(run_id: str, mode: str = "sync", **overrides) -> dict:
 class WorkerHandle:
     """One worker process and the reports it sent."""
 
-    def __init__(self, tmp_path: Path, name: str, manifest: dict, new_run: bool, initial_peers: list[str]):
+    def __init__(self, tmp_path: Path, name: str, manifest: dict, new_run: bool, initial_peers: list[str],
+                 plan: WorkerPlan | None = None):
         home = tmp_path / name
         for sub in ("state", "checkpoints"):
             (home / sub).mkdir(parents=True, exist_ok=True)
@@ -43,7 +44,7 @@ class WorkerHandle:
             paths=WorkerPaths(state_dir=str(home / "state"), cache_dir=str(SHARED_CACHE),
                               checkpoints_dir=str(home / "checkpoints"), identity_key=str(home / "state" / "identity.key")),
             dht=DhtOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False),
-            nickname=name, plan=WorkerPlan(device="cpu", micro_batch=4, cpu_threads=1),
+            nickname=name, plan=plan or WorkerPlan(device="cpu", micro_batch=4, cpu_threads=1),
             log_level=os.environ.get("WORKER_LOG", "WARNING"),
             averaging=AveragingTimings(matchmaking_time=3.0, averaging_timeout=20.0),
         ).to_dict()

@@ -3,89 +3,12 @@
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pynvml
 import pytest
 
+from fake_nvml import FakeNvml, card
 from p2ptrain.daemon.hardware_probe import probe, select_gpus
-
-MIB = 1024**2
-
-
-class FakeNvml:
-    """The functions of `pynvml` that the probe calls, answering for made-up cards.
-
-    Raises the real `pynvml.NVMLError` codes, as the library does.
-    """
-
-    def __init__(self, cards: list[dict], init_errors: list[int] = ()):
-        self.cards = cards
-        self.init_errors = list(init_errors)
-        self.init_calls = 0
-        self.shutdowns = 0
-
-    def nvmlInit(self):
-        self.init_calls += 1
-        if self.init_errors:
-            raise pynvml.NVMLError(self.init_errors.pop(0))
-
-    def nvmlShutdown(self):
-        self.shutdowns += 1
-
-    def nvmlDeviceGetCount(self):
-        return len(self.cards)
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        return self.cards[index]
-
-    def nvmlDeviceGetName(self, card):
-        return card["name"]
-
-    def nvmlDeviceGetUUID(self, card):
-        return card["uuid"]
-
-    def nvmlDeviceGetMemoryInfo(self, card):
-        return SimpleNamespace(total=card["total"] * MIB, used=card["used"] * MIB,
-                               free=(card["total"] - card["used"]) * MIB)
-
-    def nvmlDeviceGetCudaComputeCapability(self, card):
-        return card["capability"]
-
-    def nvmlDeviceGetUtilizationRates(self, card):
-        return SimpleNamespace(gpu=card["utilization"], memory=0)
-
-    def nvmlDeviceGetTemperature(self, card, sensor):
-        assert sensor == pynvml.NVML_TEMPERATURE_GPU
-        return card["temperature"]
-
-    def nvmlDeviceGetPowerUsage(self, card):
-        return card["power_mw"]
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, card):
-        return card["limit_mw"]
-
-    def nvmlDeviceGetFanSpeed(self, card):
-        if card.get("fan") is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # passively cooled data-centre cards
-        return card["fan"]
-
-    def nvmlDeviceGetComputeRunningProcesses(self, card):
-        return [SimpleNamespace(pid=pid, usedGpuMemory=used * MIB) for pid, used in card.get("compute", [])]
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, card):
-        return [SimpleNamespace(pid=pid, usedGpuMemory=None) for pid in card.get("graphics", [])]
-
-    def nvmlSystemGetDriverVersion(self):
-        return "550.54.15"
-
-    def nvmlSystemGetNVMLVersion(self):
-        return "12.550.54.15"
-
-
-def card(name="NVIDIA GeForce RTX 4090", total=24564, used=1200, capability=(8, 9), **extra) -> dict:
-    return {"name": name, "uuid": f"GPU-{name[-4:]}", "total": total, "used": used, "capability": capability,
-            "utilization": 37, "temperature": 61, "power_mw": 123_456, "limit_mw": 450_000, "fan": 40, **extra}
 
 
 def test_probe_reports_each_gpu_in_the_status_shape():

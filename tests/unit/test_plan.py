@@ -215,3 +215,11 @@ def test_plan_command_rejects_bad_input_in_one_line():
     assert cpu.returncode == 0 and "fp32" in cpu.stdout
 
 
+
+
+@pytest.mark.timeout(120)
+def test_plan_command_puts_a_7b_on_an_8_gib_turing_card_in_nf4():
+    shown = run_plan("--model", "llama-2-7b", "--gpu-memory", "8GiB", "--compute-capability", "7.5")
+    assert shown.returncode == 0, shown.stderr
+    assert "fp16, quantization nf4, gradient checkpointing, micro-batch 2 x 4" in shown.stdout.splitlines()[0], shown.stdout
+    assert "is the way that fits the most" in shown.stdout

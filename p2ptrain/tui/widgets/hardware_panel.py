@@ -76,15 +76,27 @@ def describe_cpu(cpu: object) -> str:
     return str(cpu)
 
 
+def plan_lines(plan: dict | None) -> list[str]:
+    """The daemon's hardware plan: its memory, and why it chose the way to train and the micro-batch."""
+    if not plan:
+        return []
+    reasons = [f"[$text-muted]  {escape(line)}[/]" for line in (plan.get("rationale") or [])[1:3]]
+    return [f"plan: ~{format_number(plan.get('memory_estimate_gib'), 1)} of "
+            f"{format_number(plan.get('memory_allowed_gib'), 1)} GiB allowed", *reasons]
+
+
 def local_lines(local: dict) -> list[str]:
     """What this machine contributes to the run."""
     quantization = local.get("quantization")
     precision = local.get("precision") or "?"
     if quantization and quantization != "none":
         precision += f" + {quantization}"
+    if local.get("gradient_checkpointing"):
+        precision += " + gradient checkpointing"
     lines = [
         f"{escape(str(local.get('device', '?')))} · {precision} · micro-batch {local.get('micro_batch', '—')}"
         f" × {local.get('grad_accum', 1)}",
+        *plan_lines(local.get("plan")),
         f"{format_number(local.get('samples_per_second'), 1)} samples/s · loss {format_number(local.get('loss'), 3)}"
         f" · contributed {format_count(local.get('contributed_samples'))} samples",
     ]
