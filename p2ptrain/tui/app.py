@@ -76,6 +76,7 @@ class P2PTrainApp(App):
         Binding("t", "timed_pause", "Pause for…"),
         Binding("f", "finish", "Finish"),
         Binding("l", "leave", "Leave"),
+        Binding("i", "plan", "Plan"),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),
     ]
@@ -362,6 +363,13 @@ class P2PTrainApp(App):
 
         self.push_screen(ConfirmDialog(f"Leave {run}? Training stops until you join again.", "Leave"), leave)
 
+    def action_plan(self) -> None:
+        """The hardware plan of each worker, with the reason for each choice."""
+        from p2ptrain.tui.screens.plan_screen import PlanScreen
+
+        local = (self.view.status.get("local") if self.view else None) or {}
+        self.push_screen(PlanScreen(local.get("workers") or []))
+
     def action_help(self) -> None:
         # The help's Markdown widget imports markdown-it and pygments: only when asked for.
         from p2ptrain.tui.screens.help_screen import HelpScreen
@@ -377,6 +385,7 @@ class P2PTrainApp(App):
         yield SystemCommand("Finish the epoch", "Complete the current epoch, then pause (f)", self.action_finish)
         yield SystemCommand("Leave the run", "Checkpoint and leave; asks first (l)", self.action_leave)
         yield SystemCommand("Join a run", "Join a run or start a new one (j)", self.action_join)
+        yield SystemCommand("Hardware plan", "What this machine trains with, and why (i)", self.action_plan)
 
 
 def _import_charts() -> tuple[type, type]:

@@ -315,7 +315,7 @@ class FakeDaemon:
         if state in IN_RUN or state == "leaving":
             raise RequestError(INVALID_STATE, f"already in run {self.status['run']['id']!r} ({state})", "leave it first: p2ptrain leave")
         self._record_event("join", f"joining run {run_id!r}", {"new_run": bool(params.get("new_run"))})
-        self._set_status(joining_status(run_id))
+        self._set_status(joining_status(run_id, planned=bool(params.get("new_run"))))
         return self.status
 
     def _pause(self, params: dict) -> dict:
@@ -324,8 +324,10 @@ class FakeDaemon:
         until = f" for {for_s:.0f} s" if for_s else ""
         self._record_event("paused", f"paused (user){until}", {"reason": "user", "for_s": for_s})
         status = paused_status("user", paused_until=FROZEN_NOW + for_s if for_s else None)
-        if self.status["state"] == "joining":
-            status.update(local=None, run=self.status["run"])
+        if self.status["state"] == "joining":  # the daemon's plan only, if it had made one
+            local = self.status["local"] and {**self.status["local"], "workers": [
+                {**worker, "state": "paused"} for worker in self.status["local"]["workers"]]}
+            status.update(local=local, run=self.status["run"])
         status["run"]["id"] = self.status["run"]["id"]
         self._set_status(status)
         return self.status
@@ -335,8 +337,9 @@ class FakeDaemon:
         state = self.status["state"]
         if state in ("paused", "finishing"):
             self._record_event("resumed", "resumed training")
-            joined = self.status["local"] is not None
-            status = training_status() if joined else joining_status(self.status["run"]["id"])
+            local = self.status["local"]
+            joined = bool(local and local.get("peer_id"))
+            status = training_status() if joined else joining_status(self.status["run"]["id"], planned=local is not None)
             status["run"]["id"] = self.status["run"]["id"]
             self._set_status(status)
         elif self.status.get("paused_until") is not None:

@@ -54,6 +54,7 @@ def _local() -> dict:
         "device": "cuda:0",
         "precision": "bf16",
         "quantization": "none",
+        "gradient_checkpointing": False,
         "micro_batch": 8,
         "grad_accum": 4,
         "parameters": 23_400_000,
@@ -67,13 +68,42 @@ def _local() -> dict:
     }
 
 
+def _plan() -> dict:
+    """The daemon's hardware plan for the worker (``status.local.plan``, ``daemon/plan.py: Plan.to_dict``)."""
+    return {
+        "model": "tiny", "device": "cuda:0", "device_name": "NVIDIA GeForce RTX 4090", "precision": "bf16",
+        "quantization": "none", "micro_batch": 8, "grad_accum": 4, "cpu_threads": 2, "seq_len": 128,
+        "memory_estimate_gib": 0.66, "memory_allowed_gib": 20.21, "gradient_checkpointing": False,
+        "memory_cap_gib": 19.71, "compression": None, "samples_per_second": None, "calibrated": False,
+        "samples_per_step": 32,
+        "rationale": ["precision bf16: compute capability 8.9 supports bfloat16",
+                      "quantization none: 824.8K params need 2 MiB in bf16 plus 4 MiB per sample of 128 tokens; "
+                      "full training cannot update quantized weights",
+                      "micro-batch 8 x 4 accumulation steps: the manifest wants 32 samples per step, 8 fit at once "
+                      "(needs 534 MiB)",
+                      "2 CPU threads: enough to feed the GPU"],
+    }
+
+
+WORKER_FIELDS = ("device", "peer_id", "precision", "quantization", "gradient_checkpointing", "micro_batch", "grad_accum",
+                 "samples_per_second", "loss", "trained_samples", "contributed_samples", "unused_samples", "plan")
+
+
 def local_status() -> dict:
     """``status["local"]``: this peer, one worker on its GPU."""
-    local = _local()
-    worker = {name: local[name] for name in ("device", "peer_id", "precision", "quantization", "micro_batch",
-                                              "grad_accum", "samples_per_second", "loss", "trained_samples",
-                                              "contributed_samples", "unused_samples")}
+    local = {**_local(), "plan": _plan()}
+    worker = {name: local[name] for name in WORKER_FIELDS}
     return {**local, "workers": [{**worker, "state": "training"}]}
+
+
+def planned_local_status() -> dict:
+    """``status["local"]`` while the worker joins: only what the daemon's plan says (no peer yet)."""
+    plan = _plan()
+    local = {name: plan[name] for name in ("precision", "quantization", "gradient_checkpointing", "micro_batch", "grad_accum")}
+    local.update(device="cuda:0", plan=plan, traffic=None, samples_per_second=None, loss=None, trained_samples=0, contributed_samples=0,
+                 unused_samples={"late": 0, "failed_round": 0, "rejected": 0})
+    worker = {name: local.get(name) for name in WORKER_FIELDS}
+    return {**local, "workers": [{**worker, "state": "joining"}]}
 
 
 def run_status(run_id: str = RUN_ID) -> dict:
@@ -122,10 +152,11 @@ def paused_status(reason: str = "battery", paused_until: float | None = None) ->
     return status
 
 
-def joining_status(run_id: str) -> dict:
-    """Right after a join: the run is known, this peer is not in its swarm yet (``local`` is null)."""
+def joining_status(run_id: str, planned: bool = False) -> dict:
+    """Right after a join: the run is known, this peer is not in its swarm yet (``local`` is null, or
+    with ``planned`` only the daemon's plan: a new run, whose manifest the daemon plans from at once)."""
     status = training_status()
-    status.update(state="joining", since=FROZEN_NOW, local=None)
+    status.update(state="joining", since=FROZEN_NOW, local=planned_local_status() if planned else None)
     status["run"] = {**run_status(run_id), "manifest_hash": None, "epoch": 0, "samples_accumulated": 0,
                      "eta_next_epoch_s": None, "num_peers": 0, "last_epoch_at": None}
     return status

@@ -255,3 +255,20 @@ async def test_state_change_in_the_daemon_reaches_the_screen(daemon):
         assert app.query_one(StatusHeader).has_class("-paused")
         daemon.set_status(training_status())
         await wait_until(pilot, lambda: app.state == "training", what="training again")
+
+
+async def test_i_shows_the_hardware_plan_and_why(daemon):
+    from p2ptrain.tui.screens.plan_screen import PlanScreen
+
+    app = make_app(daemon.paths.home)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.view is not None and app.view.status.get("local"), what="the status")
+        await pilot.pause(0.1)
+        assert "plan: ~0.7 of 20.2 GiB allowed · i why" in plain_text(app.query_one(HardwarePanel))
+        await pilot.press("i")
+        await wait_until(pilot, lambda: isinstance(app.screen, PlanScreen), what="the plan screen")
+        shown = plain_text(app.screen.query_one("#plan-dialog Static"))
+        assert "bf16, micro-batch 8 x 4" in shown and "allocator capped at 19.71 GiB" in shown
+        assert "• precision bf16: compute capability 8.9 supports bfloat16" in shown
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, PlanScreen), what="the plan screen to close")

@@ -20,6 +20,7 @@ leaves the daemon running: training goes on in the background.
 | `t` | pause for a while (e.g. `2h`, `1h30m`); training resumes by itself |
 | `f` | finish the current epoch, then pause |
 | `l` | leave the run (asks first) |
+| `i` | the hardware plan: precision, quantization, micro-batch and why |
 | `?` | this help |
 | `q` | quit this screen; the daemon keeps running |
 | `ctrl+p` | the command palette: every action above by name |

@@ -77,12 +77,11 @@ def describe_cpu(cpu: object) -> str:
 
 
 def plan_lines(plan: dict | None) -> list[str]:
-    """The daemon's hardware plan: its memory, and why it chose the way to train and the micro-batch."""
+    """The daemon's hardware plan in one line: its memory (``i`` shows why it chose what it did)."""
     if not plan:
         return []
-    reasons = [f"[$text-muted]  {escape(line)}[/]" for line in (plan.get("rationale") or [])[1:3]]
     return [f"plan: ~{format_number(plan.get('memory_estimate_gib'), 1)} of "
-            f"{format_number(plan.get('memory_allowed_gib'), 1)} GiB allowed", *reasons]
+            f"{format_number(plan.get('memory_allowed_gib'), 1)} GiB allowed · [b]i[/b] why"]
 
 
 def local_lines(local: dict) -> list[str]:
