@@ -267,12 +267,43 @@ def cmd_join(args) -> int:
     return EXIT_OK
 
 
+RELEASE_TIMEOUT_S = 90.0  # a worker finishes its step, checkpoints and says goodbye (30 s + 5 s at most), then exits
+
+
+def _released(status: dict, method: str) -> bool:
+    """Whether the workers have let go of their devices after ``pause`` (every worker process ended) or ``leave``."""
+    if method == "leave":
+        return status["state"] in ("idle", "error")
+    workers = (status.get("local") or {}).get("workers") or []
+    return status["state"] != "paused" or all(worker.get("state") in ("paused", "finished") for worker in workers)
+
+
+def _wait_until_released(args, method: str, status: dict) -> dict | None:
+    """Poll ``status`` until the workers have let go of their devices; None after ``RELEASE_TIMEOUT_S``."""
+    if _released(status, method):
+        return status
+    print("waiting for the worker to checkpoint and free its device (--no-wait returns at once)", file=sys.stderr)
+    deadline = time.monotonic() + RELEASE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        status = _call(args, "status")
+        if _released(status, method):
+            return status
+    return None
+
+
 def _verb(method: str, done: str):
     def command(args) -> int:
         params = {}
         if method == "pause" and args.for_:
             params["for_s"] = args.for_
         status = _call(args, method, **params)
+        if method in ("pause", "leave") and not args.no_wait:
+            status = _wait_until_released(args, method, status)
+            if status is None:
+                print(f"p2ptrain {method}: the worker still holds its device after {RELEASE_TIMEOUT_S:.0f} s; "
+                      "see p2ptrain events and the daemon log", file=sys.stderr)
+                return EXIT_ERROR
         until = f" until {time.strftime('%H:%M', time.localtime(status['paused_until']))}" if status.get("paused_until") else ""
         print(f"{done}{until}; now {status['state']}" + (f" ({status['pause_reason']})" if status.get("pause_reason") else ""))
         return EXIT_OK
@@ -452,11 +483,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     new_run.add_argument("--lora-dropout", type=float)
     new_run.add_argument("--lora-targets", help="comma-separated module names, e.g. q_proj,v_proj")
 
-    sub = add("pause", "stop contributing (frees the GPU); --for 2h resumes by itself", _verb("pause", "paused"))
+    no_wait = "return at once, before the worker has checkpointed and freed its device"
+    sub = add("pause", "stop contributing; returns once the GPU is free (--for 2h resumes by itself)", _verb("pause", "paused"))
     sub.add_argument("--for", dest="for_", type=duration, metavar="DURATION", help="e.g. 90s, 45m, 2h, 1h30m, 1d")
+    sub.add_argument("--no-wait", action="store_true", help=no_wait)
     add("resume", "resume training", _verb("resume", "resumed"))
     add("finish", "complete the current epoch, then pause", _verb("finish", "finishing the epoch"))
-    add("leave", "checkpoint and leave the run", _verb("leave", "leaving"))
+    sub = add("leave", "checkpoint and leave the run; returns once the worker is gone", _verb("leave", "left"))
+    sub.add_argument("--no-wait", action="store_true", help=no_wait)
 
     sub = add("peers", "list the peers of the run", cmd_peers)
     sub.add_argument("--json", action="store_true")

@@ -58,7 +58,7 @@ def write_local_config(home: Path) -> None:
     (home / "config.toml").write_text("\n".join(lines) + "\n")
 
 
-def cli(home: Path, *args: str, timeout: float = 30, env: dict | None = None, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def cli(home: Path, *args: str, timeout: float = 120, env: dict | None = None, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Run ``p2ptrain ARGS --home HOME`` and return the finished process (text output).
 
     ``prefix`` runs it under another command, e.g. ``ip netns exec NS`` in the network lab."""

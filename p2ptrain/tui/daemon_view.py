@@ -113,8 +113,11 @@ class DaemonView:
         return frozenset({PEERS})
 
     def _add_step(self, step: dict) -> frozenset[str]:
-        # A step pushed while the history was being fetched may be in both.
-        if self.steps and (step.get("ts") or 0) <= (self.steps[-1].get("ts") or 0):
+        # A step pushed while the history was being fetched may be in both. Each worker (one per GPU)
+        # reports its own steps: one may arrive after another worker's newer one.
+        worker = step.get("worker")
+        newest = next((row.get("ts") or 0 for row in reversed(self.steps) if row.get("worker") == worker), 0)
+        if (step.get("ts") or 0) <= newest:
             return frozenset()
         self.steps.append(step)
         return frozenset({STEPS})

@@ -48,7 +48,7 @@ class Volunteer(DaemonProcess):
     def state_dir(self) -> Path:
         return Path(self.environment["XDG_STATE_HOME"]) / "p2ptrain"
 
-    def run(self, command: list[str], cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    def run(self, command: list[str], cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
         """Run a README command line as this volunteer (``p2ptrain`` is the installed script)."""
         if command[0] == "p2ptrain":
             command = [*P2PTRAIN, *command[1:]]

@@ -142,18 +142,20 @@ def test_a_joiner_is_planned_from_the_manifest_it_read_and_shows_the_plan(sync_s
 def test_pause_resume_and_a_timed_pause(sync_swarm):
     daemons, _ = sync_swarm
     c = daemons[2]
-    assert cli(c.home, "pause").returncode == 0
-    status = status_json(c.home)
-    assert (status["state"], status["pause_reason"]) == ("paused", "user")
-    # the worker checkpoints, sends its last step report and exits; from then on nothing trains
-    stopped = c.wait_until(lambda s: s["local"]["workers"][0]["state"] == "paused", 60, what="the worker to stop")
+    # the worker checkpoints, sends its last step report and exits: pause returns only then, so a
+    # script's next command (`p2ptrain pause && my_gpu_job`) finds the device free
+    paused = cli(c.home, "pause")
+    assert paused.returncode == 0 and "paused; now paused (user)" in paused.stdout, paused.stdout + paused.stderr
+    assert not descendants(c.process.pid), "pause returned while the worker still ran"
+    stopped = status_json(c.home)
+    assert (stopped["state"], stopped["pause_reason"], stopped["local"]["workers"][0]["state"]) == ("paused", "user", "paused")
     trained = stopped["local"]["trained_samples"]
     time.sleep(4)
     assert status_json(c.home)["local"]["trained_samples"] == trained
     assert cli(c.home, "resume").returncode == 0
     # a paused worker has exited: resuming starts one (imports, DHT, calibration, state download)
     c.wait_until(lambda s: s["state"] == "training", 150, what="resume")
-    assert cli(c.home, "pause", "--for", "3s").returncode == 0
+    assert cli(c.home, "pause", "--for", "3s", "--no-wait").returncode == 0
     assert status_json(c.home)["state"] == "paused"
     c.wait_until(lambda s: s["state"] == "training", 150, what="the timed pause to end by itself")
 

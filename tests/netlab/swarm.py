@@ -26,7 +26,7 @@ def start_on(host, root: Path, env: dict | None = None) -> DaemonProcess:
     return daemon
 
 
-def run_cli(daemon: DaemonProcess, *args: str, timeout: float = 60):
+def run_cli(daemon: DaemonProcess, *args: str, timeout: float = 120):
     """The CLI against ``daemon``, run inside its host's namespace (as its user would)."""
     return cli(daemon.home, *args, timeout=timeout, prefix=tuple(daemon.host.command([])))
 

@@ -91,14 +91,15 @@ class FakeDaemon:
     Args:
         home: the ``--home`` directory; the socket goes where the daemon's would.
         status: the initial status (defaults to ``fake_data.training_status``).
+        steps: the ``steps`` history (defaults to ``fake_data.sample_steps``: one worker's).
     """
 
-    def __init__(self, home: str | os.PathLike, status: dict | None = None) -> None:
+    def __init__(self, home: str | os.PathLike, status: dict | None = None, steps: list[dict] | None = None) -> None:
         self.paths = resolve_paths(home)
         self.socket_path = self.paths.socket
         self.status = status if status is not None else training_status()
         self.peers = sample_peers()
-        self.steps = sample_steps()
+        self.steps = steps if steps is not None else sample_steps()
         self.epochs = sample_epochs()
         self.events = sample_events()
         self.requests: list[dict] = []

@@ -140,6 +140,18 @@ def training_status() -> dict:
     }
 
 
+def two_gpus_status() -> dict:
+    """The daemon training on two GPUs: a worker (and a peer of the swarm) on each."""
+    status = training_status()
+    first = status["local"]["workers"][0]
+    second = {**first, "device": "cuda:1", "peer_id": "12D3KooWSecondGpu", "samples_per_second": 39.2, "loss": 3.15,
+              "plan": {**first["plan"], "device": "cuda:1"}}
+    status["local"]["workers"] = [first, second]
+    status["local"]["samples_per_second"] = first["samples_per_second"] + second["samples_per_second"]
+    status["hardware"]["gpus"].append({**status["hardware"]["gpus"][0], "index": 1})
+    return status
+
+
 def paused_status(reason: str = "battery", paused_until: float | None = None) -> dict:
     """The daemon paused for ``reason``; ``paused_until`` makes it a timed pause."""
     status = training_status()
@@ -219,14 +231,16 @@ def sample_peers() -> list[dict]:
     ]
 
 
-def sample_steps() -> list[dict]:
-    """A loss curve falling from 5.5 to about 2.9 over the last five hours, one row a minute."""
+def sample_steps(workers: tuple[str, ...] = ("gpu0",)) -> list[dict]:
+    """A loss curve falling from 5.5 to about 2.9 over the last five hours, one row a minute per worker
+    (a later worker's curve a little higher: another GPU, another sample stream)."""
     rows = []
     for minute in range(300):
         ts = FROZEN_NOW - (300 - minute) * 60
-        loss = 2.85 + 2.65 * (0.985**minute) + 0.04 * ((minute * 7) % 5 - 2) / 2
-        rows.append({"ts": ts, "run_id": RUN_ID, "epoch": minute // 7, "loss": round(loss, 4), "samples": 256,
-                     "samples_per_second": 41.0})
+        for index, worker in enumerate(workers):
+            loss = 2.85 + 0.3 * index + 2.65 * (0.985**minute) + 0.04 * ((minute * 7) % 5 - 2) / 2
+            rows.append({"ts": ts + index, "run_id": RUN_ID, "epoch": minute // 7, "loss": round(loss, 4), "samples": 256,
+                         "samples_per_second": 41.0, "worker": worker})
     return rows
 
 

@@ -95,6 +95,16 @@ def test_a_step_pushed_while_the_history_was_fetched_is_kept_once():
     assert list(view.steps) == [first, second]
 
 
+def test_a_step_of_one_worker_is_kept_after_another_workers_newer_one():
+    view = DaemonView(training_status())
+    newer = {"ts": FROZEN_NOW + 2, "loss": 3.0, "worker": "gpu1"}
+    older = {"ts": FROZEN_NOW + 1, "loss": 2.9, "worker": "gpu0"}
+    assert view.apply("step", newer) == {STEPS}
+    assert view.apply("step", older) == {STEPS}
+    assert view.apply("step", older) == frozenset(), "the same step twice is kept once"
+    assert list(view.steps) == [newer, older]
+
+
 def test_each_worker_reports_an_epoch_and_the_view_keeps_one_row_per_epoch():
     view = DaemonView(training_status())
     for worker in ("gpu0", "gpu1"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from conftest import make_app, wait_until
 from fake_daemon import FakeDaemon
-from fake_data import error_status, idle_status, paused_status, training_status
+from fake_data import error_status, idle_status, paused_status, sample_steps, training_status, two_gpus_status
 from textual.widgets import ContentSwitcher
 
 pytestmark = pytest.mark.timeout(120)
@@ -54,6 +54,13 @@ def test_dashboard_snapshot(snap_compare, tmp_path, status, state, size, theme):
     with FakeDaemon(tmp_path / "home", status()) as daemon:
         app = make_app(daemon.paths.home, theme_name=theme)
         assert snap_compare(app, terminal_size=size, run_before=settled_on(state))
+
+
+@pytest.mark.flaky(reruns=4, reruns_delay=3)  # the drawing race of test_dashboard_snapshot
+def test_two_gpus_draw_a_loss_line_each(snap_compare, tmp_path):
+    with FakeDaemon(tmp_path / "home", two_gpus_status(), steps=sample_steps(("gpu0", "gpu1"))) as daemon:
+        app = make_app(daemon.paths.home, theme_name="textual-dark")
+        assert snap_compare(app, terminal_size=(200, 60), run_before=settled_on("training"))
 
 
 @pytest.mark.parametrize(("size", "theme"), [((80, 24), "textual-dark"), ((200, 60), "textual-light")])

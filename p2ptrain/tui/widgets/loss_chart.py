@@ -53,7 +53,8 @@ def elapsed_ticks(span_s: float) -> tuple[list[float], list[str]]:
 
 
 class LossChart(Chart):
-    """Training and validation loss of the current run against the time since its first step."""
+    """Training and validation loss of the current run against the time since its first step:
+    a training line per worker (``step`` rows carry the worker's name) when there are several."""
 
     steps: var[tuple] = var(())
     epochs: var[tuple] = var(())
@@ -69,7 +70,10 @@ class LossChart(Chart):
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
-        train = [(row["ts"], row["loss"]) for row in self.steps if row.get("loss") is not None and row.get("ts")]
+        trained = [row for row in self.steps if row.get("loss") is not None and row.get("ts")]
+        workers = sorted({row.get("worker") or "" for row in trained})
+        lines = {worker: [(row["ts"], row["loss"]) for row in trained if (row.get("worker") or "") == worker] for worker in workers}
+        train = [(row["ts"], row["loss"]) for row in trained]
         validation = [
             (row["ended_at"], row["val_loss"])
             for row in self.epochs
@@ -80,9 +84,10 @@ class LossChart(Chart):
             self.redraw()
             return
         start = min(ts for ts, _ in train + validation)
-        train = thin_out(train)
-        if train:
-            plt.plot([(ts - start) / 60 for ts, _ in train], [loss for _, loss in train], label="train", marker="braille")
+        for worker, points in lines.items():  # a line per worker (one per GPU)
+            points = thin_out(points)
+            label = f"train {worker}" if len(lines) > 1 else "train"
+            plt.plot([(ts - start) / 60 for ts, _ in points], [loss for _, loss in points], label=label, marker="braille")
         if validation:
             plt.scatter([(ts - start) / 60 for ts, _ in validation], [loss for _, loss in validation], label="validation")
         plt.xticks(*elapsed_ticks(max(ts for ts, _ in train + validation) - start))
