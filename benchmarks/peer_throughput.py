@@ -21,15 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from p2ptrain.demo import loopback_config
 from p2ptrain.paths import resolve_paths
 from p2ptrain.protocol import ControlClient, DaemonNotRunning
-
-BENCH_CONFIG = """\
-[dht]
-host_maddrs = ["/ip4/127.0.0.1/tcp/0"]
-use_relay = false
-use_auto_relay = false
-"""
 
 
 def bare_loop_samples_per_second(steps: int, cache_dir: Path) -> float:
@@ -57,7 +51,7 @@ def _wait(client: ControlClient, predicate, timeout_s: float) -> dict:
 
 def daemon_peer(seconds: float, home: Path) -> dict:
     home.mkdir(parents=True, exist_ok=True)
-    (home / "config.toml").write_text(BENCH_CONFIG)
+    (home / "config.toml").write_text(loopback_config(cpu_threads=None))
     daemon = subprocess.Popen(
         [sys.executable, "-m", "p2ptrain.cli", "daemon", "--home", str(home), "--log-level", "warning"],
         stderr=subprocess.DEVNULL,

@@ -38,20 +38,10 @@ from pathlib import Path
 
 import psutil
 
+from p2ptrain.demo import loopback_config
 from p2ptrain.paths import resolve_paths
 from p2ptrain.protocol import ControlClient, DaemonNotRunning
 
-CONFIG = """\
-nickname = "{name}"
-[dht]
-host_maddrs = ["/ip4/127.0.0.1/tcp/0"]
-use_relay = false
-use_auto_relay = false
-[storage]
-flush_interval_s = 1.0
-[policy]
-max_cpu_threads = 1
-"""
 RUNS = {
     "sync": ["--mode", "sync", "--target-batch-size", "384", "--micro-batch", "8"],
     "diloco": ["--mode", "diloco", "--local-steps", "20", "--micro-batch", "8"],
@@ -98,7 +88,7 @@ class Peer:
         """Start the daemon in its own session."""
         self.home.mkdir(parents=True, exist_ok=True)
         if not (self.home / "config.toml").exists():
-            (self.home / "config.toml").write_text(CONFIG.format(name=self.name))
+            (self.home / "config.toml").write_text(loopback_config(self.name))
         with open(self.home / "daemon.log", "a") as log:
             self.process = subprocess.Popen([*P2PTRAIN, "daemon", "--home", str(self.home)], stdout=log,
                                             stderr=subprocess.STDOUT, env=environment(self.marker), start_new_session=True)

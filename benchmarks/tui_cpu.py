@@ -40,20 +40,13 @@ sys.path.insert(0, str(REPO / "tests" / "tui"))
 
 from tmux import TMUX, TmuxPane, tui_command  # noqa: E402
 
+from p2ptrain.demo import loopback_config  # noqa: E402
 from p2ptrain.paths import resolve_paths  # noqa: E402
 from p2ptrain.protocol import ControlClient, DaemonNotRunning  # noqa: E402
 
 RUN = "tui-cpu"
 # main before the TUI followed the daemon's pushed updates (it polled five methods every second).
 DEFAULT_BEFORE = "f77d936"
-CONFIG = """\
-[dht]
-host_maddrs = ["/ip4/127.0.0.1/tcp/0"]
-use_relay = false
-use_auto_relay = false
-[policy]
-max_cpu_threads = 1
-"""
 
 
 def extract(revision: str, into: Path) -> Path:
@@ -95,7 +88,7 @@ def cpu_seconds(process: psutil.Process) -> float:
 def start_training(source: Path, home: Path) -> subprocess.Popen:
     """A daemon of the code under ``source`` in a run of its own, its worker training."""
     home.mkdir(parents=True)
-    (home / "config.toml").write_text(CONFIG)
+    (home / "config.toml").write_text(loopback_config())
     with open(home / "daemon.log", "w") as log:
         daemon = subprocess.Popen(p2ptrain(source, "daemon", "--home", str(home), "--log-level", "warning"), stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)

@@ -25,17 +25,24 @@ from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
 RUN_NAME = "demo"
 # how long the daemons get to checkpoint and leave when the demo stops, before they are killed
 STOP_TIMEOUT_S = 60
-DEMO_CONFIG = """\
-nickname = "{nickname}"
-[dht]
-host_maddrs = ["/ip4/127.0.0.1/tcp/0"]
-use_relay = false
-use_auto_relay = false
-[storage]
-flush_interval_s = 1.0
-[policy]
-max_cpu_threads = {threads}
-"""
+
+
+def loopback_config(nickname: str | None = None, cpu_threads: int | None = 1, flush_interval_s: float = 1.0) -> str:
+    """The config.toml of a daemon in a swarm on this one machine (the demo's, the tests' and benchmarks').
+
+    Args:
+        nickname: shown to the other peers (None: the daemon's default).
+        cpu_threads: ``policy.max_cpu_threads`` (several daemons share the cores; None: no cap).
+        flush_interval_s: how often the database is flushed.
+    """
+    lines = [f'nickname = "{nickname}"'] if nickname else []
+    lines += ["[dht]", 'host_maddrs = ["/ip4/127.0.0.1/tcp/0"]', "use_relay = false", "use_auto_relay = false",
+              "[storage]", f"flush_interval_s = {flush_interval_s}"]
+    if cpu_threads is not None:
+        lines += ["[policy]", f"max_cpu_threads = {cpu_threads}"]
+    return "\n".join(lines) + "\n"
+
+
 # Small enough that an epoch takes seconds on a laptop CPU, so the demo shows averaging quickly.
 DEMO_MANIFEST = {"target_batch_size": 256, "local_steps": 20, "micro_batch_hint": 8}
 
@@ -47,7 +54,7 @@ class DemoPeer:
         self.home = home
         self.nickname = nickname
         home.mkdir(parents=True, exist_ok=True)
-        (home / "config.toml").write_text(DEMO_CONFIG.format(nickname=nickname, threads=threads))
+        (home / "config.toml").write_text(loopback_config(nickname, threads))
         self.log_path = home / "daemon.log"
         self.process: subprocess.Popen | None = None
         self.client = ControlClient(str(resolve_paths(home).socket), timeout=10)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from p2ptrain.demo import loopback_config
 from p2ptrain.paths import resolve_paths
 from p2ptrain.protocol import ControlClient, DaemonNotRunning
 
@@ -41,21 +42,10 @@ def child_environment(extra: dict | None = None) -> dict:
 
 
 def write_local_config(home: Path) -> None:
-    """A config for tests: listen on 127.0.0.1 only, flush the database often."""
+    """A config for tests: listen on 127.0.0.1 only, flush the database often, one torch thread
+    (several daemons share this machine's 2 cores)."""
     home.mkdir(parents=True, exist_ok=True)
-    lines = [
-        'nickname = "{}"'.format(home.name[:32]),
-        "[dht]",
-        'host_maddrs = ["/ip4/127.0.0.1/tcp/0"]',
-        "use_relay = false",
-        "use_auto_relay = false",
-        "[storage]",
-        "flush_interval_s = 0.5",
-        # several daemons share this machine's 2 cores: one torch thread each avoids oversubscription
-        "[policy]",
-        "max_cpu_threads = 1",
-    ]
-    (home / "config.toml").write_text("\n".join(lines) + "\n")
+    (home / "config.toml").write_text(loopback_config(home.name[:32], cpu_threads=1, flush_interval_s=0.5))
 
 
 def cli(home: Path, *args: str, timeout: float = 120, env: dict | None = None, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:

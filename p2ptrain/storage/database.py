@@ -358,14 +358,6 @@ class Database:
             self._write_failed(exc)
             return None
 
-    def integrity_ok(self) -> bool:
-        """Whether SQLite's ``PRAGMA integrity_check`` finds the file sound."""
-        try:
-            rows = self.connection.execute("PRAGMA integrity_check").fetchall()
-        except sqlite3.DatabaseError:
-            return False
-        return rows == [("ok",)]
-
     def close(self) -> bool:
         """Flush and close. Returns whether every buffered row was written."""
         if self._closed:

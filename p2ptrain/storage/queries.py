@@ -46,34 +46,6 @@ def recent_epochs(db: Source, run_id: str | None = None, limit: int = 20) -> lis
     return _newest(list(by_key.values()), lambda row: (row["ended_at"], row["epoch"]), limit)
 
 
-def loss_series(
-    db: Source, run_id: str | None = None, since: float | None = None, limit: int = 1000
-) -> list[dict]:
-    """Loss curve points, one per epoch: ``ts`` (the epoch's end), ``run_id``,
-    ``epoch``, ``loss``, ``val_loss``; newest last.
-
-    Args:
-        db: the daemon's Database or a database path.
-        run_id: only this run; all runs if None.
-        since: only epochs that ended after this Unix time; all if None.
-        limit: at most this many points (the newest).
-    """
-    _check_limit(limit)
-    points = []
-    for row in recent_epochs(db, run_id=run_id, limit=limit):
-        if since is None or row["ended_at"] > since:
-            points.append(
-                {
-                    "ts": row["ended_at"],
-                    "run_id": row["run_id"],
-                    "epoch": row["epoch"],
-                    "loss": row["loss"],
-                    "val_loss": row["val_loss"],
-                }
-            )
-    return points
-
-
 def steps_since(
     db: Source, since: float | None = None, limit: int = 1000, run_id: str | None = None
 ) -> list[dict]:
@@ -146,28 +118,6 @@ def peers_table(db: Source, run_id: str, max_age_s: float | None = None) -> list
             row["compatible"] = bool(row["compatible"])
         table.append(row)
     return table
-
-
-def current_run(db: Source) -> dict | None:
-    """The run this machine joined last and has not left (``run_id``,
-    ``manifest``, ``joined_at``, ``left_at``), or None.
-
-    Args:
-        db: the daemon's Database or a database path.
-    """
-    with _reader(db) as (connection, pending):
-        runs = {row["run_id"]: row for row in _rows(connection, "SELECT * FROM runs", [])}
-        for change in pending("runs"):
-            if "joined_at" in change:
-                runs[change["run_id"]] = change
-            elif change["run_id"] in runs:
-                runs[change["run_id"]]["left_at"] = change["left_at"]
-    active = [row for row in runs.values() if row["left_at"] is None]
-    if not active:
-        return None
-    run = max(active, key=lambda row: row["joined_at"])
-    run["manifest"] = _decode(run["manifest"])
-    return run
 
 
 def _time_window(

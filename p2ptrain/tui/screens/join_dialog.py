@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select
+
+from p2ptrain.tui.screens.form_dialog import FormDialog
 
 MODES = (("sync: average every target batch", "sync"), ("diloco: average after many local steps", "diloco"))
 
@@ -38,11 +39,11 @@ def join_params(run: str, bootstrap: str, new_run: bool, mode: str, model: str) 
     return params
 
 
-class JoinDialog(ModalScreen[dict | None]):
+class JoinDialog(FormDialog):
     """Asks for a run to join; dismisses with the ``join`` params, or None when cancelled."""
 
     AUTO_FOCUS = "#join-run"
-    BINDINGS = [("escape", "cancel", "Cancel")]
+    CONFIRM_ID, ERROR_ID = "join-confirm", "join-error"
 
     def compose(self) -> ComposeResult:
         with Vertical(id="join-dialog", classes="dialog"):
@@ -66,28 +67,11 @@ class JoinDialog(ModalScreen[dict | None]):
     def on_checkbox_changed(self, event: Checkbox.Changed) -> None:
         self.query_one("#join-new-run-fields").display = event.value
 
-    def on_input_submitted(self) -> None:
-        self._submit()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "join-confirm":
-            self._submit()
-        else:
-            self.dismiss(None)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    def _submit(self) -> None:
-        try:
-            params = join_params(
-                self.query_one("#join-run", Input).value,
-                self.query_one("#join-bootstrap", Input).value,
-                self.query_one("#join-new-run", Checkbox).value,
-                str(self.query_one("#join-mode", Select).value),
-                self.query_one("#join-model", Input).value,
-            )
-        except ValueError as error:
-            self.query_one("#join-error", Label).update(str(error))
-            return
-        self.dismiss(params)
+    def params(self) -> dict:
+        return join_params(
+            self.query_one("#join-run", Input).value,
+            self.query_one("#join-bootstrap", Input).value,
+            self.query_one("#join-new-run", Checkbox).value,
+            str(self.query_one("#join-mode", Select).value),
+            self.query_one("#join-model", Input).value,
+        )
