@@ -43,12 +43,20 @@ def validation_losses(home) -> list[float]:
 
 
 def descendants(pid: int) -> list[psutil.Process]:
-    """The worker and everything under it (not multiprocessing's resource tracker, which lives as long as the daemon)."""
+    """The worker and everything under it that still runs: not multiprocessing's resource tracker, which lives
+    as long as the daemon, nor a process that has ended and waits to be reaped (a zombie holds no memory)."""
     try:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [child for child in children if "resource_tracker" not in " ".join(child.cmdline())]
+    running = []
+    for child in children:
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
+                running.append(child)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return running
 
 
 @pytest.fixture(scope="module")
