@@ -135,7 +135,6 @@ def start_dht(
     use_auto_relay: bool = False,
     client_mode: bool = False,
     start_timeout: float = 60,
-    follow_runs: tuple[str, ...] = (),
 ):
     """Start this peer's hivemind DHT (in hivemind's background process) and return it.
 
@@ -154,9 +153,6 @@ def start_dht(
     :param client_mode: take part without serving DHT requests (for peers nobody can dial).
         This, not ``hivemind.Optimizer(client_mode=...)``, is what counts.
     :param start_timeout: give up after this many seconds.
-    :param follow_runs: run ids whose records this peer checks from its first
-        moment (see :func:`follow_run`); pass the run being joined, so nothing
-        unchecked about it is stored before the worker first reads it.
     :raises DHTStartError: one line saying what went wrong and how to fix it (a
         listening port taken while ``announce_maddrs`` names it, too).
     :raises ValueError: if an address is not a multiaddr.
@@ -172,7 +168,6 @@ def start_dht(
     from hivemind.utils.crypto import RSAPrivateKey
 
     from p2ptrain.peers.local_reads import mark_joined
-    from p2ptrain.peers.validators import RunRecordValidator
 
     peers = [validate_multiaddr(address) for address in initial_peers]
     hosts = [validate_multiaddr(address) for address in (host_maddrs or DEFAULT_HOST_MADDRS)]
@@ -211,7 +206,7 @@ def start_dht(
             startup_timeout=start_timeout,
             # A key made a moment ago cannot be in use elsewhere: skip hivemind's probe (an extra p2pd).
             check_if_identity_free=not new_identity,
-            record_validators=[RSASignatureValidator(private_key), RunRecordValidator(list(follow_runs))],
+            record_validators=[RSASignatureValidator(private_key)],
             **relays,
         )
     except Exception as error:
@@ -228,7 +223,6 @@ def start_dht(
         raise _explain_start_failure(error, peers, identity_path) from error
     dht.p2ptrain_private_key = private_key
     mark_joined(dht)
-    dht.p2ptrain_followed_runs = set(follow_runs)
     dht.p2ptrain_port_moves = port_moves
     logger.info("DHT started as %s, reachable at %s", dht.peer_id, ", ".join(visible_addresses(dht)))
     return dht
@@ -252,19 +246,6 @@ def own_public_key(dht) -> bytes:
     from hivemind.dht.crypto import RSASignatureValidator
 
     return RSASignatureValidator(signing_key(dht)).local_public_key
-
-
-def follow_run(dht, run_id: str) -> None:
-    """Make this DHT check the manifest and metrics records of ``run_id`` (idempotent)."""
-    from p2ptrain.peers.validators import RunRecordValidator
-
-    followed = getattr(dht, "p2ptrain_followed_runs", None)
-    if followed is None:
-        followed = dht.p2ptrain_followed_runs = set()
-    if run_id in followed:
-        return
-    dht.add_validators([RunRecordValidator([run_id])])
-    followed.add(run_id)
 
 
 def _address_rank(address: str) -> tuple[int, int, int]:

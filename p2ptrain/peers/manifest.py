@@ -4,23 +4,22 @@ A volunteer needs only a run id and one bootstrap address: every other setting
 (model, data, batch sizes, learning rates, compression) is read from the
 manifest its creator published in the DHT under ``p2ptrain/{run_id}/manifest``.
 
-This module imports only pydantic at import time, so the daemon can validate a
-manifest before it starts a training worker; hivemind is imported lazily inside
-:func:`publish_manifest` and :func:`fetch_manifest`.
+This module is the format alone (pydantic only), so the daemon can validate a
+manifest before it starts a training worker; reading and publishing it in the
+DHT is ``run_records.py``'s.
 
 Conflicts: if several peers published *different* manifests under one run id,
 the one with the earliest ``created_at`` wins (ties broken by the smaller
 hash) and the others are logged as warnings. Peers that adopt the winner
 republish it under their own key, so the run stays joinable after its creator
-leaves; :func:`publish_manifest` refuses to create a second, different run
-under a name that is already taken.
+leaves; ``run_records.publish_manifest`` refuses to create a second, different
+run under a name that is already taken.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
 import time
 from typing import Any, Literal
@@ -28,8 +27,6 @@ from typing import Any, Literal
 import pydantic
 
 from p2ptrain.peers.compression_ladder import RUNG_HELP, allowed_rungs, parse_rung
-
-logger = logging.getLogger(__name__)
 
 RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 MANIFEST_EXPIRATION_S = 7 * 24 * 3600
@@ -283,110 +280,6 @@ def averaging_prefix(manifest: Manifest) -> str:
     return averaging_prefix_for(manifest.run_id, manifest.manifest_hash())
 
 
-def _peers_text(dht) -> str:
-    peers = [str(peer) for peer in (getattr(dht, "initial_peers", None) or [])]
-    return ", ".join(peers) if peers else "no bootstrap peers (this peer started alone)"
-
-
-def read_manifests(dht, run_id: str) -> dict[str, Manifest]:
-    """Every valid manifest currently published for ``run_id``, by publisher public key (as text).
-
-    Records that fail the schema are logged and skipped (peers that know the
-    run refuse them already; this guards against those that do not).
-    """
-    from p2ptrain.peers.dht import follow_run
-
-    follow_run(dht, run_id)
-    found = dht.get(manifest_key(run_id), latest=True)
-    manifests: dict[str, Manifest] = {}
-    if found is None or not isinstance(found.value, dict):
-        return manifests
-    for publisher, entry in found.value.items():
-        publisher_text = publisher.decode(errors="replace") if isinstance(publisher, bytes) else str(publisher)
-        try:
-            manifest = parse_manifest(entry.value)
-        except ManifestError as error:
-            logger.warning("ignoring a manifest for run %s from %s: %s", run_id, publisher_text[:60], error)
-            continue
-        if manifest.run_id != run_id:
-            logger.warning("ignoring a manifest for run %r stored under run %s", manifest.run_id, run_id)
-            continue
-        manifests[publisher_text] = manifest
-    return manifests
-
-
 def choose_manifest(manifests: list[Manifest]) -> Manifest:
     """The manifest that wins among conflicting ones: earliest ``created_at``, then smallest hash."""
     return min(manifests, key=lambda manifest: (manifest.created_at, manifest.manifest_hash()))
-
-
-def fetch_manifest(dht, run_id: str, timeout: float = 30.0) -> Manifest:
-    """Read a run's manifest from the DHT, retrying until it is found or ``timeout`` seconds pass.
-
-    :param dht: a running hivemind.DHT started by :func:`p2ptrain.peers.dht.start_dht`.
-    :param run_id: the run to join.
-    :param timeout: how long to keep looking; a peer that just joined may need a few seconds.
-    :raises ManifestError: if no valid manifest was found in time.
-    """
-    check_run_id(run_id)
-    deadline = time.monotonic() + timeout
-    while True:
-        manifests = read_manifests(dht, run_id)
-        if manifests:
-            break
-        if time.monotonic() >= deadline:
-            raise ManifestError(
-                f"no run named {run_id!r} was found through {_peers_text(dht)}",
-                "check the name and the bootstrap address",
-            )
-        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-    winner = choose_manifest(list(manifests.values()))
-    losers = {manifest.manifest_hash() for manifest in manifests.values()} - {winner.manifest_hash()}
-    if losers:
-        logger.warning(
-            "run %s has %d conflicting manifests; using the earliest (hash %s), ignoring %s",
-            run_id,
-            len(losers) + 1,
-            winner.manifest_hash(),
-            ", ".join(sorted(losers)),
-        )
-    return winner
-
-
-def publish_manifest(dht, manifest: Manifest, expiration_s: float = MANIFEST_EXPIRATION_S) -> None:
-    """Publish ``manifest`` under ``p2ptrain/{run_id}/manifest``, signed with this peer's key.
-
-    The subkey is this peer's RSA public key, so only this peer can change its
-    own entry. Call it when creating a run, and again (with the manifest you
-    fetched) from every peer that trains in it, so the run outlives its creator.
-
-    :param expiration_s: how long the record lives unless republished.
-    :raises ManifestError: if another peer already published a different,
-        earlier manifest under this run id, or if the DHT refused the record.
-    """
-    from hivemind.utils import get_dht_time
-
-    from p2ptrain.peers.dht import own_public_key
-
-    published = read_manifests(dht, manifest.run_id)
-    ours = own_public_key(dht).decode()
-    others = [other for key, other in published.items() if key != ours]
-    if others:
-        winner = choose_manifest(others + [manifest])
-        if winner.manifest_hash() != manifest.manifest_hash():
-            raise ManifestError(
-                f"a run named {manifest.run_id!r} already exists with other settings (hash {winner.manifest_hash()})",
-                "join it without a manifest, or pick another run id",
-            )
-    stored = dht.store(
-        manifest_key(manifest.run_id),
-        subkey=own_public_key(dht),
-        value=manifest.model_dump(mode="json"),
-        expiration_time=get_dht_time() + expiration_s,
-    )
-    if not stored:
-        raise ManifestError(
-            f"the DHT refused the manifest of run {manifest.run_id!r}",
-            "check that this peer reaches its bootstrap peers, then retry",
-        )
-

@@ -5,18 +5,16 @@ Every peer publishes a :class:`LocalMetrics` under the DHT key
 plain run id (not the averaging prefix) so peers with another manifest are
 still seen, marked incompatible by their ``manifest_hash``.
 
-Importable without hivemind (pydantic only); hivemind is imported lazily.
+The format alone (pydantic only); publishing and reading the records is
+``run_records.py``'s.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Literal
 
 import pydantic
-
-logger = logging.getLogger(__name__)
 
 METRICS_EXPIRATION_S = 90.0  # the worker writes its record every 30 s
 
@@ -69,85 +67,3 @@ class LocalMetrics(pydantic.BaseModel):
         if isinstance(value, float) and not math.isfinite(value):
             return None
         return value
-
-
-def publish_metrics(dht, run_id: str, metrics: LocalMetrics, expiration_s: float = METRICS_EXPIRATION_S) -> bool:
-    """Publish this peer's metrics for ``run_id``, signed under its own public key.
-
-    :param expiration_s: the record vanishes after this many seconds unless
-        republished; publish at least twice per period to stay visible.
-    :returns: whether the DHT accepted the record (False e.g. when no peer
-        answered; the next publish retries, so callers usually just log it).
-    """
-    from hivemind.utils import get_dht_time
-
-    from p2ptrain.peers.dht import follow_run, own_public_key
-    from p2ptrain.peers.local_reads import store_record
-
-    follow_run(dht, run_id)
-    stored = store_record(dht, metrics_key(run_id), own_public_key(dht), metrics.model_dump(mode="json"),
-                          get_dht_time() + expiration_s)
-    if not stored:
-        logger.warning("the DHT did not accept this peer's metrics for run %s", run_id)
-    return bool(stored)
-
-
-def withdraw_metrics(dht, run_id: str, expiration_s: float = METRICS_EXPIRATION_S) -> bool:
-    """Say goodbye: replace this peer's metrics with an empty entry, so readers drop it at once.
-
-    A record with a *shorter* life cannot replace ours (the DHT keeps the entry
-    that expires last), so an empty entry that outlives the last published
-    record is stored instead; ``expiration_s`` must be at least the one used
-    by :func:`publish_metrics`.
-
-    :returns: whether the DHT accepted it.
-    """
-    from hivemind.utils import get_dht_time
-
-    from p2ptrain.peers.dht import follow_run, own_public_key
-    from p2ptrain.peers.local_reads import store_record
-
-    follow_run(dht, run_id)
-    stored = store_record(dht, metrics_key(run_id), own_public_key(dht), None, get_dht_time() + expiration_s)
-    return bool(stored)
-
-
-def read_metrics(dht, run_id: str) -> list[LocalMetrics]:
-    """Every peer's current metrics for ``run_id``: from this peer's own copy once it holds every
-    record, else the newest state the DHT's nodes have (``local_reads.read_record``).
-
-    Records that fail the schema, or whose ``peer_id`` is not the one of the
-    key they are signed with, are logged and dropped. Signatures are checked
-    when a record reaches this peer (the RSASignatureValidator that
-    :func:`p2ptrain.peers.dht.start_dht` installs), so no record under another
-    peer's key without its signature gets here; the other checks are repeated
-    here because this peer's own storage may hold records it accepted before
-    it followed the run.
-    """
-    from hivemind.dht.protocol import DHTProtocol
-
-    from p2ptrain.peers.dht import follow_run
-    from p2ptrain.peers.local_reads import read_record
-    from p2ptrain.peers.validators import owner_peer_id
-
-    follow_run(dht, run_id)
-    found = read_record(dht, metrics_key(run_id))
-    if found is None or not isinstance(found.value, dict):
-        return []
-    peers = []
-    for subkey, entry in found.value.items():
-        if entry.value is None:
-            continue
-        try:
-            metrics = LocalMetrics.model_validate(entry.value, strict=True)
-        except pydantic.ValidationError as error:
-            logger.warning("dropped a metrics record of run %s: %s", run_id, str(error).replace("\n", " "))
-            continue
-        signer = owner_peer_id(DHTProtocol.serializer.dumps(subkey))
-        if signer != metrics.peer_id:
-            logger.warning(
-                "dropped a metrics record of run %s claiming peer %s, signed by %s", run_id, metrics.peer_id, signer
-            )
-            continue
-        peers.append(metrics)
-    return sorted(peers, key=lambda metrics: metrics.peer_id)

@@ -94,7 +94,8 @@ def run_manifest(spec: WorkerSpec, dht):
     Raises:
         WorkerFailure: the manifest is invalid or no peer has it.
     """
-    from p2ptrain.peers.manifest import ManifestError, fetch_manifest, parse_manifest, publish_manifest
+    from p2ptrain.peers.manifest import ManifestError, parse_manifest
+    from p2ptrain.peers.run_records import fetch_manifest, publish_manifest
 
     try:
         if spec.new_run:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from p2ptrain.peers.local_reads import read_record
 from p2ptrain.peers.manifest import averaging_prefix_for
-from p2ptrain.peers.records import LocalMetrics, read_metrics
+from p2ptrain.peers.records import LocalMetrics
+from p2ptrain.peers.run_records import read_metrics
 from p2ptrain.worker_pipe import PeerRow, Swarm
 
 logger = logging.getLogger(__name__)

@@ -598,7 +598,7 @@ class Worker:
         )
 
     def _report_swarm_forever(self) -> None:
-        from p2ptrain.peers.records import publish_metrics
+        from p2ptrain.peers.run_records import publish_metrics
         from p2ptrain.peers.swarm import read_swarm
 
         published_state, published_at = None, -METRICS_INTERVAL_S
@@ -617,7 +617,7 @@ class Worker:
 
     def goodbye(self) -> None:
         """Publish a last metrics record that expires at once, so peers drop us quickly."""
-        from p2ptrain.peers.records import publish_metrics
+        from p2ptrain.peers.run_records import publish_metrics
 
         try:
             publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(0.0), expiration_s=GOODBYE_EXPIRATION_S)

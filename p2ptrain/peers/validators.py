@@ -1,8 +1,7 @@
 """DHT record validation for p2ptrain's own records (runs in hivemind's DHT process).
 
 hivemind stores records under hashed keys, so a validator can only recognise
-the keys of runs it was told about: :func:`p2ptrain.peers.dht.follow_run`
-registers a run, after which this peer refuses to store, and ignores when
+the keys of runs it was told about: :func:`follow_run` registers a run, after which this peer refuses to store, and ignores when
 reading, any manifest or metrics record of that run that
 
 - is not under a public-key subkey (the RSASignatureValidator installed next
@@ -97,3 +96,14 @@ class RunRecordValidator(RecordValidatorBase):
             return False
         self._kinds.update(other._kinds)
         return True
+
+
+def follow_run(dht, run_id: str) -> None:
+    """Make this DHT check the manifest and metrics records of ``run_id`` (idempotent)."""
+    followed = getattr(dht, "p2ptrain_followed_runs", None)
+    if followed is None:
+        followed = dht.p2ptrain_followed_runs = set()
+    if run_id in followed:
+        return
+    dht.add_validators([RunRecordValidator([run_id])])
+    followed.add(run_id)

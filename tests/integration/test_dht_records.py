@@ -23,16 +23,9 @@ from p2ptrain.peers.dht import (
     start_dht,
     visible_addresses,
 )
-from p2ptrain.peers.manifest import (
-    ManifestError,
-    averaging_prefix,
-    fetch_manifest,
-    manifest_key,
-    new_manifest,
-    publish_manifest,
-    read_manifests,
-)
-from p2ptrain.peers.records import LocalMetrics, metrics_key, publish_metrics, read_metrics, withdraw_metrics
+from p2ptrain.peers.manifest import ManifestError, averaging_prefix, manifest_key, new_manifest
+from p2ptrain.peers.records import LocalMetrics, metrics_key
+from p2ptrain.peers.run_records import fetch_manifest, publish_manifest, publish_metrics, read_manifests, read_metrics, withdraw_metrics
 from p2ptrain.peers.swarm import read_swarm
 
 pytestmark = pytest.mark.swarm
