@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from p2ptrain.peers.data import DEFAULT_DATASET, train_batches
-from p2ptrain.peers.models import TINY_PRESET, build_model, causal_lm_loss
+from p2ptrain.peers.model.data import DEFAULT_DATASET, train_batches
+from p2ptrain.peers.model.models import TINY_PRESET, build_model, causal_lm_loss
 
 WARMUP_STEPS = 3
 

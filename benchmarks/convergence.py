@@ -47,14 +47,14 @@ from pathlib import Path
 import psutil
 import torch
 
-from p2ptrain.peers.checkpoint import checkpoint_path, load_checkpoint
-from p2ptrain.peers.compression_ladder import DENSE_BYTES_PER_VALUE, parse_rung
-from p2ptrain.peers.data import train_batches, validation_batches
-from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
-from p2ptrain.peers.optimizers import learning_rate_factor
-from p2ptrain.peers.tokenizers import ByteTokenizer
-from p2ptrain.peers.run_setup import VALIDATION_BATCHES, stream_seed
-from p2ptrain.peers.training_worker import main as worker_main
+from p2ptrain.peers.model.checkpoint import checkpoint_path, load_checkpoint
+from p2ptrain.peers.compression.ladder import DENSE_BYTES_PER_VALUE, parse_rung
+from p2ptrain.peers.model.data import train_batches, validation_batches
+from p2ptrain.peers.model.models import build_model, causal_lm_loss, mean_loss
+from p2ptrain.peers.training.optimizers import learning_rate_factor
+from p2ptrain.peers.model.tokenizers import ByteTokenizer
+from p2ptrain.peers.worker.run_setup import VALIDATION_BATCHES, stream_seed
+from p2ptrain.peers.worker.training_worker import main as worker_main
 
 HERE = Path(__file__).resolve().parent
 PEERS = 4
@@ -492,7 +492,7 @@ def markdown(setup: Setup, results: list[Result], command: str, seconds: float) 
         "(butterfly all-reduce: reduce-scatter + all-gather); fp32 4 bytes, blockwise 8-bit "
         f"{BYTES_PER_VALUE['blockwise8bit']:.4f} bytes (scales and codebooks included). The reference is that formula "
         "for 4 peers, fp32, after every step of 4·B samples. A sparse rung's rows count the payload its codecs encoded "
-        "(`p2ptrain/peers/compression.py`, formats in `compression_sparse.py`: each peer's top-k parts for the other reducers and its answers, on the "
+        "(`p2ptrain/peers/compression/codecs.py`, formats in `compression/sparse.py`: each peer's top-k parts for the other reducers and its answers, on the "
         "union of the group's entries, to the other senders), as every worker's checkpoint records it.",
         "- measured: TCP bytes_sent of every socket of the four workers' p2pd daemons (`ss -tin`), from the moment all "
         "peers joined to the end: includes DHT traffic, progress records, matchmaking, libp2p framing and encryption, "

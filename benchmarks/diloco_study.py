@@ -6,12 +6,12 @@
 
 No hivemind swarm: the same `tiny` model, stdlib corpus, per-replica data
 streams, inner AdamW (one per replica, its state kept across outer steps, as
-``p2ptrain.peers.diloco`` does), the mean of the replicas' pseudo-gradients
+``p2ptrain.peers.training.diloco`` does), the mean of the replicas' pseudo-gradients
 (``global - local``) passed through the run's compression as the all-reduce
 sends it, and an outer SGD step with Nesterov momentum. Blockwise 8-bit: each
 replica's part, then the averaged part. A sparse rung
-(``p2ptrain.peers.compression_sparse``): each replica sends what its error
-feedback (``p2ptrain.peers.error_feedback``, its residual kept across outer
+(``p2ptrain.peers.compression.sparse``): each replica sends what its error
+feedback (``p2ptrain.peers.compression.error_feedback``, its residual kept across outer
 steps) makes of its pseudo-gradient, the mean of those is what reducers form,
 and their answers pass through the union format. The bytes of a sparse round
 are the real encoded sizes: each replica's parts ((n-1)/n of its tensors) and
@@ -37,14 +37,14 @@ from pathlib import Path
 import torch
 from hivemind.compression import CompressionInfo
 
-from p2ptrain.peers.compression_ladder import parse_rung
-from p2ptrain.peers.compression_sparse import decode, encode_top_k, encode_union
-from p2ptrain.peers.data import train_batches, validation_batches
-from p2ptrain.peers.error_feedback import ErrorFeedback
-from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
-from p2ptrain.peers.optimizers import learning_rate_factor
-from p2ptrain.peers.compression import Blockwise8Bit
-from p2ptrain.peers.run_setup import stream_seed
+from p2ptrain.peers.compression.ladder import parse_rung
+from p2ptrain.peers.compression.sparse import decode, encode_top_k, encode_union
+from p2ptrain.peers.model.data import train_batches, validation_batches
+from p2ptrain.peers.compression.error_feedback import ErrorFeedback
+from p2ptrain.peers.model.models import build_model, causal_lm_loss, mean_loss
+from p2ptrain.peers.training.optimizers import learning_rate_factor
+from p2ptrain.peers.compression.codecs import Blockwise8Bit
+from p2ptrain.peers.worker.run_setup import stream_seed
 
 from convergence import pretrained_model  # benchmarks/convergence.py, beside this script
 
@@ -61,7 +61,7 @@ class Config:
 
     ``kind``: "baseline" (one replica at ``batch_factor`` × B) or "diloco".
     ``schedule``: "constant" or "cosine" (after a linear warm-up over ``warmup_steps``
-    inner steps, cosine to 0 at the last step, as ``p2ptrain.peers.optimizers``).
+    inner steps, cosine to 0 at the last step, as ``p2ptrain.peers.training.optimizers``).
     ``compression``: "none", "blockwise8bit" or a sparse rung; ``error_feedback_decay``
     its error feedback's decay.
     """
@@ -81,7 +81,7 @@ class Config:
 
 def learning_rate(config: Config, step: int, total_steps: int) -> float:
     """The (inner) learning rate at ``step`` of ``total_steps``: the product's schedule
-    (``p2ptrain.peers.optimizers.learning_rate_factor``, cosine decaying to 0 at the end)."""
+    (``p2ptrain.peers.training.optimizers.learning_rate_factor``, cosine decaying to 0 at the end)."""
     return config.inner_lr * learning_rate_factor(step, config.warmup_steps, config.schedule, total_steps)
 
 

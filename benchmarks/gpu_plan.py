@@ -48,7 +48,7 @@ def save_shape(config_file: Path, directory: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from p2ptrain.peers.tokenizers import ByteTokenizer
+    from p2ptrain.peers.model.tokenizers import ByteTokenizer
 
     config = AutoConfig.from_pretrained(config_file.parent)
     with torch.device("cpu"):
@@ -82,7 +82,7 @@ class Peak:
     def start(self) -> None:
         import torch
 
-        from p2ptrain.peers.calibration import _reset_peak
+        from p2ptrain.peers.worker.calibration import _reset_peak
 
         if self.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
@@ -92,7 +92,7 @@ class Peak:
         """(allocated, reserved) peak in GiB; on the CPU both are the resident set's peak."""
         import torch
 
-        from p2ptrain.peers.calibration import _peak
+        from p2ptrain.peers.worker.calibration import _peak
 
         if self.device.startswith("cuda"):
             return torch.cuda.max_memory_allocated() / GIB, torch.cuda.max_memory_reserved() / GIB
@@ -104,7 +104,7 @@ def time_steps(loaded, device: str, micro_batch: int, seq_len: int, steps: int) 
     """samples/s of ``steps`` AdamW steps after a warm-up one, and the peak (allocated, reserved) GiB."""
     import torch
 
-    from p2ptrain.peers.models import causal_lm_loss
+    from p2ptrain.peers.model.models import causal_lm_loss
 
     parameters = loaded.trainable()
     optimizer = torch.optim.AdamW(parameters, lr=1e-4)
@@ -143,9 +143,9 @@ def measure_shape(shape: Path, device: str, options, write) -> None:
     from p2ptrain.daemon.memory import estimate_memory
     from p2ptrain.daemon.model_facts import model_facts
     from p2ptrain.daemon.plan import DeviceFacts, PlanError, make_plan
-    from p2ptrain.peers.calibration import _peak
-    from p2ptrain.peers.models import build_model
-    from p2ptrain.peers.out_of_memory import is_out_of_memory
+    from p2ptrain.peers.worker.calibration import _peak
+    from p2ptrain.peers.model.models import build_model
+    from p2ptrain.peers.worker.out_of_memory import is_out_of_memory
 
     name = shape.name
     facts = model_facts(str(shape), {"r": LORA["r"]})

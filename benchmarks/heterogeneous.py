@@ -43,13 +43,13 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 import cpu_quota  # noqa: E402  (tests/cpu_quota.py)
 from convergence import DATASET, EVAL_BATCH, FINAL_EVAL_BATCHES, JOIN_TIMEOUT_S, SEED, Setup, Worker  # noqa: E402
-from p2ptrain.peers.checkpoint import load_checkpoint  # noqa: E402
-from p2ptrain.peers.models import build_model, mean_loss  # noqa: E402
-from p2ptrain.peers.data import validation_batches  # noqa: E402
+from p2ptrain.peers.model.checkpoint import load_checkpoint  # noqa: E402
+from p2ptrain.peers.model.models import build_model, mean_loss  # noqa: E402
+from p2ptrain.peers.model.data import validation_batches  # noqa: E402
 
 PEERS = ("fast0", "fast1", "slow")
 MICRO_BATCH, SEQ_LEN, INNER_LR = 4, 64, 3e-3
-MATCHMAKING_TIME = 3.0  # the product's default on 127.0.0.1 (peers.sync.LOCAL_AVERAGING)
+MATCHMAKING_TIME = 3.0  # the product's default on 127.0.0.1 (peers.training.sync.LOCAL_AVERAGING)
 SECTION_START = "<!-- benchmarks/heterogeneous.py writes from here -->"
 SECTION_END = "<!-- benchmarks/heterogeneous.py writes up to here -->"
 

@@ -1,7 +1,7 @@
 """Which requests make a peer's background traffic: the request logs of a lab run, summed by key.
 
 ``benchmarks/wan.py --request-log DIR`` runs every peer with
-``P2PTRAIN_REQUEST_LOG=DIR/<host>`` (``p2ptrain/peers/request_log.py``); this
+``P2PTRAIN_REQUEST_LOG=DIR/<host>`` (``p2ptrain/peers/net/request_log.py``); this
 reads those logs and prints, per peer, the requests that cost the most bytes
 per second over a window: direction (``call``: this peer asked, ``serve``: it
 answered, ``stream``: averaging and matchmaking messages), kind, handler or

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from p2ptrain.peers.data import train_batches, validation_batches
-from p2ptrain.peers.models import build_model, causal_lm_loss, mean_loss
-from p2ptrain.peers.robust_reduce import RobustOptions, plausible_weight, robust_aggregate
-from p2ptrain.peers.run_setup import stream_seed
+from p2ptrain.peers.model.data import train_batches, validation_batches
+from p2ptrain.peers.model.models import build_model, causal_lm_loss, mean_loss
+from p2ptrain.peers.robust.reduce import RobustOptions, plausible_weight, robust_aggregate
+from p2ptrain.peers.worker.run_setup import stream_seed
 
 HERE = Path(__file__).resolve().parent
 DATASET = {"kind": "stdlib"}

@@ -46,7 +46,7 @@ from lab import Lab, lab_unavailable, remove_stale_labs  # noqa: E402
 from swarm import run_cli, start_on  # noqa: E402
 
 from p2ptrain.paths import resolve_paths  # noqa: E402
-from p2ptrain.peers.request_log import ENVIRONMENT_VARIABLE as REQUEST_LOG  # noqa: E402
+from p2ptrain.peers.net.request_log import ENVIRONMENT_VARIABLE as REQUEST_LOG  # noqa: E402
 
 MODES = {
     "sync": ["--mode", "sync", "--target-batch-size", "256"],

@@ -34,7 +34,7 @@ MODULE_COMMANDS = {
     "plan": ("p2ptrain.daemon.plan_command", "what a device would do with a model"),
     "doctor": ("p2ptrain.daemon.doctor", "check this machine: hardware, plan, NVML, CUDA, ports"),
     "tui": ("p2ptrain.tui.app", "open the dashboard (same as p2ptrain-tui)"),
-    "export": ("p2ptrain.peers.export", "write the trained adapters or model in the Hugging Face format"),
+    "export": ("p2ptrain.peers.model.export", "write the trained adapters or model in the Hugging Face format"),
 }
 
 

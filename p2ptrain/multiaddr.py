@@ -2,7 +2,7 @@
 
 The daemon checks the addresses of a join request and of the ``[dht]``
 config before any worker starts, and the config module needs it to validate
-a file: so this is a leaf, standard library only. ``peers/dht.py`` uses it
+a file: so this is a leaf, standard library only. ``peers/net/dht.py`` uses it
 too before handing addresses to hivemind.
 """
 

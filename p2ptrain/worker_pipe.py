@@ -154,7 +154,7 @@ class AveragingTimings(Message):
 
 @dataclasses.dataclass
 class WorkerSpec(Message):
-    """Everything one worker process is started with (the argument of ``peers.training_worker.main``).
+    """Everything one worker process is started with (the argument of ``peers.worker.training_worker.main``).
 
     Attributes:
         run_id: the run to join.
@@ -214,7 +214,7 @@ class WorkerSpec(Message):
 @dataclasses.dataclass
 class UnusedSamples(Message):
     """Samples a peer trained that will never enter an average or optimizer step, by reason
-    (``peers/sample_account.py``).
+    (``peers/training/sample_account.py``).
 
     Attributes:
         late: its local progress was more rounds behind the swarm than may be kept.
@@ -235,14 +235,14 @@ class PeerRow(Message):
     """One peer of a run, as this machine sees it (the ``peers`` result of the control protocol).
 
     All but the last four come from the peer's signed metrics record
-    (``peers/records.py``: ``LocalMetrics``); a peer seen only in hivemind's
+    (``peers/swarm/records.py``: ``LocalMetrics``); a peer seen only in hivemind's
     progress records has None where it says nothing.
 
     Attributes:
         compatible: it trains with our manifest (its ``manifest_hash``), so we average with it.
         last_seen: Unix (DHT) time of its latest record.
         is_local: one of this machine's own workers (the daemon sets it).
-        banned: this machine banned it from its rounds (the daemon sets it; ``peers/trust.py``).
+        banned: this machine banned it from its rounds (the daemon sets it; ``peers/robust/trust.py``).
     """
 
     peer_id: str
@@ -268,7 +268,7 @@ class PeerRow(Message):
 @dataclasses.dataclass
 class PortMove(Message):
     """A fixed listening port that was taken when the worker's DHT started, and the port used
-    instead (``peers/ports.py``): ``port`` 0 is a random one; ``holder`` says who held it, in
+    instead (``peers/net/ports.py``): ``port`` 0 is a random one; ``holder`` says who held it, in
     words; ``message`` and ``fix`` are the warning ``status.health`` shows."""
 
     protocol: str
@@ -372,7 +372,7 @@ class Joined(Report, kind="joined"):
     Attributes:
         addresses: multiaddrs others can dial it at, best first (the one peers reached first).
         reachability: ``direct``, ``relayed``, ``unreachable`` or ``unknown``, as peers
-            measured it by dialing back (``peers/dial_back.py``) when it joined.
+            measured it by dialing back (``peers/net/dial_back.py``) when it joined.
         reachability_checked_at: when that check ended; None when nobody could be asked.
         averaging_client: it averages as a client (sends its share, never reduces):
             peers could not dial it directly.
@@ -413,7 +413,7 @@ class Joined(Report, kind="joined"):
 
 @dataclasses.dataclass
 class Network(Report, kind="network"):
-    """A reachability check ended (after ``Joined``, then every few minutes; ``peers/network.py``).
+    """A reachability check ended (after ``Joined``, then every few minutes; ``peers/net/network.py``).
 
     Attributes:
         reachability: ``direct``, ``relayed``, ``unreachable`` or ``unknown`` (nobody answered).
@@ -434,7 +434,7 @@ class Network(Report, kind="network"):
 
 @dataclasses.dataclass
 class Traffic(Report, kind="traffic"):
-    """What this peer sent and received (every 15 s; ``peers/traffic.py``).
+    """What this peer sent and received (every 15 s; ``peers/net/traffic.py``).
 
     Attributes:
         bytes_per_s: by kind (``averaging``, ``matchmaking``, ``progress``, ``metrics``,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from p2ptrain.peers.dht import start_dht, visible_addresses
-from p2ptrain.peers.traffic import TrafficMeter
+from p2ptrain.peers.net.dht import start_dht, visible_addresses
+from p2ptrain.peers.net.traffic import TrafficMeter
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 

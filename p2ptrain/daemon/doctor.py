@@ -22,7 +22,7 @@ from pathlib import Path
 from p2ptrain.daemon.hardware_probe import DEVICE_GROUPS_FIX, HardwareFacts, nvidia_device_files, probe
 from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
 from p2ptrain.daemon.plan import PlanError, PlanPolicy, make_plan
-from p2ptrain.peers.ports import NEXT_PORTS_TRIED, PortHolder, port_holder, port_is_free, port_move
+from p2ptrain.peers.net.ports import NEXT_PORTS_TRIED, PortHolder, port_holder, port_is_free, port_move
 
 DEFAULT_DHT_PORT = 31337
 TIME_ERROR = 5  # adjtimex(2): the kernel's clock is not synchronized
@@ -198,7 +198,7 @@ def _listening_port(home: str | None) -> int | None:
 def check_reachability(home: str | None, config) -> dict:
     """What peers of the run measured when they dialed this peer back (asked from the running daemon)."""
     from p2ptrain.paths import resolve_paths
-    from p2ptrain.peers.reachability import fix_for
+    from p2ptrain.peers.net.reachability import fix_for
     from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
 
     try:

@@ -22,7 +22,7 @@ and 6.7B parameters (LoRA r 16, seq_len 512, bf16, nf4 and int8, micro-batches
 1 to 32; ``tests/fixtures/gpu_h100_2026-11-26.jsonl``): on every measured row
 the allocator's part of the estimate is at least the peak the caching allocator
 reserved and at most 1.4x the peak it allocated (``tests/unit/test_memory_model.py``).
-The worker then confirms the plan with real passes (``peers/calibration.py``).
+The worker then confirms the plan with real passes (``peers/worker/calibration.py``).
 """
 
 from __future__ import annotations

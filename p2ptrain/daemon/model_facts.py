@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 # LoRA targets when a manifest names none: the attention projections (as in
-# p2ptrain.peers.models.DEFAULT_LORA_TARGETS for Llama-like models).
+# p2ptrain.peers.model.models.DEFAULT_LORA_TARGETS for Llama-like models).
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -118,7 +118,7 @@ def _llama(name: str, hub_id: str | None, vocab: int, hidden: int, intermediate:
 
 
 # Shapes copied from each model's config.json on the Hugging Face hub; the tiny
-# preset's from p2ptrain.peers.models.tiny_config (byte vocabulary of 259).
+# preset's from p2ptrain.peers.model.models.tiny_config (byte vocabulary of 259).
 _OPEN_LLAMA_7B = dict(vocab=32000, hidden=4096, intermediate=11008, layers=32, heads=32)
 _BUILT_IN = [
     _llama("tiny", None, vocab=259, hidden=128, intermediate=344, layers=4, heads=4, tied=True),

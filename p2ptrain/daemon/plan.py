@@ -8,7 +8,7 @@ in one line. Every worker is planned: the run's creator before its worker
 starts, a peer that joins once its worker has read the run's manifest from the
 swarm (the worker asks the daemon: ``PlanWanted``). The worker then holds its
 allocator to the plan's cap and confirms the micro-batch with real passes
-(``p2ptrain.peers.calibration``), growing it while that is faster and halving
+(``p2ptrain.peers.worker.calibration``), growing it while that is faster and halving
 it on out-of-memory. ``p2ptrain plan`` (``plan_command.py``) shows the same
 answer for any device.
 """
@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from p2ptrain.daemon.memory import GIB, MIB, MemoryEstimate, estimate_memory, format_gib, format_parameters
 from p2ptrain.daemon.model_facts import ModelFacts
-from p2ptrain.peers.compression_ladder import ROUND_UPLOAD_S, allowed_rungs, choose_rung
+from p2ptrain.peers.compression.ladder import ROUND_UPLOAD_S, allowed_rungs, choose_rung
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pydantic would slow down `p2ptrain plan`

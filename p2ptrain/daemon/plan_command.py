@@ -18,7 +18,7 @@ from dataclasses import asdict, replace
 
 from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
 from p2ptrain.daemon.plan import DeviceFacts, Plan, PlanPolicy, choose_precision, make_plan
-from p2ptrain.peers.compression_ladder import LADDER, parse_rung, upload_bytes_per_value
+from p2ptrain.peers.compression.ladder import LADDER, parse_rung, upload_bytes_per_value
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(tib|tb|t|gib|gb|g|mib|mb|m)?\s*$", re.IGNORECASE)
 _UNITS = {"t": 1024**2, "g": 1024, "m": 1}
@@ -64,7 +64,7 @@ def with_measurement(plan: Plan, home: str | None) -> Plan:
     import time
 
     from p2ptrain.paths import resolve_paths
-    from p2ptrain.peers.plan_cache import cache_key, read_plan_cache
+    from p2ptrain.peers.worker.plan_cache import cache_key, read_plan_cache
 
     measured = read_plan_cache(resolve_paths(home).cache_dir).get(cache_key(plan.model, plan.device_name, plan.precision, plan.quantization))
     if not isinstance(measured, dict) or not isinstance(measured.get("samples_per_second"), (int, float)):
@@ -80,7 +80,7 @@ def with_measurement(plan: Plan, home: str | None) -> Plan:
 def _measured_here(facts, device: DeviceFacts, home: str | None) -> dict[str, float]:
     """What this machine's workers measured for the model on this device, by quantization (the plan cache)."""
     from p2ptrain.paths import resolve_paths
-    from p2ptrain.peers.plan_cache import measured_speeds
+    from p2ptrain.peers.worker.plan_cache import measured_speeds
 
     precision, _ = choose_precision(device)
     return measured_speeds(resolve_paths(home).cache_dir, facts.name, device.name, precision)

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from p2ptrain.daemon.traffic_month import monthly_estimate_gb
-from p2ptrain.peers.reachability import RELAYED, UNREACHABLE, fix_for
+from p2ptrain.peers.net.reachability import RELAYED, UNREACHABLE, fix_for
 from p2ptrain.worker_pipe import Epoch, Joined, Network, PeerRow, PortMove, Step, Swarm, Traffic, UnusedSamples
 
 # what status.local shows of a worker's Joined report: all of it but the run's manifest, the
@@ -65,7 +65,7 @@ class WorkerView:
             ``paused`` (or ``finished``, after a ``finish``) while it is gone;
             ``restarting`` or ``oom-backoff`` between a crash and the next start.
         trained_samples, contributed_samples, unused_samples: the worker's totals for
-            the run (``p2ptrain.peers.sample_account``): all it trained, what entered
+            the run (``p2ptrain.peers.training.sample_account``): all it trained, what entered
             an adopted average or optimizer step, and what never will, by reason.
             The worker restores them from its checkpoint, so they survive restarts;
             the largest reported is kept, so they survive a restart that lost its checkpoint.

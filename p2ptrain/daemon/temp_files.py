@@ -4,7 +4,7 @@ hivemind (p2pd's and its clients' sockets), torch (``torch_shm_manager``'s
 directory, inductor's cache) and multiprocessing (``pymp-*`` listeners) put
 files in the temporary directory; some never remove them, and nothing does
 when its process is killed. So the daemon gives itself a private directory
-(``TMPDIR``; hivemind's socket prefix follows it, see ``peers/dht.py``) and
+(``TMPDIR``; hivemind's socket prefix follows it, see ``peers/net/dht.py``) and
 each worker a subdirectory of it, removes a worker's once the worker's
 process group has ended, the whole directory when the daemon stops, and the
 one a killed daemon left behind when the daemon starts again.

@@ -1,7 +1,7 @@
 """This machine's network traffic in the current calendar month, for ``policy.max_monthly_traffic_gb``.
 
 Each training worker reports its bytes sent and received since it started
-(``traffic`` reports, ``peers/traffic.py``); this adds up what is new in each
+(``traffic`` reports, ``peers/net/traffic.py``); this adds up what is new in each
 report, per calendar month in local time, and keeps the month's total in the
 ``settings`` table so a restarted daemon (or machine) does not forget what was
 already spent. ``monthly_estimate_gb`` extrapolates a rate to a whole month.

@@ -1,6 +1,6 @@
 """Starting, talking to and stopping one training worker process.
 
-The worker runs ``p2ptrain.peers.training_worker.main`` in a ``spawn`` process, so the
+The worker runs ``p2ptrain.peers.worker.training_worker.main`` in a ``spawn`` process, so the
 supervisor never imports torch or hivemind. The worker makes itself a
 process-group leader (its DHT process, averagers and p2pd stay in that group)
 and asks the kernel for SIGTERM when the daemon dies. The group id is written
@@ -52,7 +52,7 @@ def _run_worker(conn, spec: dict) -> None:
     os.environ.update(spec["environment"])
     if spec.get("temp_dir"):
         os.environ["TMPDIR"] = tempfile.tempdir = spec["temp_dir"]
-    from p2ptrain.peers.training_worker import main
+    from p2ptrain.peers.worker.training_worker import main
 
     main(conn, spec)
 

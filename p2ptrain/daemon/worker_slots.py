@@ -28,7 +28,7 @@ from p2ptrain.daemon.model_facts import model_facts
 from p2ptrain.daemon.plan import DeviceFacts, Plan, PlanPolicy, choose_precision, make_plan
 from p2ptrain.daemon.temp_files import worker_temp_dir
 from p2ptrain.paths import Paths
-from p2ptrain.peers.plan_cache import measured_speeds
+from p2ptrain.peers.worker.plan_cache import measured_speeds
 from p2ptrain.worker_pipe import DhtOptions, WorkerPaths, WorkerPlan, WorkerSpec, halved_micro_batch
 
 _PORT = re.compile(r"/(tcp|udp)/(\d+)")

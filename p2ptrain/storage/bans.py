@@ -1,7 +1,7 @@
 """The ``bans`` table: peers this machine banned from its averaging rounds, per run.
 
 A training worker bans a peer named in several of its rounds
-(``p2ptrain.peers.trust``) and reports a ``peer-banned`` event; the daemon
+(``p2ptrain.peers.robust.trust``) and reports a ``peer-banned`` event; the daemon
 records it here, hands the run's bans to every worker it starts, and lifts them
 on ``p2ptrain unban``. Bans are rare and must survive a crash, so they are
 written at once, not buffered; when the database cannot be written the ban

@@ -148,7 +148,7 @@ def _v4_folded_steps(db: sqlite_utils.Database) -> None:
 
 def _v5_peer_samples(db: sqlite_utils.Database) -> None:
     """Each peer's samples in the run: all it trained, and those that entered an
-    adopted average or optimizer step (``peers/sample_account.py``); older rows keep NULL."""
+    adopted average or optimizer step (``peers/training/sample_account.py``); older rows keep NULL."""
     db["peers"].add_column("trained_samples", int)
     db["peers"].add_column("contributed_samples", int)
 

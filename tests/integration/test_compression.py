@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p2ptrain.peers.compression import make_compression
+from p2ptrain.peers.compression.codecs import make_compression
 from test_worker_swarm import rounds_with_others, run_manifest, start_swarm, stop_all
 
 pytestmark = pytest.mark.swarm

@@ -16,17 +16,17 @@ from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils import get_dht_time
 
-from p2ptrain.peers.dht import (
+from p2ptrain.peers.net.dht import (
     DHTStartError,
     own_public_key,
     signing_key,
     start_dht,
     visible_addresses,
 )
-from p2ptrain.peers.manifest import ManifestError, averaging_prefix, manifest_key, new_manifest
-from p2ptrain.peers.records import LocalMetrics, metrics_key
-from p2ptrain.peers.run_records import fetch_manifest, publish_manifest, publish_metrics, read_manifests, read_metrics, withdraw_metrics
-from p2ptrain.peers.swarm import read_swarm
+from p2ptrain.peers.swarm.manifest import ManifestError, averaging_prefix, manifest_key, new_manifest
+from p2ptrain.peers.swarm.records import LocalMetrics, metrics_key
+from p2ptrain.peers.swarm.run_records import fetch_manifest, publish_manifest, publish_metrics, read_manifests, read_metrics, withdraw_metrics
+from p2ptrain.peers.swarm.view import read_swarm
 
 pytestmark = pytest.mark.swarm
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]

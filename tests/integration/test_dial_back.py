@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from p2ptrain.peers.dht import start_dht, visible_addresses
-from p2ptrain.peers.dial_back import DialBack, dial_from_fresh_host
+from p2ptrain.peers.net.dht import start_dht, visible_addresses
+from p2ptrain.peers.net.dial_back import DialBack, dial_from_fresh_host
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]

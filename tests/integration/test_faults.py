@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.swarm]
 SYNC_RUN = ["--mode", "sync", "--target-batch-size", "192", "--micro-batch", "8"]
 CHECKPOINT_INTERVAL_S = 20
 ORPHAN_LIMIT_S = 12  # the "must show"; its fault list says 10
-AVERAGING_TIMEOUT_S = 30  # the worker's default on loopback (p2ptrain.peers.sync.LOCAL_AVERAGING)
+AVERAGING_TIMEOUT_S = 30  # the worker's default on loopback (p2ptrain.peers.training.sync.LOCAL_AVERAGING)
 
 
 def configure(home: Path) -> None:

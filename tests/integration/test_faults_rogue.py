@@ -35,10 +35,10 @@ from pathlib import Path
 
 import pytest
 
-from p2ptrain.peers.diloco import PseudoGradientAverager
-from p2ptrain.peers.manifest import averaging_prefix, parse_manifest
-from p2ptrain.peers.sync import CheckedTrainingStateAverager, CountingGradientAverager
-from p2ptrain.peers.trust import REASON_WORDS
+from p2ptrain.peers.training.diloco import PseudoGradientAverager
+from p2ptrain.peers.swarm.manifest import averaging_prefix, parse_manifest
+from p2ptrain.peers.training.sync import CheckedTrainingStateAverager, CountingGradientAverager
+from p2ptrain.peers.robust.trust import REASON_WORDS
 from test_worker_swarm import SHARED_CACHE, WorkerHandle, run_manifest, stop_all
 
 pytestmark = [pytest.mark.swarm]
@@ -51,9 +51,9 @@ import json, sys, threading, time
 from pathlib import Path
 import torch
 from hivemind.averaging import DecentralizedAverager
-from p2ptrain.peers.data import train_batches
-from p2ptrain.peers.dht import start_dht
-from p2ptrain.peers.models import build_model, causal_lm_loss
+from p2ptrain.peers.model.data import train_batches
+from p2ptrain.peers.net.dht import start_dht
+from p2ptrain.peers.model.models import build_model, causal_lm_loss
 
 torch.set_num_threads(1)
 config = json.loads(sys.argv[1])

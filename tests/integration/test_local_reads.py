@@ -6,10 +6,10 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from metered_peers import loopback_dhts, sent_and_received
-from p2ptrain.peers.local_reads import FULL_COPY_AFTER_S
-from p2ptrain.peers.dht import own_public_key
-from p2ptrain.peers.records import METRICS_EXPIRATION_S, LocalMetrics, metrics_key
-from p2ptrain.peers.run_records import publish_metrics, read_metrics
+from p2ptrain.peers.net.local_reads import FULL_COPY_AFTER_S
+from p2ptrain.peers.net.dht import own_public_key
+from p2ptrain.peers.swarm.records import METRICS_EXPIRATION_S, LocalMetrics, metrics_key
+from p2ptrain.peers.swarm.run_records import publish_metrics, read_metrics
 
 pytestmark = pytest.mark.swarm
 

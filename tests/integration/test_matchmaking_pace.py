@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from p2ptrain.peers.dht import start_dht, visible_addresses
-from p2ptrain.peers.matchmaking import fetch_interval, pace_leader_search
+from p2ptrain.peers.net.dht import start_dht, visible_addresses
+from p2ptrain.peers.robust.matchmaking import fetch_interval, pace_leader_search
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from metered_peers import loopback_dhts
-from p2ptrain.peers.dht import signing_key
-from p2ptrain.peers.progress import QuietProgressTracker
+from p2ptrain.peers.net.dht import signing_key
+from p2ptrain.peers.training.progress import QuietProgressTracker
 
 pytestmark = pytest.mark.swarm
 

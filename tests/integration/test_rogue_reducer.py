@@ -20,8 +20,8 @@ import pytest
 import torch
 from hivemind.averaging import DecentralizedAverager
 
-from p2ptrain.peers.diloco import PseudoGradientAverager
-from p2ptrain.peers.robust_reduce import IMPLAUSIBLE, PLAUSIBLE_STEP, REPLAYED, RobustOptions
+from p2ptrain.peers.training.diloco import PseudoGradientAverager
+from p2ptrain.peers.robust.reduce import IMPLAUSIBLE, PLAUSIBLE_STEP, REPLAYED, RobustOptions
 from test_state_download_check import start_dhts
 
 pytestmark = [pytest.mark.swarm]

@@ -12,9 +12,9 @@ import hivemind
 import pytest
 import torch
 
-from p2ptrain.peers.diloco import PseudoGradientAverager
-from p2ptrain.peers.robust_reduce import RobustOptions
-from p2ptrain.peers.sync import CountingGradientAverager
+from p2ptrain.peers.training.diloco import PseudoGradientAverager
+from p2ptrain.peers.robust.reduce import RobustOptions
+from p2ptrain.peers.training.sync import CountingGradientAverager
 
 pytestmark = pytest.mark.swarm
 

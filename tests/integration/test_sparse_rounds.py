@@ -33,8 +33,8 @@ def pseudo_gradients(name: str) -> list[torch.Tensor]:
 def peer_main(conn, name: str, home: str, initial_peers: list[str], rungs: list[str], client_mode: bool) -> None:
     """One peer: a DHT, and an averager per rung it sends with (a new one when its rung changes, as
     after a restart); one round per command from the test, its result sent back."""
-    from p2ptrain.peers.compression import allow_rungs
-    from p2ptrain.peers.dht import start_dht
+    from p2ptrain.peers.compression.codecs import allow_rungs
+    from p2ptrain.peers.net.dht import start_dht
 
     multiprocessing.set_start_method("fork", force=True)  # hivemind forks its averagers, as the worker does
     logging.basicConfig(filename=Path(home) / "peer.log", level=logging.WARNING, format="%(name)s: %(message)s")
@@ -50,9 +50,9 @@ def peer_main(conn, name: str, home: str, initial_peers: list[str], rungs: list[
 def run_rounds(conn, name: str, dht, rungs: list[str], client_mode: bool) -> None:
     from hivemind.averaging import DecentralizedAverager
 
-    from p2ptrain.peers.compression_ladder import parse_rung
-    from p2ptrain.peers.compression import COUNTERS, SparseTopK
-    from p2ptrain.peers.compression_sparse import sparsify
+    from p2ptrain.peers.compression.ladder import parse_rung
+    from p2ptrain.peers.compression.codecs import COUNTERS, SparseTopK
+    from p2ptrain.peers.compression.sparse import sparsify
 
     averager, averager_rung = None, None
     for rung_name in rungs:

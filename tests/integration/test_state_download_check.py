@@ -17,9 +17,9 @@ import torch
 from hivemind import DHT
 from hivemind.averaging import DecentralizedAverager
 
-from p2ptrain.peers.diloco import PseudoGradientAverager
-from p2ptrain.peers.robust_reduce import BAD_STATE, RobustOptions
-from p2ptrain.peers.sync import CheckedTrainingStateAverager
+from p2ptrain.peers.training.diloco import PseudoGradientAverager
+from p2ptrain.peers.robust.reduce import BAD_STATE, RobustOptions
+from p2ptrain.peers.training.sync import CheckedTrainingStateAverager
 
 pytestmark = [pytest.mark.swarm]
 

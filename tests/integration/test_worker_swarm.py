@@ -1,5 +1,5 @@
 """Real training workers on 127.0.0.1, started exactly as the daemon starts them:
-``multiprocessing`` spawn + a pipe, ``p2ptrain.peers.training_worker.main(conn, spec)``.
+``multiprocessing`` spawn + a pipe, ``p2ptrain.peers.worker.training_worker.main(conn, spec)``.
 Every report is checked against the pipe's types (``p2ptrain.worker_pipe``) as it arrives."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from p2ptrain.peers.training_worker import main as worker_main
+from p2ptrain.peers.worker.training_worker import main as worker_main
 from p2ptrain.worker_pipe import COMMANDS, AveragingTimings, DhtOptions, WorkerPaths, WorkerPlan, WorkerSpec, decode_report, encode
 
 pytestmark = pytest.mark.swarm

@@ -34,9 +34,9 @@ def test_a_restarted_worker_starts_at_half_what_it_ran_out_of_memory_at():
 def test_calibration_measures_a_fitting_micro_batch_and_leaves_the_model_as_it_was(tmp_path):
     import torch
 
-    from p2ptrain.peers.calibration import Calibration, calibrate
-    from p2ptrain.peers.models import build_model
-    from p2ptrain.peers.plan_cache import cache_key, read_plan_cache, record_measurement
+    from p2ptrain.peers.worker.calibration import Calibration, calibrate
+    from p2ptrain.peers.model.models import build_model
+    from p2ptrain.peers.worker.plan_cache import cache_key, read_plan_cache, record_measurement
 
     torch.set_num_threads(1)
     loaded = build_model("tiny", seed=3)
@@ -65,8 +65,8 @@ def test_calibration_measures_a_fitting_micro_batch_and_leaves_the_model_as_it_w
 def test_calibration_grows_a_small_planned_micro_batch_while_it_fits_and_gets_faster():
     import torch
 
-    from p2ptrain.peers.calibration import GROWTH_GAIN, calibrate
-    from p2ptrain.peers.models import build_model
+    from p2ptrain.peers.worker.calibration import GROWTH_GAIN, calibrate
+    from p2ptrain.peers.model.models import build_model
 
     torch.set_num_threads(1)
     model = build_model("tiny", seed=3).model
@@ -84,7 +84,7 @@ def test_calibration_grows_a_small_planned_micro_batch_while_it_fits_and_gets_fa
 
 
 def test_growth_tries_divisors_of_the_step_about_twice_as_large():
-    from p2ptrain.peers.calibration import next_micro_batch
+    from p2ptrain.peers.worker.calibration import next_micro_batch
 
     assert [next_micro_batch(size, 64) for size in (1, 2, 8, 32, 64)] == [2, 4, 16, 64, None]
     assert next_micro_batch(4, 12) == 12 and next_micro_batch(3, 12) == 6 and next_micro_batch(5, 5) is None
@@ -92,10 +92,10 @@ def test_growth_tries_divisors_of_the_step_about_twice_as_large():
 
 CAPPED_CALIBRATION = """
 import json, resource, sys
-import psutil, torch, transformers, p2ptrain.peers.models  # loaded before the address space is capped
-from p2ptrain.peers.calibration import calibrate
-from p2ptrain.peers.models import build_model
-from p2ptrain.peers.run_setup import WorkerFailure
+import psutil, torch, transformers, p2ptrain.peers.model.models  # loaded before the address space is capped
+from p2ptrain.peers.worker.calibration import calibrate
+from p2ptrain.peers.model.models import build_model
+from p2ptrain.peers.worker.run_setup import WorkerFailure
 torch.set_num_threads(1)
 model = build_model("tiny").model
 micro_batch, headroom_mib = int(sys.argv[1]), int(sys.argv[2])
@@ -142,8 +142,8 @@ def test_plan_shows_what_this_machines_worker_measured(tmp_path):
     from p2ptrain.daemon.model_facts import model_facts
     from p2ptrain.daemon.plan import make_plan
     from p2ptrain.paths import resolve_paths
-    from p2ptrain.peers.calibration import Calibration
-    from p2ptrain.peers.plan_cache import cache_key, record_measurement
+    from p2ptrain.peers.worker.calibration import Calibration
+    from p2ptrain.peers.worker.plan_cache import cache_key, record_measurement
 
     device = next(device for device in probe().devices() if device.kind == "cpu")
     plan = make_plan(model_facts("tiny"), {"seq_len": 128, "micro_batch_hint": 8}, device)

@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from p2ptrain.peers.checkpoint import load_checkpoint, save_checkpoint, state_problem
+from p2ptrain.peers.model.checkpoint import load_checkpoint, save_checkpoint, state_problem
 
 
 def sample_state(manifest_hash="abc"):

@@ -9,7 +9,7 @@ import torch
 from p2ptrain.daemon.model_facts import model_facts
 from p2ptrain.daemon.plan import DeviceFacts, choose_compression, make_plan
 from p2ptrain.daemon.plan_command import parse_rate_mbit
-from p2ptrain.peers.compression_ladder import (
+from p2ptrain.peers.compression.ladder import (
     LADDER,
     RungNotAllowed,
     allowed_rungs,
@@ -18,8 +18,8 @@ from p2ptrain.peers.compression_ladder import (
     rung_for_peer,
     upload_bytes_per_value,
 )
-from p2ptrain.peers.manifest import ManifestError, new_manifest
-from p2ptrain.peers.run_setup import WorkerFailure, make_trainer
+from p2ptrain.peers.swarm.manifest import ManifestError, new_manifest
+from p2ptrain.peers.worker.run_setup import WorkerFailure, make_trainer
 from p2ptrain.worker_pipe import WorkerPaths, WorkerPlan, WorkerSpec
 
 CPU = DeviceFacts(kind="cpu", name="a CPU", memory_total_mib=32768, memory_free_mib=20000, cpu_cores=8)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from p2ptrain.peers import data
-from p2ptrain.peers.data import (
+from p2ptrain.peers.model import data
+from p2ptrain.peers.model.data import (
     DEFAULT_DATASET,
     DatasetUnavailable,
     build_tokenizer,
@@ -18,7 +18,7 @@ from p2ptrain.peers.data import (
     train_batches,
     validation_batches,
 )
-from p2ptrain.peers.tokenizers import ByteTokenizer
+from p2ptrain.peers.model.tokenizers import ByteTokenizer
 
 BYTES = ByteTokenizer()
 

@@ -13,8 +13,8 @@ from p2ptrain.config import Config
 from p2ptrain.daemon.plan import DeviceFacts, PlanPolicy
 from p2ptrain.daemon.worker_slots import hardware_plan, worker_plan, worker_slots
 from p2ptrain.paths import resolve_paths
-from p2ptrain.peers.device_setup import cap_gpu_memory, check_device, wait_for_plan
-from p2ptrain.peers.run_setup import WorkerFailure
+from p2ptrain.peers.worker.device_setup import cap_gpu_memory, check_device, wait_for_plan
+from p2ptrain.peers.worker.run_setup import WorkerFailure
 from p2ptrain.worker_pipe import Pause, PlanWanted, Unban, UsePlan, WorkerPlan, decode_report, encode
 
 GIB = 1024**3

@@ -4,7 +4,7 @@ import torch
 
 import pytest
 
-from p2ptrain.peers.diloco_math import (
+from p2ptrain.peers.training.diloco_math import (
     apply_outer_step,
     inner_lr_factor,
     make_outer_optimizer,
@@ -13,8 +13,8 @@ from p2ptrain.peers.diloco_math import (
     rebase_local,
     take_outer_step,
 )
-from p2ptrain.peers.sample_account import SampleAccount
-from p2ptrain.peers.sync import all_finite
+from p2ptrain.peers.training.sample_account import SampleAccount
+from p2ptrain.peers.training.sync import all_finite
 
 
 def test_two_averaged_local_results_give_a_nesterov_step():

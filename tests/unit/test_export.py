@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from p2ptrain.paths import resolve_paths
-from p2ptrain.peers.checkpoint import checkpoint_path, save_checkpoint
-from p2ptrain.peers.export import ExportError, export_checkpoint
-from p2ptrain.peers.manifest import new_manifest
-from p2ptrain.peers.models import build_model
+from p2ptrain.peers.model.checkpoint import checkpoint_path, save_checkpoint
+from p2ptrain.peers.model.export import ExportError, export_checkpoint
+from p2ptrain.peers.swarm.manifest import new_manifest
+from p2ptrain.peers.model.models import build_model
 
 
 def save_small_llama(directory) -> None:
@@ -112,7 +112,7 @@ def test_an_exported_tiny_model_starts_a_new_run_with_the_byte_tokenizer(tmp_pat
     tokenizer as bytes, and p2ptrain builds it with the byte tokenizer and the trained weights."""
     from transformers import AutoTokenizer
 
-    from p2ptrain.peers.tokenizers import ByteTokenizer
+    from p2ptrain.peers.model.tokenizers import ByteTokenizer
 
     home = tmp_path / "home"
     loaded = checkpointed_tiny_run(home, "tiny-pretrain", lambda parameter: parameter.add_(0.25))

@@ -34,6 +34,9 @@ FORBIDDEN = {
 ALLOWED = {
     ("p2ptrain.cli", "cmd_daemon", "p2ptrain.daemon.main"),
 }
+# The CLI imports a command's module by name, from its table (``MODULE_COMMANDS``), only when that command
+# is typed: these are the modules it may import so. The table's imports count like any other for the circles.
+COMMAND_MODULES = {"p2ptrain.daemon.plan_command", "p2ptrain.daemon.doctor", "p2ptrain.tui.app", "p2ptrain.peers.model.export"}
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,22 @@ def imports_in(path: Path, package_dir: Path) -> list[Import]:
     return found
 
 
+def command_table_imports(package_dir: Path) -> list[Import]:
+    """The imports the CLI makes by name (``__import__``) from its ``MODULE_COMMANDS`` table, which ``ast`` cannot see as imports."""
+    cli = package_dir / "cli.py"
+    if not cli.is_file():
+        return []
+    found = []
+    for node in ast.walk(ast.parse(cli.read_text())):
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == "MODULE_COMMANDS" for target in node.targets):
+            for module, _ in ast.literal_eval(node.value).values():
+                found.append(Import(f"{package_dir.name}.cli", module, "MODULE_COMMANDS", node.lineno))
+    return found
+
+
 def all_imports(package_dir: Path = PACKAGE_DIR) -> list[Import]:
-    return [found for path in sorted(package_dir.rglob("*.py")) for found in imports_in(path, package_dir)]
+    in_files = [found for path in sorted(package_dir.rglob("*.py")) for found in imports_in(path, package_dir)]
+    return in_files + command_table_imports(package_dir)
 
 
 def part_of(module: str, package_name: str = "p2ptrain") -> str:
@@ -106,6 +123,8 @@ def broken_rules(imports: list[Import], package_name: str = "p2ptrain") -> list[
         ours = found.imported.split(".")[0] == package_name
         if (found.importer, found.function, found.imported) in ALLOWED or importer == imported:
             continue
+        if found.function == "MODULE_COMMANDS" and found.imported in COMMAND_MODULES:
+            continue
         if imported in FORBIDDEN.get(importer, ()):
             broken.append(f"{found}: {importer} must not import {imported}")
         elif importer in LEAVES and ours and imported not in LEAVES:
@@ -113,43 +132,59 @@ def broken_rules(imports: list[Import], package_name: str = "p2ptrain") -> list[
     return broken
 
 
-def package_cycles(imports: list[Import], package_name: str = "p2ptrain") -> list[list[str]]:
-    """Groups of parts that import each other, directly or through others (Tarjan's strongly connected components)."""
-    edges: dict[str, set[str]] = {}
-    for found in imports:
-        if found.imported.split(".")[0] != package_name or (found.importer, found.function, found.imported) in ALLOWED:
-            continue
-        importer, imported = part_of(found.importer, package_name), part_of(found.imported, package_name)
-        if importer != imported and imported != package_name:  # p2ptrain/__init__ only holds __version__
-            edges.setdefault(importer, set()).add(imported)
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Groups of nodes that reach each other through ``edges`` (Tarjan's strongly connected components)."""
     index: dict[str, int] = {}
     lowest: dict[str, int] = {}
     stack: list[str] = []
-    cycles = []
+    found = []
 
-    def connect(part: str) -> None:
-        index[part] = lowest[part] = len(index)
-        stack.append(part)
-        for other in sorted(edges.get(part, ())):
+    def connect(node: str) -> None:
+        index[node] = lowest[node] = len(index)
+        stack.append(node)
+        for other in sorted(edges.get(node, ())):
             if other not in index:
                 connect(other)
-                lowest[part] = min(lowest[part], lowest[other])
+                lowest[node] = min(lowest[node], lowest[other])
             elif other in stack:
-                lowest[part] = min(lowest[part], index[other])
-        if lowest[part] == index[part]:
+                lowest[node] = min(lowest[node], index[other])
+        if lowest[node] == index[node]:
             component = []
             while True:
                 member = stack.pop()
                 component.append(member)
-                if member == part:
+                if member == node:
                     break
             if len(component) > 1:
-                cycles.append(sorted(component))
+                found.append(sorted(component))
 
-    for part in sorted(edges):
-        if part not in index:
-            connect(part)
-    return cycles
+    for node in sorted(edges):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def cycles_between(imports: list[Import], group_of, package_name: str = "p2ptrain") -> list[list[str]]:
+    """Circles between the groups ``group_of(module)`` names (None: left out), through imports anywhere."""
+    edges: dict[str, set[str]] = {}
+    for found in imports:
+        if found.imported.split(".")[0] != package_name or (found.importer, found.function, found.imported) in ALLOWED:
+            continue
+        importer, imported = group_of(found.importer), group_of(found.imported)
+        if importer and imported and importer != imported:
+            edges.setdefault(importer, set()).add(imported)
+    return cycles(edges)
+
+
+def package_cycles(imports: list[Import], package_name: str = "p2ptrain") -> list[list[str]]:
+    """Parts of p2ptrain that import each other, directly or through others (p2ptrain/__init__ only holds __version__)."""
+    return cycles_between(imports, lambda module: (part := part_of(module, package_name)) != package_name and part, package_name)
+
+
+def peers_package_of(module: str) -> str | None:
+    """``p2ptrain.peers.swarm.view`` -> ``swarm``; None outside ``peers``'s sub-packages."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["p2ptrain", "peers"] and len(parts) > 3 else None
 
 
 def test_every_part_of_p2ptrain_has_its_place_in_the_rules():
@@ -163,6 +198,15 @@ def test_no_import_goes_a_forbidden_way():
 
 def test_no_two_packages_import_each_other():
     assert package_cycles(all_imports()) == []
+
+
+def test_no_two_of_peers_sub_packages_import_each_other():
+    assert cycles_between(all_imports(), peers_package_of) == []
+
+
+def test_no_module_imports_itself_through_others():
+    modules = {module_name(path, PACKAGE_DIR) for path in PACKAGE_DIR.rglob("*.py")}
+    assert cycles_between(all_imports(), lambda module: module if module in modules else None) == []
 
 
 def test_the_supervisor_starts_without_torch_or_hivemind():
@@ -192,7 +236,7 @@ def write_package(root: Path, files: dict[str, str]) -> Path:
         ({"cli.py": "def cmd_status():\n    import torch\n"}, "p2ptrain.cli:2 (in cmd_status) imports torch: cli must not import torch"),
         ({"tui/app.py": "from p2ptrain.daemon import supervisor\n"}, "tui must not import daemon"),
         ({"peers/worker.py": "from ..daemon.calibrate import is_out_of_memory\n"}, "imports p2ptrain.daemon.calibrate: peers must not import daemon"),
-        ({"storage/db.py": "from p2ptrain.peers import records\n"}, "storage must not import peers"),
+        ({"storage/db.py": "from p2ptrain.peers.swarm.view import records\n"}, "storage must not import peers"),
         ({"config.py": "from p2ptrain.daemon.policies import PolicySettings\n"}, "config is a leaf"),
         ({"worker_pipe.py": "import hivemind.utils\n"}, "worker_pipe must not import hivemind"),
     ],
@@ -211,3 +255,15 @@ def test_a_cycle_between_packages_is_found(tmp_path):
         "daemon/calibrate.py": "",
     })
     assert package_cycles(all_imports(package_dir)) == [["daemon", "peers"]]
+
+
+def test_a_circle_between_modules_is_found_through_the_clis_command_table(tmp_path):
+    package_dir = write_package(tmp_path, {
+        "__init__.py": "", "daemon/__init__.py": "",
+        "cli.py": 'MODULE_COMMANDS = {"plan": ("p2ptrain.daemon.plan", "what a device would do")}\n',
+        "daemon/plan.py": "def run():\n    from p2ptrain.cli import main\n",
+    })
+    modules = {"p2ptrain.cli", "p2ptrain.daemon.plan"}
+    assert cycles_between(all_imports(package_dir), lambda module: module if module in modules else None) == [sorted(modules)]
+    assert broken_rules(all_imports(package_dir)) == [
+        "p2ptrain.cli:1 (in MODULE_COMMANDS) imports p2ptrain.daemon.plan: cli must not import daemon"]

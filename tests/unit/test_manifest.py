@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from p2ptrain.multiaddr import validate_multiaddr
-from p2ptrain.peers.dht import rank_addresses
-from p2ptrain.peers.manifest import (
+from p2ptrain.peers.net.dht import rank_addresses
+from p2ptrain.peers.swarm.manifest import (
     Manifest,
     ManifestError,
     averaging_prefix,
@@ -169,7 +169,7 @@ def test_manifest_key_and_prefix_name_the_run():
 
 def test_manifest_and_multiaddr_checks_import_without_torch_or_hivemind():
     code = (
-        "import sys, p2ptrain.peers.manifest, p2ptrain.peers.dht, p2ptrain.peers.records;"
+        "import sys, p2ptrain.peers.swarm.manifest, p2ptrain.peers.net.dht, p2ptrain.peers.swarm.records;"
         "loaded = [name for name in ('torch', 'hivemind') if name in sys.modules];"
         "sys.exit(', '.join(loaded) or None)"
     )
@@ -230,7 +230,7 @@ def test_addresses_are_ranked_public_first_loopback_last():
 
 
 def test_a_manifest_from_a_newer_p2ptrain_asks_for_an_upgrade_not_about_unknown_fields():
-    from p2ptrain.peers.manifest import MANIFEST_FORMAT
+    from p2ptrain.peers.swarm.manifest import MANIFEST_FORMAT
 
     newer = {"run_id": "future", "format": MANIFEST_FORMAT + 1, "field_of_the_future": 1}
     expected = rf"newer p2ptrain \(manifest format {MANIFEST_FORMAT + 1}; this one reads up to {MANIFEST_FORMAT}\)"

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from p2ptrain.peers.data import DEFAULT_DATASET, train_batches
-from p2ptrain.peers.models import TINY_PRESET, ModelUnavailable, build_model, causal_lm_loss
-from p2ptrain.peers.tokenizers import ByteTokenizer
+from p2ptrain.peers.model.data import DEFAULT_DATASET, train_batches
+from p2ptrain.peers.model.models import TINY_PRESET, ModelUnavailable, build_model, causal_lm_loss
+from p2ptrain.peers.model.tokenizers import ByteTokenizer
 
 
 @pytest.fixture(scope="module")

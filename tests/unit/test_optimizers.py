@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from p2ptrain.peers.optimizers import Lamb, learning_rate_factor, make_optimizer, make_scheduler
+from p2ptrain.peers.training.optimizers import Lamb, learning_rate_factor, make_optimizer, make_scheduler
 
 
 def one_lamb_step(weights, gradient, **options):

@@ -173,7 +173,7 @@ def test_model_facts_read_a_local_config_and_refuse_unknown_models(tmp_path):
 
 
 def test_tiny_facts_agree_with_the_real_preset():
-    from p2ptrain.peers.models import tiny_config
+    from p2ptrain.peers.model.models import tiny_config
 
     config = tiny_config()
     facts = model_facts("tiny")

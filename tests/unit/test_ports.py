@@ -7,7 +7,7 @@ import socket
 
 import psutil
 
-from p2ptrain.peers.ports import claim_free_ports, port_holder, port_in_use_error, port_is_free
+from p2ptrain.peers.net.ports import claim_free_ports, port_holder, port_in_use_error, port_is_free
 
 
 def listener(reuse_port: bool = True) -> socket.socket:

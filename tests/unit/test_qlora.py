@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p2ptrain.peers.models import add_lora, build_model, causal_lm_loss, load_pretrained
+from p2ptrain.peers.model.models import add_lora, build_model, causal_lm_loss, load_pretrained
 from test_export import save_small_llama
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": None}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2ptrain.peers.reachability import fix_for, rank_reached_first, verdict
+from p2ptrain.peers.net.reachability import fix_for, rank_reached_first, verdict
 
 PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 HOME = [f"/ip4/192.168.1.7/tcp/31337/p2p/{PEER}", f"/ip4/127.0.0.1/tcp/31337/p2p/{PEER}"]

@@ -135,7 +135,7 @@ def test_the_check_finds_what_it_is_for():
         "install p2ptrain outside /home and /root",
         "HOME=/hom" + "e/volunteer",
         "/hom" + "e/$USER/.config, /hom" + "e/<user>",
-        "peers/network.py",
+        "peers/net/network.py",
         "~/.config/p2ptrain/config.toml",
     ]
     assert [line for line in caught if not outside_pointers(line)] == []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hivemind.dht.routing import DHTID
 
-from p2ptrain.peers import request_log
+from p2ptrain.peers.net import request_log
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "request_counts.py"
 

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from p2ptrain.peers.robust_allreduce import MIN_REPLAY_EVIDENCE, ReplayMemory
-from p2ptrain.peers.robust_reduce import (
+from p2ptrain.peers.robust.allreduce import MIN_REPLAY_EVIDENCE, ReplayMemory
+from p2ptrain.peers.robust.reduce import (
     BAD_RESULT,
     BAD_WEIGHT,
     FAR_FROM_OWN,

@@ -8,9 +8,9 @@ import torch
 from hivemind.compression import ScaledFloat16Compression, deserialize_torch_tensor, serialize_torch_tensor
 from hivemind.proto import runtime_pb2
 
-from p2ptrain.peers.compression import COUNTERS, RungRefused, SparseTopK, allow_rungs
-from p2ptrain.peers.compression_ladder import parse_rung
-from p2ptrain.peers.compression_sparse import (
+from p2ptrain.peers.compression.codecs import COUNTERS, RungRefused, SparseTopK, allow_rungs
+from p2ptrain.peers.compression.ladder import parse_rung
+from p2ptrain.peers.compression.sparse import (
     decode,
     encode_top_k,
     encode_union,
@@ -18,7 +18,7 @@ from p2ptrain.peers.compression_sparse import (
     sparsify,
     unpack_positions,
 )
-from p2ptrain.peers.error_feedback import ErrorFeedback, rounds_held
+from p2ptrain.peers.compression.error_feedback import ErrorFeedback, rounds_held
 
 RUNGS = ["sparse2bit-64of4096", "sparse4bit-64of4096", "sparse2bit-4of256", "sparse4bit-256of1024"]
 # the tiny preset's shapes (a tensor shorter than a chunk, one with a short last chunk) and odd ones

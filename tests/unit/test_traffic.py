@@ -11,7 +11,7 @@ import pytest
 
 from p2ptrain.daemon.policies import PolicyEngine, PolicySettings
 from p2ptrain.daemon.traffic_month import MonthlyTraffic, monthly_estimate_gb
-from p2ptrain.peers.traffic import SocketTotals, TrafficMeter, kind_of_key, kind_of_message, rates, socket_bytes
+from p2ptrain.peers.net.traffic import SocketTotals, TrafficMeter, kind_of_key, kind_of_message, rates, socket_bytes
 
 
 @pytest.mark.parametrize(

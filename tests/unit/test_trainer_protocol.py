@@ -1,4 +1,4 @@
-"""Both trainers have everything the worker's loop uses of a trainer (``peers/trainer.py``)."""
+"""Both trainers have everything the worker's loop uses of a trainer (``peers/training/trainer.py``)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import inspect
 
 import pytest
 
-from p2ptrain.peers.diloco import DiLoCoTrainer
-from p2ptrain.peers.diloco_rounds import SwarmRoundTrainer
-from p2ptrain.peers.sync import SyncTrainer
-from p2ptrain.peers.trainer import Trainer
+from p2ptrain.peers.training.diloco import DiLoCoTrainer
+from p2ptrain.peers.training.diloco_rounds import SwarmRoundTrainer
+from p2ptrain.peers.training.sync import SyncTrainer
+from p2ptrain.peers.training.trainer import Trainer
 
 METHODS = sorted(name for name, member in vars(Trainer).items() if inspect.isfunction(member) and not name.startswith("_"))
 # members a trainer may hold as attributes set in __init__ rather than define on the class

@@ -14,8 +14,8 @@ import pytest
 from p2ptrain import protocol
 from p2ptrain.daemon.reports import WorkerReports
 from p2ptrain.daemon.worker_process import received_reports
-from p2ptrain.peers.records import LocalMetrics
-from p2ptrain.peers.training_worker import Worker
+from p2ptrain.peers.swarm.records import LocalMetrics
+from p2ptrain.peers.worker.training_worker import Worker
 from p2ptrain.storage.schema import PEER_COLUMNS
 from p2ptrain.worker_pipe import (
     COMMANDS,

@@ -1,0 +1,235 @@
+"""hivemind averagers that defend this peer's rounds and downloads.
+
+``RobustAverager`` is a ``DecentralizedAverager`` that
+
+- runs its rounds with ``robust_allreduce.RobustAllReduceRunner`` (robust
+  reducers, checked results, banned peers left out);
+- forms no group with a banned peer: hivemind builds its ``Matchmaking`` in
+  the averager's process, and this averager swaps it, before its first round,
+  for a ``BanAwareMatchmaking`` that refuses banned followers and skips banned
+  leaders (a banned peer that still ends up in a group, as another leader's
+  follower, has its pieces and results left out);
+- downloads state from the peers that share it, highest priority first as
+  hivemind does, but skips banned peers and checks each download with
+  ``state_check``: a refused state names its peer, and the next peer is tried;
+- reports each round's named peers to its ``trust.Trust`` through a queue
+  (its rounds run in the averager's own process) and takes ban-list updates
+  from it through hivemind's control pipe.
+
+The averagers p2ptrain uses derive from it: DiLoCo's ``PseudoGradientAverager``,
+sync mode's ``CheckedTrainingStateAverager`` (through ``sync.CheckedStateMixin``)
+and this module's ``GradientAverager``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import time
+from typing import Iterable
+
+import hivemind.optim.grad_averager
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.allreduce import AveragingMode
+from hivemind.averaging.group_info import GroupInfo
+from hivemind.averaging.matchmaking import Matchmaking
+from hivemind.compression import deserialize_torch_tensor
+from hivemind.p2p import P2PContext, PeerID
+from hivemind.proto import averaging_pb2
+from hivemind.utils import MPFuture, get_logger
+from hivemind.utils.asyncio import aiter_with_timeout, as_aiter, azip
+from hivemind.utils.streaming import combine_from_streaming
+from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
+
+from p2ptrain.peers.robust import state_check
+from p2ptrain.peers.robust.allreduce import ReplayMemory, RobustAllReduceRunner, RoundJudge
+from p2ptrain.peers.robust.reduce import BAD_STATE, RobustOptions
+from p2ptrain.peers.robust.trust import Trust
+
+logger = get_logger(__name__)
+
+AVERAGING_NAMES = {"_diloco": "pseudo-gradient", "_grad_averager": "gradient", "_state_averager": "state"}
+
+
+class RobustAverager(DecentralizedAverager):
+    """A ``DecentralizedAverager`` with robust rounds, bans and checked downloads (see the module doc).
+
+    Args:
+        trust: this peer's ``Trust``: its bans apply from the start, and it collects
+            this averager's reports (a fresh one when None).
+        robust: how this averager's reducers judge pieces (``RobustOptions``).
+        (the rest as ``DecentralizedAverager``)
+    """
+
+    def __init__(self, *args, trust: Trust | None = None, robust: RobustOptions | None = None, **kwargs):
+        self.trust = trust if trust is not None else Trust()
+        self.robust_options = robust or RobustOptions()
+        # set before hivemind forks the averager's process, which keeps its own copies; a SimpleQueue
+        # writes at once, so a report is there before the result it goes with (the host drains it each step)
+        self._round_reports = multiprocessing.SimpleQueue()
+        self._banned = {PeerID.from_base58(peer_id) for peer_id in self.trust.banned}
+        self._judge: RoundJudge | None = None
+        super().__init__(*args, **kwargs)
+        self.trust.attach(self)
+        # the averager's process handles its pipe in order: this comes before any round
+        self._outer_pipe.send(("_use_ban_aware_matchmaking", [], {}))
+
+    @property
+    def averaging_name(self) -> str:
+        """What this averager averages, in words (``pseudo-gradient``, ``gradient``, ``state``)."""
+        return next((name for suffix, name in AVERAGING_NAMES.items() if self.prefix.endswith(suffix)), self.prefix)
+
+    # --- in the host process --------------------------------------------
+    def pop_round_reports(self) -> list[dict]:
+        """The reports of the rounds (and downloads) finished since the last call."""
+        reports = []
+        while not self._round_reports.empty():
+            reports.append(self._round_reports.get())
+        return reports
+
+    def set_banned(self, peer_ids: Iterable[str]) -> None:
+        """Make the averager's process refuse and leave out exactly ``peer_ids`` (base58) from now on."""
+        self._outer_pipe.send(("_set_banned", [[PeerID.from_base58(peer_id).to_bytes() for peer_id in peer_ids]], {}))
+
+    # --- in the averager's process --------------------------------------
+    async def _set_banned(self, peer_ids: list[bytes]) -> None:
+        self._banned.clear()
+        self._banned.update(PeerID(peer_id) for peer_id in peer_ids)
+
+    async def _use_ban_aware_matchmaking(self) -> None:
+        self._matchmaking = BanAwareMatchmaking(self._p2p, self.schema_hash, self.dht, client_mode=self.client_mode,
+                                                banned=self._banned, **self.matchmaking_kwargs)
+
+    def _round_judge(self) -> RoundJudge:
+        if self._judge is None:
+            self._judge = RoundJudge(self.robust_options, self._banned, ReplayMemory(self.total_size), self._round_reports.put)
+        return self._judge
+
+    async def _run_allreduce_inplace_(self, tensors, group_info: GroupInfo, group_id: bytes | None = None, **kwargs):
+        """hivemind's round, run by a ``RobustAllReduceRunner``."""
+        group_id = group_info.group_id if group_id is None else group_id
+        runner = RobustAllReduceRunner(
+            judge=self._round_judge(), p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors,
+            group_id=group_id, ordered_peer_ids=group_info.peer_ids, **kwargs,
+        )
+        assert group_id in self._running_groups, f"Group id {group_id} was not registered in _register_allreduce_group"
+        self._running_groups[group_id].set_result(runner)
+        if runner.modes[group_info.peer_ids.index(self.peer_id)] != AveragingMode.AUX:
+            async for tensor, update in azip(as_aiter(*tensors), runner):
+                tensor.add_(update, alpha=self._averaging_alpha)
+                self.last_updated = get_dht_time()
+                # hivemind also sets ``_state_updated`` here, which re-declares this peer as a state source
+                # in the DHT after every tensor of every round (4 stores a second at a sync peer in the
+                # lab) though the declared priority did not change: its setter re-declares when it does
+        else:
+            async for _ in runner:
+                raise ValueError("aux peers should not receive averaged tensors")
+
+    async def _load_state_from_peers(self, future: MPFuture, timeout: float | None = None):
+        """hivemind's download, over the peers that are not banned, each download checked (``state_check``)."""
+        if timeout is not None:
+            timeout = self.next_chunk_timeout if self.next_chunk_timeout is not None else self.request_timeout
+        try:
+            key_manager = self._matchmaking.group_key_manager
+            priorities, _ = self.dht.get(f"{key_manager.prefix}.all_averagers", latest=True) or ({}, None)
+            priorities = {
+                PeerID(peer_id): (float(info.value), random.random())  # randomness breaks ties
+                for peer_id, info in priorities.items()
+                if isinstance(info, ValueWithExpiration) and isinstance(info.value, (float, int))
+            }
+            candidates = [peer for peer in sorted(priorities, key=priorities.get, reverse=True)
+                          if peer != self.peer_id and peer not in self._banned]
+            own = None
+            far_refused = []  # (peer, why, ratio, tensors) refused by checks 3-4 only: a second peer may confirm one
+            for peer in candidates:
+                downloaded = await self._download_state(peer, timeout)
+                if downloaded is None:
+                    continue
+                parameter_count = self.robust_options.parameter_count or 0
+                if own is None:
+                    own_metadata, own, _ = await self._get_current_state_from_host_process()
+                    own_epoch = _epoch(self.serializer.loads(own_metadata)) or 0
+                metadata, tensors = downloaded
+                problem = state_check.broken_state(own, tensors, parameter_count)
+                if problem is not None:
+                    self._refused_state(peer, problem, float("inf"))
+                    continue
+                far = state_check.far_state(own, tensors, parameter_count, (_epoch(metadata) or 0) - own_epoch)
+                if far is None or any(state_check.same_state(other, tensors, parameter_count) for *_, other in far_refused):
+                    # a far state is somebody's fault only once this peer knows the swarm's one
+                    for other_peer, why, ratio, other in far_refused:
+                        if not state_check.same_state(other, tensors, parameter_count):
+                            self._refused_state(other_peer, f"{why}, and it differs from the state another peer served", ratio)
+                    future.set_result(downloaded)
+                    return
+                logger.info(f"Not taking the state of {peer} unless another peer serves the same: {far[0]}")
+                far_refused.append((peer, *far, tensors))
+        finally:
+            if not future.done():
+                future.set_result(None)
+
+    async def _download_state(self, peer: PeerID, timeout: float | None):
+        """``(metadata, tensors)`` as ``peer`` shares them, or None (hivemind's download from one peer)."""
+        started = time.monotonic()
+        logger.info(f"Downloading parameters from peer {peer}")
+        metadata = None
+        try:
+            stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
+            stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
+            current_tensor_parts, tensors = [], []
+            async for message in aiter_with_timeout(stream, timeout=timeout):
+                if message.metadata:
+                    metadata = self.serializer.loads(message.metadata)
+                if message.tensor_part.dtype and current_tensor_parts:
+                    # a part with a dtype starts the next tensor
+                    tensors.append(deserialize_torch_tensor(combine_from_streaming(current_tensor_parts)))
+                    current_tensor_parts = []
+                current_tensor_parts.append(message.tensor_part)
+            if current_tensor_parts:
+                tensors.append(deserialize_torch_tensor(combine_from_streaming(current_tensor_parts)))
+        except Exception as error:
+            logger.warning(f"Failed to download state from {peer}: {error!r}")
+            return None
+        if not metadata:
+            logger.debug(f"Peer {peer} did not send its state")
+            return None
+        logger.info(f"Finished downloading state in {time.monotonic() - started:.3f}s from {peer}")
+        return metadata, tensors
+
+    def _refused_state(self, peer: PeerID, problem: str, ratio: float) -> None:
+        logger.warning(f"Refused the state downloaded from {peer}: {problem}")
+        self._round_reports.put({"time": time.time(), "group": None, "senders": 0,
+                                 "suspects": [{"peer_id": peer.to_base58(), "reason": BAD_STATE, "ratio": ratio, "role": "state"}]})
+
+
+def _epoch(metadata) -> int | None:
+    """The epoch a shared state's metadata claims (both modes put it there), or None."""
+    epoch = metadata.get("epoch") if isinstance(metadata, dict) else None
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
+class BanAwareMatchmaking(Matchmaking):
+    """hivemind's ``Matchmaking`` that never groups with a peer in ``banned`` (a set it shares
+    with the averager, updated in place). The rest as ``Matchmaking``."""
+
+    def __init__(self, *args, banned: set[PeerID], **kwargs):
+        self.banned = banned
+        super().__init__(*args, **kwargs)
+
+    async def _request_join_group(self, leader: PeerID) -> GroupInfo | None:
+        if leader in self.banned:
+            return None
+        return await super()._request_join_group(leader)
+
+    def _check_reasons_to_reject(self, request: averaging_pb2.JoinRequest, context: P2PContext) -> averaging_pb2.MessageFromLeader | None:
+        if context.remote_id in self.banned:
+            return averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
+        return super()._check_reasons_to_reject(request, context)
+
+
+class GradientAverager(RobustAverager, hivemind.optim.grad_averager.GradientAverager):
+    """hivemind's ``GradientAverager`` (sync mode's gradients) with robust rounds and bans.
+
+    Named as hivemind's class: hivemind names an averager's RPC handlers after its
+    class, and peers running another p2ptrain version must still find them.
+    """

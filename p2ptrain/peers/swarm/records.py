@@ -1,0 +1,69 @@
+"""Per-peer metrics records: what each peer in a run says about itself.
+
+Every peer publishes a :class:`LocalMetrics` under the DHT key
+``{run_id}_metrics``, subkey = its own RSA public key, signed. The key uses the
+plain run id (not the averaging prefix) so peers with another manifest are
+still seen, marked incompatible by their ``manifest_hash``.
+
+The format alone (pydantic only); publishing and reading the records is
+``run_records.py``'s.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import pydantic
+
+METRICS_EXPIRATION_S = 90.0  # the worker writes its record every 30 s
+
+
+def metrics_key(run_id: str) -> str:
+    """The DHT key under which a run's per-peer metrics live."""
+    return f"{run_id}_metrics"
+
+
+class LocalMetrics(pydantic.BaseModel):
+    """One peer's view of itself, as shown in every other peer's swarm table.
+
+    ``peer_id`` is the libp2p peer id (base58) and must belong to the key that
+    signs the record. ``device`` is e.g. ``cuda:0 (RTX 4090)`` or ``cpu``;
+    ``precision`` e.g. ``bf16``; ``quantization`` ``none``, ``nf4`` or
+    ``int8``. ``samples_per_second`` is this peer's recent training speed,
+    ``loss`` its latest finite training loss (None before the first step or
+    when the last one was not finite), ``epoch`` its local epoch,
+    ``trained_samples`` all samples it trained in the run, ``contributed_samples``
+    those that entered an adopted average or optimizer step
+    (``p2ptrain.peers.training.sample_account``).
+    ``manifest_hash`` identifies the settings it trains with, ``version`` the
+    p2ptrain version, ``reachability`` whether others dial it directly (measured,
+    ``peers.net.reachability``), and
+    ``time`` is the DHT time of the measurement.
+    """
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    peer_id: str = pydantic.Field(min_length=1, max_length=128)
+    nickname: str = pydantic.Field("", max_length=64)
+    device: str = pydantic.Field("cpu", max_length=128)
+    precision: str = pydantic.Field("fp32", max_length=32)
+    quantization: str = pydantic.Field("none", max_length=32)
+    micro_batch: int = pydantic.Field(0, ge=0)
+    samples_per_second: float = pydantic.Field(0.0, ge=0)
+    loss: float | None = None
+    epoch: int = pydantic.Field(0, ge=0)
+    trained_samples: int = pydantic.Field(0, ge=0)
+    contributed_samples: int = pydantic.Field(0, ge=0)
+    manifest_hash: str = pydantic.Field("", max_length=64)
+    version: str = pydantic.Field("", max_length=32)
+    reachability: Literal["direct", "relayed", "unreachable", "unknown"] = "unknown"
+    time: float = pydantic.Field(0.0, ge=0)
+
+    @pydantic.field_validator("loss", mode="before")
+    @classmethod
+    def _finite_loss_or_none(cls, value):
+        # A diverged step must not make the whole record unpublishable.
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return value

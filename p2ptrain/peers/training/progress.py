@@ -1,0 +1,90 @@
+"""hivemind's ProgressTracker with a traffic budget: fewer progress records written and read.
+
+Measured in the network lab (4 peers, ``benchmarks/RESULTS.md``), hivemind's
+defaults make progress records the largest part of a peer's background
+traffic:
+
+- every local step stores a signed progress record in the DHT (several nodes
+  each, ~1 store a second per peer while training);
+- every peer reads the whole swarm's records as often as every 0.5 s when it
+  expects the epoch to end soon, and a paused swarm keeps expecting that (its
+  records still carry the speeds from before the pause), so paused peers read
+  twice a second forever.
+
+``QuietProgressTracker`` asks for a store at most every ``report_period``
+seconds (and at once when the local epoch changes), but hivemind's reporter
+thread stores once woken, so the take-back holds only while a store is in
+flight: in practice records are still stored about once a step. That freshness
+is what DiLoCo rounds on the swarm's samples need: stricter paces (every 10 s,
+every 2 s, every step only near the epoch end) let a slow peer's used share in
+``tests/integration/test_slow_peer.py`` fall below 80 % (``benchmarks/RESULTS.md``).
+It reads at most every ``min_refresh_period`` seconds, so an epoch's end is
+seen up to ``min_refresh_period`` seconds late. Its reads come from the peer's
+own copy of the records where that copy is complete (``local_reads``: in runs
+of up to five serving peers, after the first minute), so most of them send
+nothing.
+(A paused peer reads nothing: its worker has left the swarm.)
+"""
+
+from __future__ import annotations
+
+import time
+
+from hivemind.optim.progress_tracker import ProgressTracker
+
+from p2ptrain.peers.net.local_reads import LocalFirstDHT
+
+REPORT_PERIOD_S = 10.0
+MIN_REFRESH_PERIOD_S = 2.0
+MAX_REFRESH_PERIOD_S = 30.0
+
+
+class QuietProgressTracker(ProgressTracker):
+    """A ProgressTracker that writes and reads progress records less often (see the module docstring).
+
+    Args:
+        dht: the peer's DHT; progress is read through ``local_reads.LocalFirstDHT``.
+        report_period: seconds between stores of this peer's progress within one epoch.
+        **kwargs: hivemind's ProgressTracker arguments; ``min_refresh_period`` and
+            ``max_refresh_period`` default to 2 and 30 seconds (hivemind: 0.5 and 10).
+    """
+
+    def __init__(self, dht, *args, report_period: float = REPORT_PERIOD_S, **kwargs):
+        kwargs.setdefault("min_refresh_period", MIN_REFRESH_PERIOD_S)
+        kwargs.setdefault("max_refresh_period", MAX_REFRESH_PERIOD_S)
+        self.report_period = report_period
+        self._last_trigger = -float("inf")
+        super().__init__(LocalFirstDHT(dht), *args, **kwargs)
+
+    other_peers = 0  # set by every look at the swarm's records (the first one in hivemind's __init__)
+
+    @property
+    def alone(self) -> bool:
+        """Whether the last look at the swarm's progress records found no other peer's.
+
+        hivemind's ``num_peers`` counts this peer's own record too, once it is stored: a peer that
+        has just joined sees one record, someone else's, and ``num_peers <= 1`` took it for alone
+        (in the network lab three volunteers joining a DiLoCo run each took an outer step on their
+        own a second after downloading the swarm's state, and ran ahead of the creator for good)."""
+        return self.other_peers == 0
+
+    def _parse_swarm_progress_data(self, metadata):
+        """hivemind's, counting the records of peers other than this one (:attr:`alone`)."""
+        own = self.local_progress.peer_id
+        entries = metadata.values() if isinstance(metadata, dict) else ()
+        self.other_peers = sum(1 for entry in entries
+                               if isinstance(entry.value, dict) and entry.value.get("peer_id") != own)
+        return super()._parse_swarm_progress_data(metadata)
+
+    def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
+        """hivemind's, then the store it asked for is taken back unless the epoch changed or
+        ``report_period`` passed (the take-back holds only while the reporter is busy with a store:
+        see the module docstring)."""
+        new_epoch = local_epoch != self.local_progress.epoch
+        super().report_local_progress(local_epoch, samples_accumulated, update_global_samples)
+        now = time.monotonic()
+        if new_epoch or now - self._last_trigger >= self.report_period:
+            self._last_trigger = now
+        else:
+            # super() asked the reporter thread to store now; take it back (it usually stored already)
+            self.should_report_progress.clear()

@@ -1,0 +1,483 @@
+"""Synchronous data-parallel training: hivemind.Optimizer over the trainable parameters.
+
+Every peer accumulates gradients toward a shared ``target_batch_size``; when the
+swarm has gathered that many samples, the peers average their gradients in one
+all-reduce and take one AdamW step together. That is one epoch.
+
+The hivemind progress record is ``{averaging_prefix(manifest)}_progress`` (the
+optimizer's ``run_id`` is the averaging prefix), which is what ``swarm.read_swarm``
+reads. DiLoCo (``diloco.py``) publishes under the same key.
+
+A slow peer's gradients are not thrown away when the swarm's epoch moves on
+without it. hivemind.Optimizer lets a peer one epoch behind step on its own
+gradients (its parameters are then averaged with the others' in the next state
+round), but a peer further behind (or, once per epoch, behind at all) downloads
+the swarm's state and resets its gradient accumulators, and the batch in hand
+is dropped too. ``SyncOptimizer`` keeps both across the download, up to
+``MAX_ROUNDS_BEHIND`` epochs stale: they join the next epoch's all-reduce,
+weighted by their samples, one to two steps stale, as hivemind's own delayed
+parameter updates are one step stale. What hivemind does not allow: averaging
+them into the round that the swarm already finished (a finished all-reduce
+cannot be joined).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+import time
+from typing import Sequence
+
+import hivemind
+import torch
+from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.utils import MPFuture
+
+from p2ptrain.peers.compression.codecs import make_compression
+from p2ptrain.peers.training.optimizers import make_optimizer, make_scheduler
+from p2ptrain.peers.training.progress import QuietProgressTracker
+from p2ptrain.peers.robust.averager import GradientAverager, RobustAverager
+from p2ptrain.peers.robust.reduce import RobustOptions, plausible_weight
+from p2ptrain.peers.training.round_cancel import CancellableRounds
+from p2ptrain.peers.training.round_loss import CountsLostParts, found_no_group
+from p2ptrain.peers.training.sample_account import SampleAccount
+from p2ptrain.peers.robust.trust import Trust
+
+logger = logging.getLogger(__name__)
+
+# Averaging timings. On 127.0.0.1 groups form in well under a second; over the
+# internet peers need several seconds to find each other and to stream tensors.
+LOCAL_AVERAGING = {"matchmaking_time": 3.0, "averaging_timeout": 30.0}
+INTERNET_AVERAGING = {"matchmaking_time": 15.0, "averaging_timeout": 120.0}
+# a late peer's local progress (DiLoCo's delta, sync's accumulated gradients) is kept up to this
+# many epochs behind the swarm; further behind it is too stale to help and is dropped
+MAX_ROUNDS_BEHIND = 2
+
+
+@dataclasses.dataclass
+class StepOutcome:
+    """What one call to a trainer's ``step``/``tick`` changed.
+
+    epoch_advanced: the local epoch moved forward (an outer / global step happened).
+    averaged_with: peers in the averaging round that finished, this one included,
+        or None if no round finished since the last outcome.
+    loaded_state: state was downloaded from peers (this peer was behind).
+    non_finite_average: peers in an averaging round whose result held NaN or
+        infinity and was not adopted (this peer stepped on its own values), or None.
+    failed_rounds: averaging rounds that formed no group in time since the last outcome.
+    waited_s: seconds the call spent on rounds rather than on training (averaging, waiting
+        for the swarm, state downloads), for the worker's idle time.
+    averaged_share: the share of the ``averaged_with`` round's values that were really averaged
+        (below 1.0 when a peer dropped out mid-round or a part's result was refused: the rest
+        kept this peer's own values;
+        ``peers.training.round_loss``).
+    failed_exchanges: rounds since the last outcome whose group formed but whose data exchange failed.
+    """
+
+    epoch_advanced: bool = False
+    averaged_with: int | None = None
+    loaded_state: bool = False
+    non_finite_average: int | None = None
+    failed_rounds: int = 0
+    waited_s: float = 0.0
+    averaged_share: float = 1.0
+    failed_exchanges: int = 0
+
+    def non_finite_message(self) -> str | None:
+        """The event message for a rejected round, or None if there was none."""
+        if self.non_finite_average is None:
+            return None
+        return f"averaging with {self.non_finite_average} peers gave non-finite values; kept local state"
+
+
+def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
+    """True if no tensor holds a NaN or an infinity."""
+    return all(bool(torch.isfinite(tensor).all()) for tensor in tensors)
+
+
+class NonFiniteAverage(Exception):
+    """An averaging round gave NaN or infinity: a peer sent broken values."""
+
+
+def averaging_timings(spec_averaging: dict | None, host_maddrs: Sequence[str] = ()) -> dict:
+    """Pick matchmaking_time / averaging_timeout: the spec's values win, else
+    fast ones for a swarm on loopback, else internet-friendly ones."""
+    on_loopback = bool(host_maddrs) and all("/127.0.0.1/" in address or "/::1/" in address for address in host_maddrs)
+    timings = dict(LOCAL_AVERAGING if on_loopback else INTERNET_AVERAGING)
+    timings.update({key: float(value) for key, value in (spec_averaging or {}).items() if key in timings})
+    return timings
+
+
+class CheckedStateMixin(RobustAverager):
+    """An averager whose shared state others download: robust rounds, and a downloaded
+    state refused unless it passes ``state_check`` (finite, our shapes, near ours),
+    then the next peer tried (``robust_averager``)."""
+
+
+class CheckedTrainingStateAverager(TrainingStateAverager, CancellableRounds, CheckedStateMixin):
+    """hivemind's TrainingStateAverager with downloaded state checked first,
+    and averaged parameters and statistics adopted only when all finite."""
+
+    rejected_averages = 0
+
+    def _apply_averaging_results_(self):
+        # hivemind averages into separate buffers (reuse_tensors is off without
+        # offloading) and copies them over the local state here
+        with self.get_tensors() as averaged:
+            finite = all_finite(averaged)
+        if not finite:
+            self.rejected_averages += 1
+            logger.warning("State averaging gave non-finite parameters or statistics: not adopted, local state kept")
+            return
+        super()._apply_averaging_results_()
+
+
+class CountingGradientAverager(CountsLostParts, GradientAverager):
+    """The robust GradientAverager (``robust_averager``) that knows how much of its last round
+    was averaged, whose pre-scheduled rounds count nothing until triggered (``schedule_step``),
+    and that downloads nothing when the optimizer catches up (see ``load_state_from_peers``)."""
+
+    def schedule_step(self, scheduled_time: float | None = None, **kwargs):
+        """hivemind's pre-scheduled round, with weight 0 until the step that triggers it sets the
+        samples it holds (``GradientAverager.step``).
+
+        hivemind's optimizer cancels a pre-scheduled round when it counts no other peer yet, but
+        the round can still run: cancelling first cancels the trigger, which the averager's process
+        reads as "triggered", and a group found in that moment averages. It then ran with the
+        default weight 1 and whatever the gradient buffers held (the gradients loaded for the next
+        round, or the last round's average), the host ignored its result, and the other peer named
+        an honest one (``far-from-own``, ``bad-result``, ``replayed``: seen under load at a swarm's
+        start). At weight 0 such a round only tags along: nobody counts or judges its piece.
+
+        Args:
+            scheduled_time, kwargs: as hivemind's ``GradientAverager.schedule_step``.
+        """
+        control = super().schedule_step(scheduled_time, **kwargs)
+        control.weight = 0.0
+        return control
+
+    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None):
+        """Download nothing. hivemind's optimizer asks its gradient averager for the swarm's state
+        after the state averager, but a ``GradientAverager`` throws the download away (another
+        peer's gradient buffers, as large as the trained parameters): only the transfer was left."""
+        if wait:
+            return None
+        skipped = MPFuture()
+        skipped.set_result(None)
+        return skipped
+
+
+class SyncOptimizer(hivemind.Optimizer):
+    """hivemind.Optimizer whose averagers are robust (``robust_averager``), that checks
+    downloaded state, remembers the size of each finished gradient-averaging round,
+    counts what became of this peer's samples (``account``) and keeps a late peer's
+    gradients (see the module doc).
+
+    ``trust``: this peer's ``Trust`` (bans, suspects); ``account``: its ``SampleAccount``;
+    the rest as hivemind.Optimizer."""
+
+    def __init__(self, *, trust: Trust, account: SampleAccount, client_mode: bool = False, **kwargs):
+        self._trust = trust
+        self._parameter_count = len(list(kwargs["params"]))
+        kwargs["grad_averager_factory"] = functools.partial(
+            CountingGradientAverager, trust=trust, robust=RobustOptions.for_gradients(plausible_weight(kwargs["target_batch_size"])))
+        self.account = account
+        self._batch_in_hand = 0
+        self._averaging_client = client_mode
+        self._finished_groups: list[int] = []
+        self._rejected_groups: list[int] = []
+        self._failed_rounds = self._failed_exchanges = 0
+        self._last_share = 1.0
+        self._groups_lock = threading.Lock()
+        self._loading_local_gradients = False
+        self._round_rejected = False
+        super().__init__(client_mode=client_mode, **kwargs)
+
+    def _make_progress_tracker(self, target_batch_size: int, **kwargs):
+        # hivemind 1.1's Optimizer replaces a given client_mode with the DHT's (`client_mode if
+        # client_mode is None else dht.client_mode`); the tracker is made right after that line and
+        # before the averagers, which read self.client_mode: a peer nobody dials directly averages
+        # as a client while its DHT still serves
+        self.client_mode = self._averaging_client
+        return QuietProgressTracker(dht=self.dht, prefix=self.run_id, target_batch_size=target_batch_size,
+                                    client_mode=self.client_mode, status_loglevel=self.status_loglevel, start=True,
+                                    **kwargs)
+
+    def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
+        return CheckedTrainingStateAverager(
+            dht=self.dht,
+            prefix=f"{self.run_id}_state_averager",
+            min_matchmaking_time=self.matchmaking_time,
+            allreduce_timeout=self.allreduce_timeout,
+            shutdown_timeout=self.shutdown_timeout,
+            offload_optimizer=self.offload_optimizer,
+            custom_gradients=self.offload_optimizer,
+            status_loglevel=self.status_loglevel,
+            next_chunk_timeout=self.next_chunk_timeout,
+            client_mode=self.client_mode,
+            auxiliary=self.auxiliary,
+            start=True,
+            trust=self._trust,
+            robust=RobustOptions.for_parameters(self._parameter_count),
+            **kwargs,
+        )
+
+    def step(self, closure=None, batch_size: int | None = None, grad_scaler=None):
+        self._batch_in_hand = batch_size if batch_size is not None else self.batch_size_per_step
+        try:
+            return super().step(closure=closure, batch_size=batch_size, grad_scaler=grad_scaler)
+        finally:
+            self._batch_in_hand = 0
+
+    def _should_load_state_from_peers(self) -> bool:
+        out_of_sync = super()._should_load_state_from_peers()
+        if out_of_sync and self._batch_in_hand:
+            # hivemind returns from step() without accumulating the batch in hand ("computed with
+            # out-of-sync parameters"): accumulate it, load_state_from_peers keeps it with the rest
+            self.grad_averager.accumulate_grads_(self._batch_in_hand)
+        return out_of_sync
+
+    def load_state_from_peers(self, **kwargs):
+        averager = self.grad_averager
+        samples = averager.local_samples_accumulated
+        keep = samples > 0 and self.tracker.global_epoch - self.local_epoch <= MAX_ROUNDS_BEHIND
+        # hivemind resets the accumulators after a download: save them (GradientAverager's
+        # private fields, reuse_grad_buffers=False) and put them back
+        kept = [accumulator.clone() for accumulator in averager._grad_accumulators()] if keep else []
+        times, anchor = averager.local_times_accumulated, averager._anchor_batch_size
+        super().load_state_from_peers(**kwargs)
+        if not keep:
+            self.account.add_unused("late", samples)
+            return
+        with torch.no_grad():
+            for accumulator, saved in zip(averager._grad_accumulators(), kept):
+                accumulator.copy_(saved)
+        averager.local_samples_accumulated, averager.local_times_accumulated, averager._anchor_batch_size = samples, times, anchor
+        self.tracker.report_local_progress(self.local_epoch, samples)
+
+    def _update_global_epoch(self, grad_scaler) -> None:
+        # the accumulated samples go into this epoch's averaged or local optimizer step
+        samples = self.grad_averager.local_samples_accumulated
+        super()._update_global_epoch(grad_scaler)
+        self.account.add_contributed(samples)
+
+    def _average_gradients_and_load_into_optimizer(self, maybe_step_control):
+        self._round_rejected = False
+        super()._average_gradients_and_load_into_optimizer(maybe_step_control)
+        # the real group size comes from hivemind's round result (GroupInfo-keyed dict)
+        if maybe_step_control is None:
+            return  # no other peer: nothing was attempted
+        group, error = None, None
+        if maybe_step_control.done() and not maybe_step_control.cancelled():
+            try:
+                group = maybe_step_control.result(0)
+            except BaseException as raised:  # hivemind already fell back to the local gradients
+                error = raised
+        with self._groups_lock:
+            if group:
+                (self._rejected_groups if self._round_rejected else self._finished_groups).append(len(group))
+                self._last_share = self.grad_averager.received_share()
+            elif error is not None and not found_no_group(error):
+                self._failed_exchanges += 1
+            else:
+                self._failed_rounds += 1
+
+    def _load_averaged_gradients_into_optimizer_(self):
+        # raising here makes hivemind fall back to the local gradients, as after a
+        # failed round; the fallback loads them through this method too
+        if not self._loading_local_gradients:
+            with self.grad_averager.get_tensors() as averaged:
+                finite = all_finite(averaged)
+            if not finite:
+                self._round_rejected = True
+                logger.warning("Gradient averaging gave non-finite values: not adopted, stepping with local gradients")
+                raise NonFiniteAverage("averaged gradients hold NaN or infinity")
+        super()._load_averaged_gradients_into_optimizer_()
+
+    def _load_local_gradients_into_optimizer(self):
+        self._loading_local_gradients = True
+        try:
+            super()._load_local_gradients_into_optimizer()
+        finally:
+            self._loading_local_gradients = False
+
+    def pop_finished_groups(self) -> tuple[list[int], list[int], int]:
+        """Gradient-averaging rounds finished since the last call: sizes of the
+        adopted and of the rejected (non-finite) ones, and how many found no group."""
+        with self._groups_lock:
+            groups, self._finished_groups = self._finished_groups, []
+            rejected, self._rejected_groups = self._rejected_groups, []
+            failed, self._failed_rounds = self._failed_rounds, 0
+        return groups, rejected, failed
+
+    def pop_exchange_outcome(self) -> tuple[float, int]:
+        """The averaged share of the last finished round, and the rounds since the last call
+        whose group formed but whose data exchange failed."""
+        with self._groups_lock:
+            failed, self._failed_exchanges = self._failed_exchanges, 0
+            return self._last_share, failed
+
+
+class SyncTrainer:
+    """Trains the trainable parameters in sync mode with a hivemind.Optimizer.
+
+    Args:
+        dht: the running hivemind DHT.
+        prefix: ``averaging_prefix(manifest)``; peers average only within it.
+        parameters: the trainable parameters (only these are averaged).
+        target_batch_size: samples the whole swarm gathers per epoch.
+        batch_size_per_step: samples this peer contributes per ``step``
+            (micro_batch * grad_accum).
+        inner_lr: the optimizer's base learning rate.
+        compression: manifest compression name, used for gradients and state.
+        matchmaking_time: seconds peers spend forming an averaging group.
+        averaging_timeout: seconds before a stuck averaging round is abandoned.
+        client_mode: this peer cannot accept connections (behind NAT, no relay).
+        trust: this peer's ``Trust`` (bans from earlier, suspects named in rounds);
+            a fresh one when None.
+        optimizer: "adamw" or "lamb" (see ``p2ptrain.peers.training.optimizers``).
+        warmup_epochs, lr_schedule, total_epochs: the learning rate per global
+            epoch (``optimizers.learning_rate_factor``).
+    """
+
+    def __init__(
+        self,
+        *,
+        dht: hivemind.DHT,
+        prefix: str,
+        parameters: Sequence[torch.nn.Parameter],
+        target_batch_size: int,
+        batch_size_per_step: int,
+        inner_lr: float,
+        compression: str,
+        matchmaking_time: float,
+        averaging_timeout: float,
+        client_mode: bool = False,
+        trust: Trust | None = None,
+        optimizer: str = "adamw",
+        warmup_epochs: int = 0,
+        lr_schedule: str = "constant",
+        total_epochs: int | None = None,
+    ):
+        self.parameters = list(parameters)
+        compressor = make_compression(compression, self.parameters)
+        optimizer_name = optimizer
+        self.trust = trust if trust is not None else Trust()
+        self.account = SampleAccount()
+        self.optimizer = SyncOptimizer(
+            trust=self.trust,
+            account=self.account,
+            dht=dht,
+            run_id=prefix,
+            target_batch_size=target_batch_size,
+            batch_size_per_step=batch_size_per_step,
+            params=self.parameters,
+            optimizer=lambda params: make_optimizer(optimizer_name, params, lr=inner_lr),
+            # stepped by hivemind once per global epoch, so all peers share one learning rate
+            scheduler=make_scheduler(warmup_epochs, lr_schedule, total_epochs),
+            matchmaking_time=matchmaking_time,
+            averaging_timeout=averaging_timeout,
+            # hivemind's default (the matchmaking time: 3 s on a LAN) drops a peer that is busy for 3 s
+            # between two parts of a round, and the round comes back partly unaveraged
+            next_chunk_timeout=averaging_timeout / 4,
+            load_state_timeout=max(averaging_timeout, 30.0),
+            grad_compression=compressor,
+            state_averaging_compression=compressor,
+            # separate accumulators, so a batch with non-finite gradients can be
+            # dropped before it reaches them (see skip_batch)
+            reuse_grad_buffers=False,
+            client_mode=client_mode,
+            # hivemind warns (and can deadlock) when a request may outlive matchmaking
+            averager_opts={"request_timeout": min(3.0, matchmaking_time / 2)},
+            verbose=logger.isEnabledFor(logging.DEBUG),
+        )
+        self.tracker = self.optimizer.tracker
+        self._state_rejections_seen = 0
+
+    @property
+    def local_epoch(self) -> int:
+        return self.optimizer.local_epoch
+
+    def wants_batch(self) -> bool:
+        """Sync mode always takes the next batch."""
+        return True
+
+    def is_behind(self) -> bool:
+        """True when the swarm is more than one epoch ahead (state must be downloaded)."""
+        return self.optimizer.local_epoch < self.optimizer.tracker.global_epoch - 1
+
+    def step(self, samples: int) -> StepOutcome:
+        """Account for one local batch of ``samples`` whose gradients are in ``.grad``."""
+        epoch_before = self.local_epoch
+        self.account.add_trained(samples)
+        started = time.monotonic()
+        # accumulating is a cheap add: the time in here is hivemind's rounds (and one optimizer step an epoch)
+        self.optimizer.step(batch_size=samples)
+        self.optimizer.zero_grad(set_to_none=True)
+        return dataclasses.replace(self._outcome(epoch_before), waited_s=time.monotonic() - started)
+
+    def tick(self) -> StepOutcome:
+        """Collect results of background rounds (nothing to drive in sync mode)."""
+        return self._outcome(self.local_epoch)
+
+    def _outcome(self, epoch_before: int) -> StepOutcome:
+        groups, rejected, failed = self.optimizer.pop_finished_groups()
+        state_rejections = self.optimizer.state_averager.rejected_averages
+        if state_rejections > self._state_rejections_seen and not rejected:
+            # hivemind does not hand out the state round's group: the peers in the run bound it
+            rejected = [max(self.tracker.global_progress.num_peers, 2)]
+        self._state_rejections_seen = state_rejections
+        share, failed_exchanges = self.optimizer.pop_exchange_outcome()
+        return StepOutcome(
+            epoch_advanced=self.local_epoch > epoch_before,
+            averaged_with=groups[-1] if groups else None,
+            loaded_state=self.local_epoch > epoch_before + 1,
+            non_finite_average=rejected[-1] if rejected else None,
+            failed_rounds=failed,
+            averaged_share=share if groups else 1.0,
+            failed_exchanges=failed_exchanges,
+        )
+
+    def skip_batch(self) -> None:
+        """Discard gradients of a batch that must not be contributed."""
+        for parameter in self.parameters:
+            parameter.grad = None
+
+    def pause(self) -> None:
+        """Let a pre-scheduled gradient round average without this peer (weight 0), as hivemind
+        does before a download: a paused peer must not hold up a group."""
+        scheduled, self.optimizer.scheduled_grads = self.optimizer.scheduled_grads, None
+        if scheduled is not None and not scheduled.done() and not scheduled.triggered:
+            scheduled.weight = 0.0
+            scheduled.allow_allreduce()
+
+    def abandon_rounds(self) -> None:
+        """Cancel the gradient and state rounds in flight: a step waiting for one goes on
+        with local gradients (hivemind's own fallback) instead of the whole averaging timeout. When a
+        swarm stops at once, or a peer is left alone, the others never come to that round."""
+        scheduled_grads = self.optimizer.scheduled_grads
+        if scheduled_grads is not None and not scheduled_grads.done():
+            scheduled_grads.cancel()
+        # every state round, scheduled ahead (schedule_step) or started inside the step, goes through CancellableRounds
+        self.optimizer.state_averager.cancel_rounds()
+
+    def load_state_from_peers(self) -> bool:
+        """Download the newest state from the swarm; True if the epoch moved."""
+        epoch_before = self.local_epoch
+        self.optimizer.load_state_from_peers()
+        return self.local_epoch != epoch_before
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "epoch": self.local_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.state_averager.local_epoch = int(state["epoch"])
+        # hivemind moves the schedule only when an epoch ends: bring it to the restored epoch now
+        self.optimizer.state_averager._update_scheduler()
+        self.optimizer.tracker.report_local_progress(self.local_epoch, 0)
+
+    def shutdown(self) -> None:
+        self.optimizer.shutdown()
