@@ -13,8 +13,8 @@ pytestmark = pytest.mark.swarm
 
 @pytest.mark.timeout(240)
 def test_a_worker_planned_at_micro_batch_2_calibrates_up_to_a_faster_one(tmp_path):
-    # 16 tokens a sample: a pass of 2 samples of the tiny model is mostly fixed cost
-    manifest = run_manifest("grow", seq_len=16, micro_batch_hint=16)
+    # 8 tokens a sample: a pass of 2 samples of the tiny model is mostly fixed cost
+    manifest = run_manifest("grow", seq_len=8, micro_batch_hint=16)
     worker = WorkerHandle(tmp_path, "small-plan", manifest, True, [],
                           plan=WorkerPlan(device="cpu", micro_batch=2, grad_accum=8, cpu_threads=1))
     try:
