@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from p2ptrain import __version__
 from p2ptrain.durations import parse_duration
 from p2ptrain.paths import control_socket
 from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
@@ -430,6 +431,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     common.add_argument("--timeout", type=positive_seconds, default=argparse.SUPPRESS, help="seconds to wait for the daemon (default 10)")
 
     parser = OneLineParser(prog="p2ptrain", parents=[common], description="Donate your GPU (or CPU) to peer-to-peer training runs.")
+    parser.add_argument("--version", action="version", version=f"p2ptrain {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(name: str, help_text: str, handler, **kwargs) -> argparse.ArgumentParser:

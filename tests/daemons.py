@@ -202,3 +202,16 @@ def still_running(processes: list[psutil.Process], timeout: float) -> list[str]:
         except psutil.NoSuchProcess:
             pass
     return left
+
+
+def processes_marked(mark: str) -> list[psutil.Process]:
+    """Processes whose environment has ``P2PTRAIN_TEST_MARK=mark`` (inherited by everything a
+    command starts, p2pd included), so a test can find what it started and check it all ended."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("P2PTRAIN_TEST_MARK") == mark:
+                found.append(process)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
