@@ -3,7 +3,7 @@
 Standard library only at import time: ``p2ptrain status`` runs often (scripts,
 prompts, monitoring) and must stay fast. Commands that need more (``daemon``,
 ``demo``, ``service``) import it inside their function; ``plan``, ``doctor``,
-``tui`` and ``export`` take their arguments from the module that runs them
+``tui``, ``export`` and ``monitor`` take their arguments from the module that runs them
 (its ``add_arguments`` and ``run``), imported only when the command is given.
 
 Exit codes: 0 ok (``status``: training), 1 error (``status``: error state),
@@ -36,6 +36,7 @@ MODULE_COMMANDS = {
     "doctor": ("p2ptrain.daemon.doctor", "check this machine: hardware, plan, NVML, CUDA, ports"),
     "tui": ("p2ptrain.tui.app", "open the dashboard (same as p2ptrain-tui)"),
     "export": ("p2ptrain.peers.export", "write the trained adapters or model in the Hugging Face format"),
+    "monitor": ("p2ptrain.monitor.command", "watch a run from outside it: a web page, /metrics and /api/run.json"),
 }
 
 

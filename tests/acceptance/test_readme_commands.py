@@ -50,6 +50,7 @@ COMMANDS = {
     "p2ptrain service install [--user]": [["p2ptrain", "service", "install", "--user"]],
     "service uninstall [--user]": [["p2ptrain", "service", "uninstall", "--user"]],
     "p2ptrain demo [--peers N]": [],  # the quick start: test_quick_start.py
+    "p2ptrain monitor RUN --peers MULTIADDR [--listen HOST:PORT]": [],  # a run of three peers: tests/integration/test_monitor.py
 }
 
 

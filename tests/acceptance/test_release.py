@@ -35,9 +35,10 @@ from tmux import TMUX, TmuxPane  # noqa: E402  (tests/tui's real terminal)
 
 pytestmark = [pytest.mark.timeout(600)]
 
-# What the installed package must hold besides its modules: the TUI's styles and the systemd files.
+# What the installed package must hold besides its modules: the TUI's styles, the systemd files, the monitor's page.
 PACKAGE_DATA = (
     "p2ptrain/tui/app.tcss",
+    "p2ptrain/monitor/page.html",
     "p2ptrain/packaging/p2ptrain.service",
     "p2ptrain/packaging/p2ptrain-user.service",
     "p2ptrain/packaging/sysusers.d/p2ptrain.conf",
