@@ -41,10 +41,15 @@ def child_environment(extra: dict | None = None) -> dict:
 
 
 def write_local_config(home: Path) -> None:
-    """A config for tests: listen on 127.0.0.1 only, flush the database often."""
+    """A config for tests (:func:`local_config`) in ``home``, the peer named after the directory."""
     home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(local_config(home.name))
+
+
+def local_config(nickname: str) -> str:
+    """The text of a config for tests: listen on 127.0.0.1 only, flush the database often, one torch thread."""
     lines = [
-        'nickname = "{}"'.format(home.name[:32]),
+        'nickname = "{}"'.format(nickname[:32]),
         "[dht]",
         'host_maddrs = ["/ip4/127.0.0.1/tcp/0"]',
         "use_relay = false",
@@ -55,7 +60,7 @@ def write_local_config(home: Path) -> None:
         "[policy]",
         "max_cpu_threads = 1",
     ]
-    (home / "config.toml").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def cli(home: Path, *args: str, timeout: float = 120, env: dict | None = None, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -215,3 +220,16 @@ def processes_marked(mark: str) -> list[psutil.Process]:
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             pass
     return found
+
+
+def wait_for(read, condition, timeout: float, what: str, interval: float = 1.0):
+    """Call ``read()`` until ``condition(value)`` holds and return that value; fail after ``timeout`` seconds
+    with the last value read."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if condition(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {str(value)[:3000]}")
+        time.sleep(interval)

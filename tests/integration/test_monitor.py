@@ -31,7 +31,8 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from browser import chromium, page_dom, screenshot
-from daemons import P2PTRAIN, child_environment, cli, processes_marked, start_daemon, still_running, stop_all, write_local_config
+from daemons import (P2PTRAIN, child_environment, cli, processes_marked, start_daemon, still_running, stop_all, wait_for,
+                     write_local_config)
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 
@@ -57,17 +58,6 @@ def get(url: str, timeout: float = 10) -> tuple[int, str, str]:
 def families(text: str) -> dict:
     """The OpenMetrics text parsed by prometheus_client (it raises on any deviation from the format)."""
     return {family.name: family for family in text_string_to_metric_families(text)}
-
-
-def wait_for(read, condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = read()
-        if condition(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {json.dumps(value)[:3000]}")
-        time.sleep(2)
 
 
 class Monitor:
