@@ -9,8 +9,8 @@ training worker inherits the priority; a hung daemon (SIGSTOP) is killed by the 
 restarted, and rejoins its run; ``systemctl stop`` checkpoints the worker and ends cleanly before its
 timeout. The user service the same way (it trains nothing: notify, priority, watchdog, stop).
 
-Opt-in, since it takes about 5 minutes (the watchdog alone waits a minute) plus a minute to
-debootstrap the cached root file system the first time: ``P2PTRAIN_SYSTEMD_LAB=1 pytest
+Opt-in, since it takes about 1.5 minutes (the watchdog alone waits a minute) plus a minute to
+debootstrap the cached root file system the first time (.ci/run turns it on as root): ``P2PTRAIN_SYSTEMD_LAB=1 pytest
 tests/systemd``. Its output on one machine: docs/findings/systemd-lab.md.
 """
 
@@ -31,7 +31,7 @@ from release import build_release
 pytestmark = [pytest.mark.systemd, pytest.mark.timeout(1800)]
 
 if os.environ.get("P2PTRAIN_SYSTEMD_LAB") != "1":
-    pytest.skip("the systemd lab is opt-in (about 5 minutes): P2PTRAIN_SYSTEMD_LAB=1 pytest tests/systemd",
+    pytest.skip("the systemd lab is opt-in (root, about 1.5 minutes): P2PTRAIN_SYSTEMD_LAB=1 pytest tests/systemd",
                 allow_module_level=True)
 
 VENV = "/opt/p2ptrain"
