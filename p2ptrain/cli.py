@@ -3,7 +3,7 @@
 Standard library only at import time: ``p2ptrain status`` runs often (scripts,
 prompts, monitoring) and must stay fast. Commands that need more (``daemon``,
 ``demo``, ``service``) import it inside their function; ``plan``, ``doctor``,
-``tui`` and ``export`` take their arguments from the module that runs them
+``tui``, ``export`` and ``monitor`` take their arguments from the module that runs them
 (its ``add_arguments`` and ``run``), imported only when the command is given.
 
 Exit codes: 0 ok (``status``: training), 1 error (``status``: error state),
@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from p2ptrain import __version__
 from p2ptrain.durations import parse_duration
 from p2ptrain.paths import control_socket
 from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
@@ -35,6 +36,7 @@ MODULE_COMMANDS = {
     "doctor": ("p2ptrain.daemon.doctor", "check this machine: hardware, plan, NVML, CUDA, ports"),
     "tui": ("p2ptrain.tui.app", "open the dashboard (same as p2ptrain-tui)"),
     "export": ("p2ptrain.peers.model.export", "write the trained adapters or model in the Hugging Face format"),
+    "monitor": ("p2ptrain.monitor.command", "watch a run from outside it: a web page, /metrics and /api/run.json"),
 }
 
 
@@ -430,6 +432,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     common.add_argument("--timeout", type=positive_seconds, default=argparse.SUPPRESS, help="seconds to wait for the daemon (default 10)")
 
     parser = OneLineParser(prog="p2ptrain", parents=[common], description="Donate your GPU (or CPU) to peer-to-peer training runs.")
+    parser.add_argument("--version", action="version", version=f"p2ptrain {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(name: str, help_text: str, handler, **kwargs) -> argparse.ArgumentParser:

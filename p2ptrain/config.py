@@ -22,6 +22,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from p2ptrain.http_endpoint import ListenError, parse_listen
 from p2ptrain.multiaddr import validate_multiaddr
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -144,6 +145,25 @@ def _in_window(minute: int, window: str) -> bool:
     return minute >= start or minute < end  # wraps past midnight
 
 
+class MetricsSettings(_Section):
+    """The `[metrics]` table: the daemon's Prometheus endpoint (daemon/metrics_endpoint.py), off by default."""
+
+    listen: str | None = Field(
+        None, description='serve /metrics at this HOST:PORT, e.g. "127.0.0.1:9464" (unset or "": off); '
+        "applies when the daemon starts")
+
+    @field_validator("listen", mode="before")
+    @classmethod
+    def _check_listen(cls, listen: str | None) -> str | None:
+        if listen is None or listen == "":
+            return None
+        try:
+            parse_listen(str(listen))  # `config set metrics.listen 9464` arrives as a number
+        except ListenError as error:
+            raise ValueError(str(error)) from None
+        return listen
+
+
 class Config(_Section):
     """The whole ``config.toml``."""
 
@@ -153,6 +173,7 @@ class Config(_Section):
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
 
 class ConfigError(ValueError):

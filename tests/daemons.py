@@ -42,10 +42,15 @@ def child_environment(extra: dict | None = None) -> dict:
 
 
 def write_local_config(home: Path) -> None:
-    """A config for tests: listen on 127.0.0.1 only, flush the database often, one torch thread
-    (several daemons share this machine's 2 cores)."""
+    """A config for tests (:func:`local_config`) in ``home``, the peer named after the directory."""
     home.mkdir(parents=True, exist_ok=True)
-    (home / "config.toml").write_text(loopback_config(home.name[:32], cpu_threads=1, flush_interval_s=0.5))
+    (home / "config.toml").write_text(local_config(home.name))
+
+
+def local_config(nickname: str) -> str:
+    """The text of a config for tests: listen on 127.0.0.1 only, flush the database often, one torch thread
+    (several daemons share this machine's 2 cores)."""
+    return loopback_config(nickname[:32], cpu_threads=1, flush_interval_s=0.5)
 
 
 def cli(home: Path, *args: str, timeout: float = 120, env: dict | None = None, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -192,3 +197,29 @@ def still_running(processes: list[psutil.Process], timeout: float) -> list[str]:
         except psutil.NoSuchProcess:
             pass
     return left
+
+
+def processes_marked(mark: str) -> list[psutil.Process]:
+    """Processes whose environment has ``P2PTRAIN_TEST_MARK=mark`` (inherited by everything a
+    command starts, p2pd included), so a test can find what it started and check it all ended."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("P2PTRAIN_TEST_MARK") == mark:
+                found.append(process)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def wait_for(read, condition, timeout: float, what: str, interval: float = 1.0):
+    """Call ``read()`` until ``condition(value)`` holds and return that value; fail after ``timeout`` seconds
+    with the last value read."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if condition(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {str(value)[:3000]}")
+        time.sleep(interval)

@@ -12,11 +12,13 @@ import sys
 
 from p2ptrain.config import Config, ConfigError, load_config
 from p2ptrain.daemon.methods import ControlMethods
+from p2ptrain.daemon.metrics_endpoint import serve_metrics
 from p2ptrain.daemon.notify import SystemdNotifier
 from p2ptrain.daemon.server import ControlServer
 from p2ptrain.daemon.supervisor import Daemon
 from p2ptrain.daemon.temp_files import give_back_temp_dir, take_temp_dir
 from p2ptrain.daemon.worker_process import reap_leftover_groups
+from p2ptrain.http_endpoint import ListenError, bound_address
 from p2ptrain.paths import Paths, resolve_paths
 from p2ptrain.storage import Database, SchemaTooNewError, StorageError
 from p2ptrain.storage.retention import RetentionLimits, RetentionThread
@@ -109,6 +111,15 @@ async def _serve(paths: Paths, config: Config, database: Database) -> int:
     except OSError as error:
         database.close()
         return _fail(f"cannot listen on {paths.socket}: {error.strerror}; check that directory's permissions")
+    metrics = None
+    if config.metrics.listen:
+        try:
+            metrics = await serve_metrics(config.metrics.listen, daemon.status, methods.peers)
+        except ListenError as error:
+            await server.stop()
+            database.close()
+            return _fail(f"{error}; change listen under [metrics] in {paths.config_file}, or remove it to turn /metrics off")
+        log.info("serving /metrics on http://%s/metrics", bound_address(metrics))
     paths.daemon_pid_file.write_text(f"{os.getpid()}\n")
     # retention reads the storage settings before each pass: `config set storage.*` applies at the next one
     retention = RetentionThread(paths.database, lambda: RetentionLimits(daemon.config.config.storage.keep_steps_days, daemon.config.config.storage.keep_events))
@@ -120,6 +131,8 @@ async def _serve(paths: Paths, config: Config, database: Database) -> int:
         await daemon.run_forever()
     finally:
         await server.stop()
+        if metrics is not None:
+            metrics.close()
         retention.stop()
         await daemon.shutdown()
         paths.daemon_pid_file.unlink(missing_ok=True)

@@ -195,5 +195,7 @@ class ControlMethods:
         except OSError as error:
             raise RequestError(protocol.INTERNAL, f"cannot write {self.config.path}: {error.strerror}", "check that directory's permissions")
         self.event_log.record("config-changed", f"{key} set", {"key": key})
-        restart = key.split(".")[0] in ("dht", "training")
-        return {"config": config_as_dict(config), "path": str(self.config.path), "applies": "at the next join or daemon restart" if restart else "now"}
+        section = key.split(".")[0]
+        applies = {"dht": "at the next join or daemon restart", "training": "at the next join or daemon restart",
+                   "metrics": "at the next daemon restart"}.get(section, "now")
+        return {"config": config_as_dict(config), "path": str(self.config.path), "applies": applies}

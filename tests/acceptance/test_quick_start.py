@@ -14,27 +14,14 @@ import re
 import subprocess
 import uuid
 
-import psutil
 import pytest
 
-from daemons import P2PTRAIN, child_environment
+from daemons import P2PTRAIN, child_environment, processes_marked
 from readme import code_blocks, quickstart_demo_command, shell_commands
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(480)]
 
 DURATION_S = 60
-
-
-def processes_marked(mark: str) -> list[psutil.Process]:
-    """Processes whose environment carries ``mark`` (inherited by everything the demo starts, p2pd included)."""
-    found = []
-    for process in psutil.process_iter():
-        try:
-            if process.environ().get("P2PTRAIN_TEST_MARK") == mark:
-                found.append(process)
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            pass
-    return found
 
 
 def test_the_quick_start_demo_trains_a_local_swarm_and_stops_everything_it_started(tmp_path):

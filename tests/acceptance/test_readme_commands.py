@@ -50,6 +50,7 @@ COMMANDS = {
     "p2ptrain service install [--user]": [["p2ptrain", "service", "install", "--user"]],
     "service uninstall [--user]": [["p2ptrain", "service", "uninstall", "--user"]],
     "p2ptrain demo [--peers N]": [],  # the quick start: test_quick_start.py
+    "p2ptrain monitor RUN --peers MULTIADDR [--listen HOST:PORT]": [],  # a run of three peers: tests/integration/test_monitor.py
 }
 
 
@@ -84,7 +85,7 @@ def volunteers(tmp_path_factory):
     """The starter and a volunteer, each set up as "Volunteering on your machine" says, minus systemd."""
     steps = [command for block in code_blocks("Volunteering on your machine") for command in shell_commands(block)]
     programs = [command[0] for command in steps]
-    assert programs == ["pip", "p2ptrain", "systemctl", "p2ptrain", "p2ptrain-tui"], steps
+    assert programs == ["pipx", "p2ptrain", "systemctl", "p2ptrain", "p2ptrain-tui"], steps
     install, enable = steps[1], steps[2]
     assert install in commands_of("p2ptrain service install [--user]") and enable[:3] == ["systemctl", "--user", "enable"]
     root = tmp_path_factory.mktemp("volunteers")
@@ -93,7 +94,7 @@ def volunteers(tmp_path_factory):
         for name in ("starter", "volunteer"):
             account = Volunteer.create(root / name)
             accounts.append(account)
-            # `pip install p2ptrain`: this test environment has it
+            # `pipx install` of the wheel: this test environment has p2ptrain (test_release.py installs the wheel)
             succeeded(account.run(install))
             assert account.unit_file().is_file()
             account.start_service()  # `systemctl --user enable --now p2ptrain`

@@ -19,16 +19,20 @@ PACKAGE_DIR = Path(p2ptrain.__file__).parent
 
 HEAVY = {"torch", "hivemind", "transformers", "peft", "bitsandbytes"}
 # Modules that import nothing of p2ptrain but each other: anything may use them.
-LEAVES = {"config", "paths", "protocol", "worker_pipe", "pipe_codec", "multiaddr", "processes", "durations"}
+LEAVES = {"config", "paths", "protocol", "worker_pipe", "pipe_codec", "multiaddr", "processes", "durations",
+          "openmetrics", "swarm_metrics", "http_endpoint"}
 # Every part of p2ptrain (a subpackage or a top-level module), so a new one must be placed here.
-PARTS = LEAVES | {"p2ptrain", "cli", "tui", "daemon", "peers", "storage", "service", "demo"}
+PARTS = LEAVES | {"p2ptrain", "cli", "tui", "daemon", "peers", "storage", "service", "demo", "monitor"}
 # What each part must never import.
 FORBIDDEN = {
     # the CLI and TUI start fast; the pipe module is what the daemon and the worker share
-    **dict.fromkeys(("cli", "tui", "protocol", "paths", "durations", "worker_pipe", "pipe_codec"), HEAVY | {"peers", "storage", "daemon"}),
-    "peers": {"daemon", "tui"},
-    "storage": {"peers", "daemon", "tui"},
-    "daemon": {"tui"},
+    **dict.fromkeys(("cli", "tui", "protocol", "paths", "durations", "worker_pipe", "pipe_codec"),
+                    HEAVY | {"peers", "storage", "daemon", "monitor"}),
+    "peers": {"daemon", "tui", "monitor"},
+    "storage": {"peers", "daemon", "tui", "monitor"},
+    "daemon": {"tui", "monitor"},
+    # a peer of no run's training: the DHT's readers of peers, never the daemon's state or database
+    "monitor": {"daemon", "storage", "tui"},
 }
 # `p2ptrain daemon` runs the daemon in the CLI's process, imported only when typed.
 ALLOWED = {
@@ -36,7 +40,8 @@ ALLOWED = {
 }
 # The CLI imports a command's module by name, from its table (``MODULE_COMMANDS``), only when that command
 # is typed: these are the modules it may import so. The table's imports count like any other for the circles.
-COMMAND_MODULES = {"p2ptrain.daemon.plan_command", "p2ptrain.daemon.doctor", "p2ptrain.tui.app", "p2ptrain.peers.model.export"}
+COMMAND_MODULES = {"p2ptrain.daemon.plan_command", "p2ptrain.daemon.doctor", "p2ptrain.tui.app", "p2ptrain.peers.model.export",
+                   "p2ptrain.monitor.command"}
 
 
 @dataclass(frozen=True)
