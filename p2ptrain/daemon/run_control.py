@@ -223,6 +223,8 @@ class RunControl:
             process = self.pool.start(slot, self.desired.run)
         except NoPlan as failure:
             self.worker_failed(f"no hardware plan for {slot.name}: {failure.message}", failure.fix)
+            if not self.pool.processes:
+                self.run.reset()  # no worker will end and drop the run: the error stays shown until leave
             return False
         if self.lifecycle.state == states.FINISHING:
             process.send(Finish())  # the others are finishing their epoch: so does this one

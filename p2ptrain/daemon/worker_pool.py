@@ -48,6 +48,13 @@ class NoPlan(Exception):
         self.message, self.fix = message, fix
 
 
+class ModelShapeUnknown(NoPlan):
+    """The model's ``config.json`` is not on this machine: a worker can fetch it from the hub, then ask again."""
+
+
+MODEL_SHAPE_FIX = "use the 'tiny' model, or a model directory or hub id whose config.json this machine can read"
+
+
 @dataclass(frozen=True)
 class WorkerExit:
     """What became of a worker that ended while its run goes on.
@@ -148,7 +155,15 @@ class WorkerPool:
         """
         manifest = run_request.get("manifest")
         self.run.worker(slot.name, slot.device_label).state = "joining"
-        plan = self.plan_for(slot, manifest) if manifest else None
+        plan = None
+        if manifest:
+            try:
+                plan = self.plan_for(slot, manifest)
+            except ModelShapeUnknown:
+                pass  # a hub model not fetched yet: the worker fetches its config.json, then asks (PlanWanted)
+            except NoPlan as failure:
+                self._plan_failed(slot.name, failure)
+                raise
         spec = worker_spec(slot, run_request, self.config.config, self.paths, plan, len(self.slots),
                            banned_peers=sorted(self.run.banned))
         self.restarts[slot.name].ran_out_of_memory = False
@@ -173,24 +188,28 @@ class WorkerPool:
             return UsePlan(failure=f"no worker {name} in this run", fix="join the run again")
         try:
             return UsePlan(self.plan_for(self._refreshed(slot), manifest))
-        except NoPlan as error:
-            return UsePlan(failure=error.message, fix=error.fix)
+        except NoPlan as failure:
+            self._plan_failed(name, failure)
+            return UsePlan(failure=failure.message, fix=failure.fix)
+
+    def _plan_failed(self, name: str, failure: NoPlan) -> None:
+        self.events.record("plan-failed", f"no hardware plan for {name}: {failure.message}", {"worker": name, "fix": failure.fix})
 
     def plan_for(self, slot: WorkerSlot, manifest: dict) -> WorkerPlan:
         """Worker ``slot``'s plan for ``manifest``, sized from its device's free memory now and capped
         after out-of-memory errors; shown in ``status`` (the run view) and recorded as a ``planned`` event.
 
         Raises:
-            NoPlan: the model's shape is unknown here, or it does not fit the device.
+            ModelShapeUnknown: the model's config.json is not on this machine.
+            NoPlan: the model does not fit the device.
         """
         try:
             plan = hardware_plan(slot, manifest, PlanPolicy.from_settings(self.config.config.policy),
                                  self.config.config.training.uplink_mbit_s, self.paths.cache_dir)
-        except (ModelFactsError, PlanError) as error:
-            message = getattr(error, "message", str(error))
-            fix = getattr(error, "fix", "give the model as a local directory with its config.json")
-            self.events.record("plan-failed", f"no hardware plan for {slot.name}: {message}", {"worker": slot.name, "fix": fix})
-            raise NoPlan(message, fix) from error
+        except ModelFactsError as error:
+            raise ModelShapeUnknown(str(error).split("; ")[0], MODEL_SHAPE_FIX) from error
+        except PlanError as error:
+            raise NoPlan(error.message, error.fix) from error
         restarts = self.restarts[slot.name]
         cap = restarts.micro_batch_cap()
         if cap and plan.micro_batch > cap[0]:
