@@ -101,7 +101,9 @@ class WorkerReports:
         if report.state == "training":
             self.run.workers[name].state = report.state
         else:
-            self.run.workers[name].stopped(report.state)  # it has left the swarm and exits next
+            # it has left the swarm and exits next: "pausing" until its process has ended (then "paused",
+            # RunControl._released), so `p2ptrain pause` returns only once the device is free
+            self.run.workers[name].stopped("pausing" if report.state == "paused" else report.state)
         self.control.worker_state(report.state)
 
     def step(self, name: str, report: Step) -> None:
