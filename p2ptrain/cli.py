@@ -124,6 +124,8 @@ def _samples_words(local: dict) -> str:
         reasons = ", ".join(f"{count} {reason.replace('_', ' ')}" for reason, count in unused.items())
         words += f", {sum(unused.values())} not used ({reasons})"
     pending = trained - used - sum(unused.values())
+    if pending > 0 and local.get("waiting"):
+        return words + f", {pending} waiting: {local['waiting']}"
     return words + (f", {pending} in the current round" if pending > 0 else "")
 
 

@@ -93,7 +93,7 @@ class WorkerReports:
             self.run.workers[name].state = report.state
         else:
             self.run.workers[name].stopped(report.state)  # it has left the swarm and exits next
-        self.control.worker_state(report.state)
+        self.control.worker_state(report.state, report.reason)
 
     def step(self, name: str, report: Step) -> None:
         self.run.apply_step(name, report)
@@ -125,6 +125,8 @@ class WorkerReports:
     def event(self, name: str, report: Event) -> None:
         data = {**report.data, "worker": name} if len(self.pool.slots) > 1 else report.data
         self.events.record(report.kind, report.message + self.pool.worker_words(name), data)
+        if report.kind == "diverged":
+            self.run.divergence = report.message
         if report.kind == "peer-banned":
             self._record_ban(report.data)
 

@@ -65,6 +65,8 @@ class WorkerView:
             an adopted average or optimizer step, and what never will, by reason.
             The worker restores them from its checkpoint, so they survive restarts;
             the largest reported is kept, so they survive a restart that lost its checkpoint.
+        waiting: why the samples the run has not used yet wait, when it is more than the
+            current round (``Step.waiting``: rounds that found no other peer), else None.
     """
 
     device: str
@@ -78,6 +80,7 @@ class WorkerView:
     unused_samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNUSED_REASONS, 0))
     port_moves: list[PortMove] = field(default_factory=list)
     traffic: dict[str, Any] = field(default_factory=dict)
+    waiting: str | None = None
 
     def apply_joined(self, report: Joined) -> None:
         self.joined = True
@@ -104,11 +107,13 @@ class WorkerView:
         self.take_totals(report)
         self.samples_per_second = report.samples_per_second
         self.loss = report.loss
+        self.waiting = report.waiting
 
     def stopped(self, state: str) -> None:
         """The process has ended; ``state`` says what comes next (``paused``, ``restarting``, ``oom-backoff``)."""
         self.joined = False
         self.samples_per_second = None
+        self.waiting = None
         self.state = state
 
     def status(self) -> dict:
@@ -120,6 +125,7 @@ class WorkerView:
             "trained_samples": self.trained_samples,
             "contributed_samples": self.contributed_samples,
             "unused_samples": dict(self.unused_samples),
+            "waiting": self.waiting,
             "state": self.state,
         }
 
@@ -146,6 +152,7 @@ class RunView:
     peers: list[PeerRow] = field(default_factory=list)
     warnings: list[dict] = field(default_factory=list)
     banned: set[str] = field(default_factory=set)  # peer ids this machine banned in this run (storage/bans.py)
+    divergence: str | None = None  # the last ``diverged`` event's message: what the health line says while paused for it
 
     def reset(self, run_id: str | None = None, manifest: dict[str, Any] | None = None) -> None:
         """Forget all reports: run ``run_id`` starts (with ``manifest`` if known), or none when None."""

@@ -34,7 +34,8 @@ def run_manifest(run_id: str, mode: str = "sync", **overrides) -> dict:
 class WorkerHandle:
     """One worker process and the reports it sent."""
 
-    def __init__(self, tmp_path: Path, name: str, manifest: dict, new_run: bool, initial_peers: list[str]):
+    def __init__(self, tmp_path: Path, name: str, manifest: dict, new_run: bool, initial_peers: list[str], **spec_options):
+        """``spec_options``: other ``WorkerSpec`` fields, e.g. ``checkpoint_interval_s``."""
         home = tmp_path / name
         for sub in ("state", "checkpoints"):
             (home / sub).mkdir(parents=True, exist_ok=True)
@@ -45,7 +46,7 @@ class WorkerHandle:
             dht=DhtOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False),
             nickname=name, plan=WorkerPlan(device="cpu", micro_batch=4, cpu_threads=1),
             log_level=os.environ.get("WORKER_LOG", "WARNING"),
-            averaging=AveragingTimings(matchmaking_time=3.0, averaging_timeout=20.0),
+            averaging=AveragingTimings(matchmaking_time=3.0, averaging_timeout=20.0), **spec_options,
         ).to_dict()
         context = multiprocessing.get_context("spawn")
         self.conn, child_conn = context.Pipe()

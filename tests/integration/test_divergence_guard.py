@@ -1,0 +1,72 @@
+"""A real training worker driven into divergence on the CPU: its guard rolls it back.
+
+The run's inner learning rate warms up to a peak far too high for the built-in model
+(``warmup_epochs`` x ``local_steps`` inner steps to 4.0): the loss falls while the rate is
+low, then blows up, the classic divergence of a run whose peak rate is too high. The worker
+must notice within a few steps, go back to its last good checkpoint at half the rate, train
+at the level it had before, record one ``diverged`` event for it, and leave the good state
+on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from test_worker_swarm import SHARED_CACHE, WorkerHandle, run_manifest, stop_all  # noqa: E402
+
+pytestmark = pytest.mark.swarm
+
+
+def checkpoint_loss(path: Path, manifest: dict) -> float:
+    """The validation loss of the model a checkpoint holds (the run's own validation batches)."""
+    import torch
+
+    from p2ptrain.peers.checkpoint import load_checkpoint, non_finite_problem
+    from p2ptrain.peers.data import validation_batches
+    from p2ptrain.peers.models import build_model, mean_loss
+
+    state = load_checkpoint(path)
+    assert state is not None and non_finite_problem(state) is None
+    loaded = build_model("tiny", seed=manifest["seed"])
+    loaded.load_trainable_state(state["trainable"])
+    torch.set_num_threads(1)
+    return mean_loss(loaded.model, validation_batches(manifest["dataset"], loaded.tokenizer, manifest["seq_len"], 4, SHARED_CACHE, 4))
+
+
+@pytest.mark.timeout(240)
+def test_a_diverging_worker_rolls_back_to_its_last_good_checkpoint(tmp_path):
+    manifest = run_manifest("diverging", mode="diloco", round_end="local_steps", local_steps=10, target_batch_size=40,
+                            inner_lr=4.0, warmup_epochs=100, lr_schedule="constant", outer_lr=1.0, outer_momentum=0.0)
+    worker = WorkerHandle(tmp_path, "alone", manifest, True, [], checkpoint_interval_s=1.0)
+    try:
+        worker.joined()
+        worker.wait_for(lambda w: w.events("diverged"), 150, "the guard to see the divergence")
+        [diverged] = worker.events("diverged")
+        data = diverged["data"]
+        assert data["reason"] == "loss-spike" and data["restored"] and not data["paused"], data
+        assert data["steps"] <= 5 and data["lr_scale"] == 0.5
+        level = data["level"]
+        at = worker.reports.index(diverged)
+        # what it trains after the rollback (the first report may still hold steps from before it) is at
+        # the level before the divergence, and the one divergence made one event
+        worker.wait_for(lambda w: len([r for r in w.reports[at:] if r["type"] == "step"]) >= 3, 60, "steps after the rollback")
+        steps_after = [index for index, r in enumerate(worker.reports) if index > at and r["type"] == "step"][:3]
+        assert all(worker.reports[index]["loss"] < 1.25 * level for index in steps_after[1:]), (level, worker.reports[at:])
+        assert [r for r in worker.reports[:steps_after[-1]] if r["type"] == "event" and r["kind"] == "diverged"] == [diverged]
+        assert not worker.events("non-finite")
+        os.kill(worker.process.pid, signal.SIGTERM)
+        worker.process.join(60)
+        assert worker.process.exitcode == 0
+        worker.drain()
+        # the checkpoint on disk is a good one: the model it holds is at the level before the divergence
+        path = Path(worker.spec["paths"]["checkpoints_dir"]) / "diverging.pt"
+        assert checkpoint_loss(path, manifest) < 1.25 * level
+    finally:
+        stop_all([worker])
