@@ -22,7 +22,7 @@ import time
 
 from p2ptrain.durations import parse_duration
 from p2ptrain.paths import control_socket
-from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
+from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning, repeated_words
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_DAEMON, EXIT_NOT_TRAINING = 0, 1, 2, 3, 5
 EXIT_OUTPUT_CLOSED = 141
@@ -316,7 +316,8 @@ def cmd_events(args) -> int:
         _print_json(result)
         return EXIT_OK
     for event in result["events"]:
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(event['ts']))}  {event['kind']:<16} {event['message']}")
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(event['ts']))}  {event['kind']:<16} {event['message']}"
+              f"{repeated_words(event)}")
     return EXIT_OK
 
 

@@ -124,7 +124,7 @@ class WorkerReports:
 
     def event(self, name: str, report: Event) -> None:
         data = {**report.data, "worker": name} if len(self.pool.slots) > 1 else report.data
-        self.events.record(report.kind, report.message + self.pool.worker_words(name), data)
+        self.events.record_repeating(report.kind, report.message + self.pool.worker_words(name), data)
         if report.kind == "diverged":
             self.run.divergence = report.message
         if report.kind == "peer-banned":

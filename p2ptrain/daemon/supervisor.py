@@ -120,6 +120,7 @@ class Daemon:
         self._stopping.set()
         self.sensors.close()
         await self.pool.stop_all(STOP_TIMEOUT_S)
+        self.events.flush(final=True)
         self.events.record("daemon-stopped", "daemon stopped")
         self.db.close()
 
@@ -127,6 +128,7 @@ class Daemon:
         self.control.tick()
         self.hardware.refresh_if_due()
         self.control.apply_policy(self.policy.evaluate())
+        self.events.flush()
         self.db.maybe_flush()
         if self.broadcaster.subscribers:
             self._publish_status()

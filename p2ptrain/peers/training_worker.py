@@ -148,7 +148,8 @@ class Worker:
             logger.warning("The daemon is gone; could not send %s", report.KIND)
 
     def event(self, kind: str, message: str, **data) -> None:
-        logger.info("%s: %s", kind, message)
+        # the daemon logs it, repeats folded into one line (daemon/event_log.py): here only when debugging
+        logger.debug("%s: %s", kind, message)
         self.report(Event(kind, message, data))
 
     def report_out_of_memory(self, error: BaseException) -> int:

@@ -17,12 +17,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from p2ptrain.peers.diloco import ALONE_AFTER_ROUNDS_WITHOUT_GROUP  # noqa: E402
 from test_worker_swarm import rounds_with_others, run_manifest, start_swarm, stop_all  # noqa: E402
 
 pytestmark = pytest.mark.swarm
-
-# hivemind's matchmaking window in WorkerHandle's averaging settings: a "round's worth" of waiting
-MATCHMAKING_TIME = 3.0
 
 
 @pytest.mark.timeout(300)
@@ -32,24 +30,28 @@ def test_a_peer_whose_partner_paused_steps_alone_and_its_work_is_used(tmp_path, 
                             outer_lr=1.0, outer_momentum=0.0)
     workers = start_swarm(tmp_path, manifest, 2)
     try:
-        stays, pauses = workers
+        stays, goes = workers
         for worker in workers:
             worker.wait_for(lambda w: rounds_with_others(w) >= 2, 150, "two rounds averaged together")
         if partner_goes == "pauses":
-            pauses.send("pause")
-            pauses.wait_for(lambda w: any(r["state"] == "paused" for r in w.of_type("state")), 60, "the partner to pause")
+            goes.send("pause")
+            goes.wait_for(lambda w: any(r["state"] == "paused" for r in w.of_type("state")), 60, "the partner to pause")
         else:  # no goodbye: its progress record stays in the DHT until it expires
-            pauses.kill_group()
+            goes.kill_group()
         stays.drain()
-        gone_at = time.monotonic()
-        epoch_at_pause = stays.epoch()
-        at_pause = stays.of_type("step")[-1]
-        # a bounded time: the partner's progress record may promise it for a minute (hivemind's
-        # expiration); within that, the lone peer must see it is alone and take outer steps on its own
+        gone_at, since = time.monotonic(), len(stays.reports)
+        epoch_at_pause, at_pause = stays.epoch(), stays.of_type("step")[-1]
         stays.wait_for(lambda w: w.epoch() >= epoch_at_pause + 3, 120, "three outer steps alone")
         print(f"\nthree outer steps alone {time.monotonic() - gone_at:.0f} s after the partner {partner_goes}")
+        after = stays.reports[since:]
+        first_alone = next(index for index, report in enumerate(after) if report["type"] == "epoch")
+        failed = sum(report["data"]["rounds"] for report in after[:first_alone]
+                     if report["type"] == "event" and report["kind"] == "averaging-failed")
+        # a bounded wait: it steps alone after ALONE_AFTER_ROUNDS_WITHOUT_GROUP rounds that found nobody,
+        # one more when a round was under way as the partner went
+        assert failed <= ALONE_AFTER_ROUNDS_WITHOUT_GROUP + 1, after[:first_alone]
         last = stays.of_type("step")[-1]
-        # its work is used again: most of what it trained since the pause entered its outer steps
+        # its work is used again: most of what it trained since the partner went entered its outer steps
         used = last["contributed_samples"] - at_pause["contributed_samples"]
         trained = last["trained_samples"] - at_pause["trained_samples"]
         assert used >= 0.5 * trained, (at_pause, last)
