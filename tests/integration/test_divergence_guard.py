@@ -5,11 +5,13 @@ The run's inner learning rate warms up to a peak far too high for the built-in m
 low, then blows up, the classic divergence of a run whose peak rate is too high. The worker
 must notice within a few steps, go back to its last good checkpoint at half the rate, train
 at the level it had before, record one ``diverged`` event for it, and leave the good state
-on disk.
+on disk. As the rate keeps rising, it diverges again and again: the third time the daemon
+pauses (``paused (diverged)``) with a health line that says what to do.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -19,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from daemons import cli  # noqa: E402
 from test_worker_swarm import SHARED_CACHE, WorkerHandle, run_manifest, stop_all  # noqa: E402
 
 pytestmark = pytest.mark.swarm
@@ -70,3 +73,27 @@ def test_a_diverging_worker_rolls_back_to_its_last_good_checkpoint(tmp_path):
         assert checkpoint_loss(path, manifest) < 1.25 * level
     finally:
         stop_all([worker])
+
+
+@pytest.mark.timeout(300)
+def test_a_run_that_diverges_again_and_again_pauses_with_the_reason_and_a_fix(daemons):
+    daemon = daemons.start("hot")
+    assert cli(daemon.home, "config", "set", "training.checkpoint_interval_s", "1").returncode == 0
+    created = cli(daemon.home, "join", "--new-run", "too-hot", "--mode", "diloco", "--round-end", "local_steps",
+                  "--local-steps", "10", "--target-batch-size", "40", "--micro-batch", "4", "--seq-len", "32",
+                  "--inner-lr", "4", "--warmup-epochs", "100", "--outer-lr", "1", "--outer-momentum", "0")
+    assert created.returncode == 0, created.stderr
+    status = daemon.wait_until(lambda s: s["state"] == "paused", 240, what="the pause for divergence")
+    assert status["pause_reason"] == "diverged"
+    [health] = [line for line in status["health"] if line["level"] == "error"]
+    assert health["message"].startswith("training diverged") and "p2ptrain resume" in health["fix"], health
+    shown = cli(daemon.home, "status")
+    assert shown.returncode == 5 and "paused (diverged)" in shown.stdout, shown.stdout
+    recorded = json.loads(cli(daemon.home, "events", "--json").stdout)["events"]
+    diverged = [event for event in recorded if event["kind"] == "diverged"]
+    assert [event["data"]["rollbacks"] for event in diverged] == [1, 2, 3], diverged
+    assert diverged[-1]["data"]["paused"] and diverged[-1]["data"]["lr_scale"] == 0.125
+    # the pause is the volunteer's to end, and survives a restart of the daemon
+    assert daemon.terminate(timeout=60) == 0
+    restarted = daemons.start("hot")
+    assert restarted.wait_until(lambda s: s["state"] == "paused", 60, what="paused after the restart")["pause_reason"] == "diverged"
