@@ -254,6 +254,8 @@ def cmd_join(args) -> int:
         params["new_run"] = True
         params["manifest"] = _manifest_options(args)
     status = _call(args, "join", **params)
+    for warning in status.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"joining run {run!r}: {status['state']}")
     return EXIT_OK
 
@@ -420,9 +422,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     new_run.add_argument("--seq-len", type=int)
     new_run.add_argument("--micro-batch", type=int, help="suggested micro-batch per peer")
     new_run.add_argument("--inner-lr", type=float, help="learning rate: sync's optimizer and DiLoCo's inner AdamW (default 0.001)")
-    new_run.add_argument("--outer-lr", type=float, help="DiLoCo's outer SGD learning rate (default 0.7; 1.0 with momentum 0 "
-                                                        "is the plain average of the peers' models)")
-    new_run.add_argument("--outer-momentum", type=float, help="DiLoCo's outer Nesterov momentum (default 0.9; 0 for none)")
+    new_run.add_argument("--outer-lr", type=float, help="DiLoCo's outer SGD learning rate (default 1.0: with momentum 0, "
+                                                        "the plain average of the peers' models)")
+    new_run.add_argument("--outer-momentum", type=float, help="DiLoCo's outer Nesterov momentum (default 0: the paper's 0.9 "
+                                                              "extrapolates a lone peer's rounds; join warns when lr / (1 - momentum) is above 1.5)")
     new_run.add_argument("--compression", help="what a peer sends when averaging, at most: none, fp16, blockwise8bit, "
                                                "or (diloco) sparse<bits>bit-<k>of<chunk>, e.g. sparse2bit-64of4096")
     new_run.add_argument("--compression-rungs", nargs="+", metavar="RUNG",
