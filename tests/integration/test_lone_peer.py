@@ -50,6 +50,9 @@ def test_a_peer_whose_partner_paused_steps_alone_and_its_work_is_used(tmp_path, 
         # a bounded wait: it steps alone after ALONE_AFTER_ROUNDS_WITHOUT_GROUP rounds that found nobody,
         # one more when a round was under way as the partner went
         assert failed <= ALONE_AFTER_ROUNDS_WITHOUT_GROUP + 1, after[:first_alone]
+        if partner_goes == "is killed":  # its record stays: while rounds find nobody, the step reports say
+            # why the samples wait (status.local.waiting); a paused partner's record goes at once
+            assert any("found no other peer" in (report.get("waiting") or "") for report in after[:first_alone] if report["type"] == "step")
         last = stays.of_type("step")[-1]
         # its work is used again: most of what it trained since the partner went entered its outer steps
         used = last["contributed_samples"] - at_pause["contributed_samples"]
