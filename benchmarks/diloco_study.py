@@ -339,7 +339,8 @@ def stability(paths: list[Path]) -> str:
     lines = []
     for (model, lora_r, precision, pretrain, replicas, inner_lr, total, micro_batch, seq_len), group in sorted(groups.items(), key=str):
         baseline_name = "base-B" if replicas == 1 else "base-4B"
-        baseline = next((row for row in group if row["config"]["name"].startswith(baseline_name)
+        # a configuration run again: its latest row counts
+        baseline = next((row for row in reversed(group) if row["config"]["name"].startswith(baseline_name)
                          and row["config"]["batch_factor"] == (1 if replicas == 1 else 4)
                          and row["config"]["schedule"] == "constant"), None)
         diloco = [row for row in group if row["config"]["kind"] == "diloco"]
