@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+DATA_SUFFIXES = (".jsonl", ".md")
 
 
 def _cpu_model() -> str:
@@ -28,14 +29,18 @@ def _cpu_model() -> str:
 def _commit() -> str:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE, capture_output=True, text=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE, capture_output=True,
+                                 text=True, check=True).stdout.splitlines()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    # the data files a benchmark appends its rows to are not the code measured
+    dirty = [line for line in changed if not line.rstrip().endswith(DATA_SUFFIXES)]
     return commit + ("-dirty" if dirty else "")
 
 
 def facts() -> dict:
-    """``commit`` (``-dirty`` when tracked files differ from it), ``date`` (UTC), ``machine`` and ``load`` (1, 5, 15 minutes)."""
+    """``commit`` (``-dirty`` when tracked files other than benchmark data and results differ from it),
+    ``date`` (UTC), ``machine`` and ``load`` (1, 5, 15 minutes)."""
     import torch
 
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
