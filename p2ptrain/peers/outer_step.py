@@ -12,10 +12,11 @@ inner steps extrapolates its own noise. On a GPU a lone creator's LoRA run went 
 
 The study (``benchmarks/diloco_study.py --stability``, ``benchmarks/RESULTS.md``) measured
 the ratio against plain AdamW on the same samples, for a lone peer and four, rounds of 10
-and 50 inner steps: up to 1.4 every setting ended within 1.2 % of AdamW; at 2 a lone peer
-ended 4-5 % above it; at 7 and 10, 10-33 % above, or diverged. So the default is the plain
-average of the peers' models (outer lr 1, no momentum: a lone peer trains exactly as AdamW
-does), and ``join --new-run`` warns above ``MAX_STABLE_STEP_TO_PROGRESS``.
+and 50 inner steps: up to 1.4 every setting ended within 1.5 % of AdamW; at 2 a lone peer
+ended 4-5 % above it; at 7 and 10 a lone peer ended 9-33 % above, or diverged (four peers:
+up to 8.7 %). So the default is the plain average of the peers' models (outer lr 1, no
+momentum: a lone peer trains exactly as AdamW does), and ``join --new-run`` warns above
+``MAX_STABLE_STEP_TO_PROGRESS``.
 
 Importable without torch (the daemon checks a new run's settings with it).
 """
