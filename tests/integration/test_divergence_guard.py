@@ -75,6 +75,43 @@ def test_a_diverging_worker_rolls_back_to_its_last_good_checkpoint(tmp_path):
         stop_all([worker])
 
 
+@pytest.mark.timeout(240)
+def test_a_checkpoint_holding_non_finite_values_is_kept_aside_and_never_loaded(tmp_path):
+    """As one an older p2ptrain wrote at stop while its training diverged: the worker starts
+    without it, names it in an event, and keeps it, renamed, beside the good one it writes."""
+    from p2ptrain.peers.checkpoint import load_checkpoint, save_checkpoint
+
+    manifest = run_manifest("poisoned", mode="diloco", outer_lr=1.0, outer_momentum=0.0)
+    first = WorkerHandle(tmp_path, "peer", manifest, True, [])
+    try:
+        first.joined()
+        first.wait_for(lambda w: w.events("checkpoint-saved"), 60, "the start checkpoint")
+    finally:
+        stop_all([first])
+    path = Path(first.spec["paths"]["checkpoints_dir"]) / "poisoned.pt"
+    state = load_checkpoint(path)
+    name = next(iter(state["trainable"]))
+    state["trainable"][name].fill_(float("nan"))
+    save_checkpoint(path, state)
+
+    second = WorkerHandle(tmp_path, "peer", manifest, True, [])
+    try:
+        second.joined()
+        second.wait_for(lambda w: w.events("checkpoint-saved"), 60, "a good checkpoint")
+        [ignored] = second.events("checkpoint-ignored")
+        assert ignored["data"]["reason"] == "non-finite" and name in ignored["message"]
+        kept = Path(ignored["data"]["kept_as"])
+        assert kept.exists() and kept.name.startswith("poisoned.pt.non-finite-")
+        assert second.events("checkpoint-loaded") == []
+        assert not any(torch_nan(tensor) for tensor in load_checkpoint(path)["trainable"].values())
+    finally:
+        stop_all([second])
+
+
+def torch_nan(tensor) -> bool:
+    return bool(tensor.isnan().any())
+
+
 @pytest.mark.timeout(300)
 def test_a_run_that_diverges_again_and_again_pauses_with_the_reason_and_a_fix(daemons):
     daemon = daemons.start("hot")
