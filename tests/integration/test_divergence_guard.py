@@ -1,7 +1,7 @@
 """A real training worker driven into divergence on the CPU: its guard rolls it back.
 
 The run's inner learning rate warms up to a peak far too high for the built-in model
-(``warmup_epochs`` x ``local_steps`` inner steps to 4.0): the loss falls while the rate is
+(``warmup_epochs`` x ``local_steps`` inner steps to 4.0, 0.002 more each step): the loss falls while the rate is
 low, then blows up, the classic divergence of a run whose peak rate is too high. The worker
 must notice within a few steps, go back to its last good checkpoint at half the rate, train
 at the level it had before, record one ``diverged`` event for it, and leave the good state
@@ -46,15 +46,15 @@ def checkpoint_loss(path: Path, manifest: dict) -> float:
 @pytest.mark.timeout(240)
 def test_a_diverging_worker_rolls_back_to_its_last_good_checkpoint(tmp_path):
     manifest = run_manifest("diverging", mode="diloco", round_end="local_steps", local_steps=10, target_batch_size=40,
-                            inner_lr=4.0, warmup_epochs=100, lr_schedule="constant", outer_lr=1.0, outer_momentum=0.0)
+                            inner_lr=4.0, warmup_epochs=200, lr_schedule="constant", outer_lr=1.0, outer_momentum=0.0)
     worker = WorkerHandle(tmp_path, "alone", manifest, True, [], checkpoint_interval_s=1.0)
     try:
         worker.joined()
         worker.wait_for(lambda w: w.events("diverged"), 150, "the guard to see the divergence")
-        [diverged] = worker.events("diverged")
+        diverged = worker.events("diverged")[0]
         data = diverged["data"]
         assert data["reason"] == "loss-spike" and data["restored"] and not data["paused"], data
-        assert data["steps"] <= 5 and data["lr_scale"] == 0.5
+        assert data["steps"] <= 5 and data["lr_scale"] == 0.5, data
         level = data["level"]
         at = worker.reports.index(diverged)
         # what it trains after the rollback (the first report may still hold steps from before it) is at
@@ -62,15 +62,16 @@ def test_a_diverging_worker_rolls_back_to_its_last_good_checkpoint(tmp_path):
         worker.wait_for(lambda w: len([r for r in w.reports[at:] if r["type"] == "step"]) >= 3, 60, "steps after the rollback")
         steps_after = [index for index, r in enumerate(worker.reports) if index > at and r["type"] == "step"][:3]
         assert all(worker.reports[index]["loss"] < 1.25 * level for index in steps_after[1:]), (level, worker.reports[at:])
-        assert [r for r in worker.reports[:steps_after[-1]] if r["type"] == "event" and r["kind"] == "diverged"] == [diverged]
-        assert not worker.events("non-finite")
+        assert [r for r in worker.reports[:steps_after[-1]] if r["type"] == "event" and r["kind"] == "diverged"] == [diverged], \
+            worker.reports[at:]
+        assert not worker.events("non-finite"), worker.events("non-finite")
         os.kill(worker.process.pid, signal.SIGTERM)
         worker.process.join(60)
         assert worker.process.exitcode == 0
         worker.drain()
         # the checkpoint on disk is a good one: the model it holds is at the level before the divergence
         path = Path(worker.spec["paths"]["checkpoints_dir"]) / "diverging.pt"
-        assert checkpoint_loss(path, manifest) < 1.25 * level
+        assert checkpoint_loss(path, manifest) < 1.25 * level, (level, worker.reports[at:])
     finally:
         stop_all([worker])
 
