@@ -80,8 +80,10 @@ def test_three_peers_train_together_with_the_defaults(tmp_path, model):
     try:
         for worker in workers:
             worker.wait_for(lambda w: rounds_with_others(w) >= 4, 300, "four rounds averaged with the others")
+        # a joiner that averaged into rounds the others had begun downloads their state instead of
+        # taking the outer step itself: it may have reported one epoch, measured against the run's start
         start = workers[0].of_type("epoch")[0]["val_loss"]
         for worker in workers:
-            assert_trained_sanely(worker, 2, start)
+            assert_trained_sanely(worker, 1, start)
     finally:
         stop_all(workers)
