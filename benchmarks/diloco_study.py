@@ -22,15 +22,25 @@ It exists to choose the sample budget and the learning rates of the real
 benchmark (``convergence.py``, real peers) cheaply; each ``--run`` appends one
 JSON line to ``--out``, and ``--report`` turns those lines into
 ``diloco_study_results.md``.
+
+Stability (issue 24: a lone creator's run diverged on a GPU with the paper's outer
+step): ``--replicas 1`` simulates a peer alone, ``--model small-llama --lora-r 8``
+fine-tunes LoRA adapters over a small saved Llama (``tests/local_models.py``, made
+once in the cache) instead of the tiny preset, and each row records the eval loss
+before training, whether a value went non-finite, and where and under what load it
+ran (``run_facts.py``). ``--stability FILE.jsonl`` prints the table of
+``benchmarks/RESULTS.md``: which outer lr, momentum and round size stayed stable.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,6 +57,7 @@ from p2ptrain.peers.compression.codecs import Blockwise8Bit
 from p2ptrain.peers.worker.run_setup import stream_seed
 
 from convergence import pretrained_model  # benchmarks/convergence.py, beside this script
+from run_facts import facts  # benchmarks/run_facts.py
 
 HERE = Path(__file__).resolve().parent
 DATASET = {"kind": "stdlib"}
@@ -92,22 +103,40 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 def pretrained_start(args) -> str:
     """The model every configuration starts from: "tiny" (random weights) or, with
-    ``--pretrain-samples``, ``convergence.pretrained_model`` (made once, kept in the cache)."""
+    ``--pretrain-samples``, ``convergence.pretrained_model`` (made once, kept in the cache), or
+    with ``--model small-llama`` the small Llama of ``tests/local_models.py`` (made once too)."""
+    if args.model == "small-llama":
+        return str(small_llama(args.cache_dir))
     if not args.pretrain_samples:
         return "tiny"
     return str(pretrained_model(args.pretrain_samples, 2 * args.micro_batch, args.seq_len, 3e-3, args.cache_dir))
 
 
+def small_llama(cache_dir: Path) -> Path:
+    """The small saved Llama of the tests (random weights, its own BPE tokenizer) and the corpus it reads."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from local_models import save_small_corpus, save_small_llama
+
+    directory = cache_dir / "small-llama"
+    if not (directory / "config.json").is_file():
+        save_small_llama(directory)
+    if not (cache_dir / "small-corpus.txt").is_file():
+        save_small_corpus(cache_dir / "small-corpus.txt")
+    return directory
+
+
 def start_model(args):
-    """The tiny model every configuration starts from (see ``pretrained_start``)."""
-    return build_model(args.start, seed=SEED)
+    """The model every configuration starts from (see ``pretrained_start``), with LoRA adapters of
+    rank ``--lora-r`` when given."""
+    lora = {"r": args.lora_r, "alpha": 2 * args.lora_r, "dropout": 0.0} if args.lora_r else None
+    return build_model(args.start, lora=lora, precision=args.precision, seed=SEED)
 
 
 def run_baseline(config: Config, args, windows: list) -> tuple[float, list, float]:
     loaded = start_model(args)
     optimizer = torch.optim.AdamW(loaded.trainable(), lr=config.inner_lr)
     batch = config.batch_factor * args.micro_batch
-    batches = train_batches(DATASET, loaded.tokenizer, args.seq_len, batch, stream_seed(SEED, "baseline"), args.cache_dir)
+    batches = train_batches(args.dataset, loaded.tokenizer, args.seq_len, batch, stream_seed(SEED, "baseline"), args.cache_dir)
     steps = args.total_samples // batch
     curve = []
     for step in range(steps):
@@ -131,10 +160,11 @@ def through_8bit(tensor: torch.Tensor, compression: str) -> torch.Tensor:
 def sparse_round(outgoing: list[list[torch.Tensor]], rung) -> tuple[list[torch.Tensor], float]:
     """The average the reducers form of the replicas' sparse tensors, as their answers carry it
     back to the first replica, and the bytes all replicas sent in the round (see the module doc)."""
-    share = (REPLICAS - 1) / REPLICAS
+    replicas = len(outgoing)
+    share = (replicas - 1) / replicas
     averaged, sent = [], 0.0
     for tensors in zip(*outgoing):
-        mean = sum(tensors) / REPLICAS
+        mean = sum(tensors) / replicas
         answers = [encode_union(mean - tensor) for tensor in tensors]
         sent += share * sum(encode_top_k(tensor, rung).ByteSize() + answer.ByteSize() for tensor, answer in zip(tensors, answers))
         averaged.append(tensors[0] + decode(answers[0]))
@@ -145,21 +175,22 @@ def run_diloco(config: Config, args, windows: list) -> tuple[float, list, float]
     """DiLoCo's rounds; returns the eval loss, the curve and the bytes all replicas sent."""
     loaded = start_model(args)
     model, parameters = loaded.model, loaded.trainable()
-    global_parameters = [parameter.detach().clone() for parameter in parameters]
+    global_parameters = [parameter.detach().float().clone() for parameter in parameters]
     outer = torch.optim.SGD(global_parameters, lr=config.outer_lr, momentum=config.outer_momentum, nesterov=config.outer_momentum > 0)
     # one AdamW state and one data stream per replica; the model's weights are swapped in and out
-    states = [torch.optim.AdamW(parameters, lr=config.inner_lr).state_dict() for _ in range(REPLICAS)]
-    streams = [train_batches(DATASET, loaded.tokenizer, args.seq_len, args.micro_batch, stream_seed(SEED, f"replica{index}"), args.cache_dir)
-               for index in range(REPLICAS)]
-    steps = args.total_samples // (REPLICAS * args.micro_batch)
+    replicas = args.replicas
+    states = [torch.optim.AdamW(parameters, lr=config.inner_lr).state_dict() for _ in range(replicas)]
+    streams = [train_batches(args.dataset, loaded.tokenizer, args.seq_len, args.micro_batch, stream_seed(SEED, f"replica{index}"), args.cache_dir)
+               for index in range(replicas)]
+    steps = args.total_samples // (replicas * args.micro_batch)
     outer_steps = steps // config.local_steps
     rung = parse_rung(config.compression)
-    feedback = [ErrorFeedback(rung, global_parameters, config.error_feedback_decay) for _ in range(REPLICAS)]
+    feedback = [ErrorFeedback(rung, global_parameters, config.error_feedback_decay) for _ in range(replicas)]
     curve, sent = [], 0.0
     for outer_step in range(outer_steps):
         pseudo = [torch.zeros_like(tensor) for tensor in global_parameters]
         outgoing = []
-        for replica in range(REPLICAS):
+        for replica in range(replicas):
             with torch.no_grad():
                 for parameter, global_parameter in zip(parameters, global_parameters):
                     parameter.copy_(global_parameter)
@@ -172,16 +203,16 @@ def run_diloco(config: Config, args, windows: list) -> tuple[float, list, float]
                 optimizer.zero_grad(set_to_none=True)
             states[replica] = optimizer.state_dict()
             if rung.sparse:
-                outgoing.append(feedback[replica].outgoing([g - p.detach() for g, p in zip(global_parameters, parameters)]))
+                outgoing.append(feedback[replica].outgoing([g - p.detach().float() for g, p in zip(global_parameters, parameters)]))
                 feedback[replica].sent()
                 continue
             for total, global_parameter, parameter in zip(pseudo, global_parameters, parameters):
-                total += through_8bit(global_parameter - parameter.detach(), config.compression) / REPLICAS
+                total += through_8bit(global_parameter - parameter.detach().float(), config.compression) / replicas
         if rung.sparse:
             averaged_round, round_bytes = sparse_round(outgoing, rung)
         else:
             averaged_round = [through_8bit(averaged, config.compression) for averaged in pseudo]
-            round_bytes = REPLICAS * 2 * (REPLICAS - 1) / REPLICAS * sum(t.numel() for t in pseudo) * rung.send_bytes_per_value()
+            round_bytes = 2 * (replicas - 1) * sum(t.numel() for t in pseudo) * rung.send_bytes_per_value()
         sent += round_bytes
         for global_parameter, averaged in zip(global_parameters, averaged_round):
             global_parameter.grad = averaged
@@ -190,14 +221,14 @@ def run_diloco(config: Config, args, windows: list) -> tuple[float, list, float]
         with torch.no_grad():
             for parameter, global_parameter in zip(parameters, global_parameters):
                 parameter.copy_(global_parameter)
-        curve.append(((outer_step + 1) * config.local_steps * REPLICAS * args.micro_batch, mean_loss(model, windows[:4])))
+        curve.append(((outer_step + 1) * config.local_steps * replicas * args.micro_batch, mean_loss(model, windows[:4])))
     return mean_loss(model, windows), curve, sent
 
 
 BASELINES = {"base-B": Config("base-B", "baseline", batch_factor=1),
              "base-4B": Config("base-4B", "baseline", batch_factor=4),
              "base-4B-cos": Config("base-4B-cos", "baseline", batch_factor=4, schedule="cosine")}
-NAME_HELP = ("base-B, base-4B, base-4B-cos, or H<local steps> followed by any of -o<outer lr> -m<outer momentum> "
+NAME_HELP = ("base-B, base-4B, base-4B-cos (each optionally -i<inner lr>), or H<local steps> followed by any of -o<outer lr> -m<outer momentum> "
              "-i<inner lr> -cos -none (no compression) -s<bits>b<k>of<chunk> (the rung sparse<bits>bit-<k>of<chunk>) "
              "-e<error feedback decay>, e.g. H256-o1.0-m0.5 or H40-o1-m0-s2b16of4096-e0.9; defaults: outer lr 0.7, "
              "momentum 0.9, inner lr 3e-3 constant, blockwise 8-bit, decay 1")
@@ -207,6 +238,9 @@ def parse_config(name: str) -> Config:
     """The configuration a ``--run`` name describes (see ``NAME_HELP``); ValueError if it describes none."""
     if name in BASELINES:
         return BASELINES[name]
+    baseline = re.fullmatch(r"(base-B|base-4B|base-4B-cos)-i([\d.e-]+)", name)
+    if baseline:
+        return dataclasses.replace(BASELINES[baseline.group(1)], name=name, inner_lr=float(baseline.group(2)))
     match = re.fullmatch(r"H(\d+)((?:-o[\d.e-]+|-m[\d.]+|-i[\d.e-]+|-cos|-none|-s\d+b\d+of\d+|-e[\d.]+)*)", name)
     if not match or int(match.group(1)) < 1:
         raise ValueError(f"unknown configuration {name!r}: use {NAME_HELP}")
@@ -287,6 +321,64 @@ def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> 
     return text
 
 
+# the stability criteria of ``--stability`` (issue 24)
+DIVERGED_RISE = 0.50  # an eval loss this far above the one before training: the run diverged
+DEGRADED_RISE = 0.05  # ending this far above plain AdamW on the same samples: unstable enough to avoid
+
+
+def stability(paths: list[Path]) -> str:
+    """The stability table of ``benchmarks/RESULTS.md`` from JSONL run files: per model, peers and
+    inner lr, each outer lr and momentum (rows) at each H (columns), the final eval loss against
+    plain AdamW on the same samples (base-B for a lone peer, base-4B for four), or *diverged*."""
+    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    groups: dict[tuple, list] = {}
+    for row in rows:
+        key = (row.get("model", "tiny"), row.get("lora_r"), row.get("precision", "fp32"), row.get("pretrain_samples", 0),
+               row.get("replicas", REPLICAS), row["config"]["inner_lr"], row["total_samples"], row["micro_batch"], row["seq_len"])
+        groups.setdefault(key, []).append(row)
+    lines = []
+    for (model, lora_r, precision, pretrain, replicas, inner_lr, total, micro_batch, seq_len), group in sorted(groups.items(), key=str):
+        baseline_name = "base-B" if replicas == 1 else "base-4B"
+        # a configuration run again: its latest row counts
+        baseline = next((row for row in reversed(group) if row["config"]["name"].startswith(baseline_name)
+                         and row["config"]["batch_factor"] == (1 if replicas == 1 else 4)
+                         and row["config"]["schedule"] == "constant"), None)
+        diloco = [row for row in group if row["config"]["kind"] == "diloco"]
+        if baseline is None or not diloco:
+            continue
+        what = (f"LoRA r {lora_r} over the small Llama ({precision})" if lora_r else
+                f"the tiny preset pretrained on {pretrain:,} samples" if pretrain else "the tiny preset from random weights")
+        peers = "a lone peer" if replicas == 1 else f"{replicas} peers"
+        lines += [f"{what}, {peers}, inner lr {inner_lr:g}, {total:,} samples (B = {micro_batch}, seq_len {seq_len}); "
+                  f"plain AdamW ({baseline_name}) ends at {baseline['eval_loss']:.4f}:", ""]
+        local_steps = sorted({row["config"]["local_steps"] for row in diloco})
+        lines += ["| outer lr | momentum | step ÷ progress | " + " | ".join(f"H = {h} ({h * micro_batch * replicas} samples)" for h in local_steps) + " |",
+                  "|---:|---:|---:|" + "---:|" * len(local_steps)]
+        settings = sorted({(row["config"]["outer_lr"], row["config"]["outer_momentum"]) for row in diloco},
+                          key=lambda pair: (pair[0] / (1 - pair[1]), pair))
+        for outer_lr, momentum in settings:
+            cells = []
+            for h in local_steps:
+                found = [row for row in diloco if (row["config"]["outer_lr"], row["config"]["outer_momentum"], row["config"]["local_steps"]) == (outer_lr, momentum, h)]
+                cells.append(stability_cell(found[-1], baseline["eval_loss"]) if found else "")
+            lines.append(f"| {outer_lr:g} | {momentum:g} | {outer_lr / (1 - momentum):.1f} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def stability_cell(row: dict, baseline_loss: float) -> str:
+    """``+1.2 %`` (final eval loss against plain AdamW), in bold past ``DEGRADED_RISE``, or diverged."""
+    losses = [loss for _, loss in row["curve"]] + [row["eval_loss"]]
+    start = row.get("start_loss")
+    if row.get("non_finite") or any(not math.isfinite(loss) for loss in losses):
+        return "**diverged** (non-finite)"
+    if start is not None and max(losses) > (1 + DIVERGED_RISE) * start:
+        return f"**diverged** ({max(losses):.2f} from {start:.2f})"
+    delta = (row["eval_loss"] - baseline_loss) / baseline_loss
+    text = f"{100 * delta:+.1f} %"
+    return f"**{text}**" if delta > DEGRADED_RISE else text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", action="append", default=[], help=f"configuration to simulate (repeatable): {NAME_HELP}")
@@ -298,23 +390,38 @@ def main() -> None:
     parser.add_argument("--pretrain-samples", type=int, default=0,
                         help="start every configuration from the tiny preset pretrained on this many samples, as "
                              "convergence.py does (0: random weights)")
+    parser.add_argument("--replicas", type=int, default=REPLICAS, help="peers simulated (1: a peer alone)")
+    parser.add_argument("--model", choices=["tiny", "small-llama"], default="tiny",
+                        help="the tiny preset, or the small saved Llama of the tests (with --lora-r: LoRA over it)")
+    parser.add_argument("--lora-r", type=int, help="train LoRA adapters of this rank instead of every weight")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--report", type=Path, nargs="*", help="write diloco_study_results.md from these JSONL files")
+    parser.add_argument("--stability", type=Path, nargs="*", help="print the stability table of RESULTS.md from these JSONL files")
     parser.add_argument("--baseline-loss", type=float, help="base-4B's eval loss, for --report when no run file has it")
     args = parser.parse_args()
     if args.report:
         print(report(args.report, HERE / "diloco_study_results.md", args.baseline_loss))
         return
+    if args.stability:
+        print(stability(args.stability))
+        return
     torch.set_num_threads(1)
     args.start = pretrained_start(args)
-    tokenizer = build_model(args.start, seed=SEED).tokenizer
-    windows = validation_batches(DATASET, tokenizer, args.seq_len, EVAL_BATCH, args.cache_dir, EVAL_BATCHES)
+    args.dataset = {"kind": "files", "paths": [str(args.cache_dir / "small-corpus.txt")]} if args.model == "small-llama" else DATASET
+    tokenizer = start_model(args).tokenizer
+    windows = validation_batches(args.dataset, tokenizer, args.seq_len, EVAL_BATCH, args.cache_dir, EVAL_BATCHES)
+    start_loss = mean_loss(start_model(args).model, windows)
     for name in args.run:
         config = parse_config(name)
+        before = facts()
         started = time.monotonic()
         eval_loss, curve, sent = (run_baseline if config.kind == "baseline" else run_diloco)(config, args, windows)
         row = {"config": asdict(config), "total_samples": args.total_samples, "micro_batch": args.micro_batch,
                "seq_len": args.seq_len, "pretrain_samples": args.pretrain_samples, "eval_loss": eval_loss, "curve": curve,
-               "seconds": time.monotonic() - started, "averaging_bytes": sent}
+               "seconds": time.monotonic() - started, "averaging_bytes": sent, "replicas": args.replicas,
+               "model": args.model, "lora_r": args.lora_r, "precision": args.precision, "start_loss": start_loss,
+               "non_finite": not all(math.isfinite(loss) for _, loss in curve) or not math.isfinite(eval_loss),
+               **before, "load_after": facts()["load"]}
         with args.out.open("a") as file:
             file.write(json.dumps(row) + "\n")
         print(f"{name}: eval loss {eval_loss:.4f} ({row['seconds']:.0f} s)", file=sys.stderr, flush=True)

@@ -23,7 +23,7 @@ import time
 from p2ptrain import __version__
 from p2ptrain.durations import parse_duration
 from p2ptrain.paths import control_socket
-from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
+from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning, repeated_words
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_DAEMON, EXIT_NOT_TRAINING = 0, 1, 2, 3, 5
 EXIT_OUTPUT_CLOSED = 141
@@ -136,6 +136,8 @@ def _samples_words(local: dict) -> str:
         reasons = ", ".join(f"{count} {reason.replace('_', ' ')}" for reason, count in unused.items())
         words += f", {sum(unused.values())} not used ({reasons})"
     pending = trained - used - sum(unused.values())
+    if pending > 0 and local.get("waiting"):
+        return words + f", {pending} waiting: {local['waiting']}"
     return words + (f", {pending} in the current round" if pending > 0 else "")
 
 
@@ -265,6 +267,8 @@ def cmd_join(args) -> int:
         params["new_run"] = True
         params["manifest"] = _manifest_options(args)
     status = _call(args, "join", **params)
+    for warning in status.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"joining run {run!r}: {status['state']}")
     return EXIT_OK
 
@@ -358,7 +362,8 @@ def cmd_events(args) -> int:
         _print_json(result)
         return EXIT_OK
     for event in result["events"]:
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(event['ts']))}  {event['kind']:<16} {event['message']}")
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(event['ts']))}  {event['kind']:<16} {event['message']}"
+              f"{repeated_words(event)}")
     return EXIT_OK
 
 
@@ -462,9 +467,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     new_run.add_argument("--seq-len", type=int)
     new_run.add_argument("--micro-batch", type=int, help="suggested micro-batch per peer")
     new_run.add_argument("--inner-lr", type=float, help="learning rate: sync's optimizer and DiLoCo's inner AdamW (default 0.001)")
-    new_run.add_argument("--outer-lr", type=float, help="DiLoCo's outer SGD learning rate (default 0.7; 1.0 with momentum 0 "
-                                                        "is the plain average of the peers' models)")
-    new_run.add_argument("--outer-momentum", type=float, help="DiLoCo's outer Nesterov momentum (default 0.9; 0 for none)")
+    new_run.add_argument("--outer-lr", type=float, help="DiLoCo's outer SGD learning rate (default 1.0: with momentum 0, "
+                                                        "the plain average of the peers' models)")
+    new_run.add_argument("--outer-momentum", type=float, help="DiLoCo's outer Nesterov momentum (default 0: the paper's 0.9 "
+                                                              "extrapolates a lone peer's rounds; join warns when lr / (1 - momentum) is above 1.5)")
     new_run.add_argument("--compression", help="what a peer sends when averaging, at most: none, fp16, blockwise8bit, "
                                                "or (diloco) sparse<bits>bit-<k>of<chunk>, e.g. sparse2bit-64of4096")
     new_run.add_argument("--compression-rungs", nargs="+", metavar="RUNG",

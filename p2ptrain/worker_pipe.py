@@ -470,6 +470,9 @@ class Step(Report, kind="step"):
             totals for the run: every sample it trained, those that entered an
             adopted average or optimizer step, and those that never will (its
             checkpoint's, plus since).
+        waiting: why the samples not yet used wait, when it is not simply the
+            current round (``Trainer.waiting``): e.g. no peer came to the last
+            rounds; None otherwise.
     """
 
     ts: float
@@ -482,6 +485,7 @@ class Step(Report, kind="step"):
     trained_samples: int = 0
     contributed_samples: int = 0
     unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
+    waiting: str | None = None
 
 
 @dataclasses.dataclass
@@ -535,9 +539,13 @@ class Swarm(Report, kind="swarm"):
 class StateChanged(Report, kind="state"):
     """The worker's own state: ``training``; ``paused`` or ``finished`` (a ``Finish`` completed its
     epoch) once it has checkpointed and left the swarm, right before it exits 0 (a worker
-    started paused reports ``paused`` and waits for ``Resume``)."""
+    started paused reports ``paused`` and waits for ``Resume``).
+
+    ``reason``: why a worker paused on its own, not told to: ``diverged`` (its divergence guard
+    rolled it back too often, ``peers/training/divergence.py``); None when the daemon asked for it."""
 
     state: WorkerState
+    reason: str | None = None
 
 
 @dataclasses.dataclass

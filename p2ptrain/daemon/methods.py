@@ -19,6 +19,7 @@ from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Handler, RequestError
 from p2ptrain.multiaddr import validate_multiaddr
 from p2ptrain.peers.swarm.manifest import ManifestError, check_run_id, new_manifest
+from p2ptrain.peers.training.outer_step import stability_warning
 from p2ptrain.storage import queries
 from p2ptrain.storage.bans import banned_peers
 from p2ptrain.storage.database import Database
@@ -127,22 +128,24 @@ class ControlMethods:
         new_run = params.get("new_run", False)
         if not isinstance(new_run, bool):
             raise _bad(f"new_run must be true or false, not {new_run!r}", 'send "new_run": true to create a run')
-        manifest = None
+        manifest, warnings = None, []
         if new_run:
             options = params.get("manifest") or {}
             if not isinstance(options, dict):
                 raise _bad("manifest must be an object of run settings", 'send e.g. "manifest": {"mode": "sync"}')
             try:
-                manifest = new_manifest(run_id, **options).model_dump(mode="json")
+                defined = new_manifest(run_id, **options)
             except ManifestError as error:
                 raise _bad(error.message, error.fix) from None
+            manifest = defined.model_dump(mode="json")
+            warnings = [warning for warning in [stability_warning(defined.mode, defined.outer_lr, defined.outer_momentum)] if warning]
         elif not initial_peers and not self.config.config.dht.initial_peers:
             raise _bad(
                 f"to join the existing run {run_id!r} this peer needs a bootstrap address",
                 f"pass --peers MULTIADDR (a peer's local.addresses), or create it: p2ptrain join --new-run {run_id}",
             )
         self.control.join({"run_id": run_id, "initial_peers": initial_peers, "new_run": new_run, "manifest": manifest})
-        return self._status()
+        return {**self._status(), "warnings": warnings}
 
     async def pause(self, params: dict) -> dict:
         for_s = _number(params, "for_s", minimum=1)

@@ -104,7 +104,7 @@ class WorkerReports:
             # it has left the swarm and exits next: "pausing" until its process has ended (then "paused",
             # RunControl._released), so `p2ptrain pause` returns only once the device is free
             self.run.workers[name].stopped("pausing" if report.state == "paused" else report.state)
-        self.control.worker_state(report.state)
+        self.control.worker_state(report.state, report.reason)
 
     def step(self, name: str, report: Step) -> None:
         self.run.apply_step(name, report)
@@ -135,7 +135,9 @@ class WorkerReports:
 
     def event(self, name: str, report: Event) -> None:
         data = {**report.data, "worker": name} if len(self.pool.slots) > 1 else report.data
-        self.events.record(report.kind, report.message + self.pool.worker_words(name), data)
+        self.events.record_repeating(report.kind, report.message + self.pool.worker_words(name), data)
+        if report.kind == "diverged":
+            self.run.divergence = report.message
         if report.kind == "peer-banned":
             self._record_ban(report.data)
 

@@ -75,11 +75,12 @@ class RunControl:
 
     def pause(self, reason: str = "user", for_s: float | None = None) -> None:
         """End every worker, each once it has checkpointed; a ``user`` pause (for ``for_s``
-        seconds, or until resumed) is kept across restarts."""
+        seconds, or until resumed) and a ``diverged`` one are kept across restarts."""
         self._require_in_run("pause")
-        if reason == "user":
+        if reason in ("user", "diverged"):
             self.desired.paused = True
             self.desired.pause_until = time.time() + for_s if for_s else None
+            self.desired.pause_reason = None if reason == "user" else reason
             self._save_desired()
         self.pool.release_all()
         self._save_paused_view()
@@ -92,6 +93,7 @@ class RunControl:
         self._require_in_run("resume")
         self.desired.paused = False
         self.desired.pause_until = None
+        self.desired.pause_reason = None
         self._save_desired()
         if self.lifecycle.state == states.FINISHING:
             self.pool.send_all(Resume())
@@ -200,7 +202,7 @@ class RunControl:
         if self.desired.paused:
             # the daemon started paused: no worker, the run as it was last seen
             self._restore_paused_view()
-            self._enter(states.PAUSED, "user")
+            self._enter(states.PAUSED, self.desired.pause_reason or "user")
             return
         for slot in self.pool.slots:
             if not self._start_worker(slot):
@@ -241,8 +243,13 @@ class RunControl:
         if self.lifecycle.state == states.JOINING:
             self._enter(states.TRAINING)
 
-    def worker_state(self, worker_state: str) -> None:
-        """A worker reported its state (the run view has it already)."""
+    def worker_state(self, worker_state: str, reason: str | None = None) -> None:
+        """A worker reported its state (the run view has it already); ``reason``: why it paused on its own."""
+        if reason == "diverged" and self.lifecycle.state != states.PAUSED:
+            # its training diverged again and again: the run's settings, not bad luck, so the other
+            # workers stop too, until the volunteer resumes
+            self.pause("diverged")
+            return
         if worker_state == "finished":
             # every running worker completes its epoch before the daemon pauses
             if any(self.run.workers[name].state != "finished" for name in self.pool.processes):

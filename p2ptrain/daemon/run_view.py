@@ -73,6 +73,8 @@ class WorkerView:
             rationale), from when it was made: before the worker starts, or once a joining
             worker read the run's manifest. Until the worker joins, ``status`` shows the plan's
             precision, quantization and micro-batch; then what the worker confirmed.
+        waiting: why the samples the run has not used yet wait, when it is more than the
+            current round (``Step.waiting``: rounds that found no other peer), else None.
     """
 
     device: str
@@ -87,6 +89,7 @@ class WorkerView:
     port_moves: list[PortMove] = field(default_factory=list)
     traffic: dict[str, Any] = field(default_factory=dict)
     plan: dict[str, Any] | None = None
+    waiting: str | None = None
 
     def apply_joined(self, report: Joined) -> None:
         self.joined = True
@@ -113,11 +116,13 @@ class WorkerView:
         self.take_totals(report)
         self.samples_per_second = report.samples_per_second
         self.loss = report.loss
+        self.waiting = report.waiting
 
     def stopped(self, state: str) -> None:
         """The process has ended; ``state`` says what comes next (``paused``, ``restarting``, ``oom-backoff``)."""
         self.joined = False
         self.samples_per_second = None
+        self.waiting = None
         self.state = state
 
     def status(self) -> dict:
@@ -132,6 +137,7 @@ class WorkerView:
             "trained_samples": self.trained_samples,
             "contributed_samples": self.contributed_samples,
             "unused_samples": dict(self.unused_samples),
+            "waiting": self.waiting,
             "state": self.state,
         }
 
@@ -158,6 +164,7 @@ class RunView:
     peers: list[PeerRow] = field(default_factory=list)
     warnings: list[dict] = field(default_factory=list)
     banned: set[str] = field(default_factory=set)  # peer ids this machine banned in this run (storage/bans.py)
+    divergence: str | None = None  # the last ``diverged`` event's message: what the health line says while paused for it
 
     def reset(self, run_id: str | None = None, manifest: dict[str, Any] | None = None) -> None:
         """Forget all reports: run ``run_id`` starts (with ``manifest`` if known), or none when None."""

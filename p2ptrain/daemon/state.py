@@ -26,8 +26,9 @@ STATES = (IDLE, JOINING, TRAINING, PAUSED, FINISHING, LEAVING, ERROR)
 IN_RUN = (JOINING, TRAINING, PAUSED, FINISHING)
 
 PAUSE_REASONS = ("user", "user-active", "battery", "gpu-busy", "temperature", "schedule", "traffic-budget",
-                 "oom-backoff")
-# Reasons a policy sets and clears by itself; a user pause is only ended by the user (or its timer).
+                 "oom-backoff", "diverged")
+# Reasons a policy sets and clears by itself; a user pause is only ended by the user (or its timer), and
+# so is ``diverged``: a worker's divergence guard rolled its training back too often (peers/training/divergence.py).
 POLICY_REASONS = ("user-active", "battery", "gpu-busy", "temperature", "schedule", "traffic-budget")
 
 DESIRED_STATE_KEY = "desired_state"
@@ -42,13 +43,15 @@ class DesiredState:
     Attributes:
         run: the join request to keep honouring (``run_id``, ``initial_peers``,
             ``new_run``, ``manifest``), or None when not in a run.
-        paused: the user paused (or finish completed an epoch).
+        paused: the user paused (or finish completed an epoch, or training diverged).
         pause_until: wall-clock time at which a timed user pause ends by itself.
+        pause_reason: why it is paused when not by the user: ``diverged`` (None: ``user``).
     """
 
     run: dict[str, Any] | None = None
     paused: bool = False
     pause_until: float | None = None
+    pause_reason: str | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> "DesiredState":
@@ -58,6 +61,7 @@ class DesiredState:
             run=data.get("run") if isinstance(data.get("run"), dict) else None,
             paused=bool(data.get("paused", False)),
             pause_until=data.get("pause_until") if isinstance(data.get("pause_until"), (int, float)) else None,
+            pause_reason=data.get("pause_reason") if data.get("pause_reason") in PAUSE_REASONS else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

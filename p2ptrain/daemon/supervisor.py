@@ -46,6 +46,9 @@ from p2ptrain.worker_pipe import STOP_DEADLINE_S
 
 TICK_S = 1.0
 STOP_TIMEOUT_S = 3 * STOP_DEADLINE_S  # the worker gives up its last checkpoint first
+DIVERGED_FIX = ("p2ptrain resume trains again from the last good checkpoint (DiLoCo: at a lowered inner learning "
+                "rate); if it diverges again, the run's learning rates are too high: its creator can start a new run "
+                "with a lower --inner-lr (DiLoCo: or --outer-lr 1.0 --outer-momentum 0)")
 
 
 class Daemon:
@@ -117,6 +120,7 @@ class Daemon:
         self._stopping.set()
         self.sensors.close()
         await self.pool.stop_all(STOP_TIMEOUT_S)
+        self.events.flush(final=True)
         self.events.record("daemon-stopped", "daemon stopped")
         self.db.close()
 
@@ -124,6 +128,7 @@ class Daemon:
         self.control.tick()
         self.hardware.refresh_if_due()
         self.control.apply_policy(self.policy.evaluate())
+        self.events.flush()
         self.db.maybe_flush()
         if self.broadcaster.subscribers:
             self._publish_status()
@@ -167,6 +172,9 @@ class Daemon:
         lines.extend(self.run.port_health())
         dht = self.config.config.dht
         lines.extend(self.run.reachability_health(dht.host_maddrs, dht.announce_maddrs))
+        if self.control.lifecycle.pause_reason == "diverged":
+            lines.append({"level": "error", "message": self.run.divergence or "training diverged again and again: paused",
+                          "fix": DIVERGED_FIX})
         if self.control.lifecycle.pause_reason == "traffic-budget" and self.policy.detail:
             lines.append({"level": "warning", "message": self.policy.detail,
                           "fix": "raise it (p2ptrain config set policy.max_monthly_traffic_gb GB) or wait for next month"})

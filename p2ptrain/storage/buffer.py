@@ -20,6 +20,8 @@ class WriteBuffer:
         steps, peers, events: rows to insert, oldest first.
         epochs: epoch rows keyed by (run_id, epoch); a later record of the
             same epoch replaces the earlier one.
+        event_updates: new ``count``, ``last_ts``, ``message`` and ``data`` of
+            stored event rows of repeats, keyed by the row's (ts, kind).
         run_changes: joins (whole ``runs`` rows, with ``joined_at``) and
             leaves (``run_id``, ``left_at``), in the order they happened.
         settings: JSON text per setting key.
@@ -30,6 +32,7 @@ class WriteBuffer:
         self.peers: deque[dict] = deque()
         self.events: deque[dict] = deque()
         self.epochs: dict[tuple[str, int], dict] = {}
+        self.event_updates: dict[tuple[float, str], dict] = {}
         self.run_changes: list[dict] = []
         self.settings: dict[str, str] = {}
 
@@ -39,6 +42,7 @@ class WriteBuffer:
             + len(self.peers)
             + len(self.events)
             + len(self.epochs)
+            + len(self.event_updates)
             + len(self.run_changes)
             + len(self.settings)
         )
@@ -55,10 +59,20 @@ class WriteBuffer:
             "peers": self.peers,
             "events": self.events,
             "epochs": self.epochs.values(),
+            "event_updates": self.event_updates.values(),
             "runs": self.run_changes,
             "settings": [{"key": key, "value": value} for key, value in self.settings.items()],
         }
         return [dict(row) for row in buffers[table]]
+
+    def update_event(self, update: dict) -> None:
+        """A new count (and span, message, data) of the event row with ``update``'s ts and kind:
+        applied to the row itself while it waits here, else written with the next batch."""
+        for row in self.events:
+            if (row["ts"], row["kind"]) == (update["ts"], update["kind"]):
+                row.update(update)
+                return
+        self.event_updates[(update["ts"], update["kind"])] = update
 
     def drop_overflow(self, max_rows: int) -> int:
         """Drop rows until at most ``max_rows`` remain; return how many went.
@@ -100,12 +114,15 @@ class WriteBuffer:
                 db["epochs"].upsert_all(self.epochs.values(), pk=("run_id", "epoch"))
             _insert(db, "peers", self.peers)
             _insert(db, "events", self.events)
+            if self.event_updates:
+                db.conn.executemany("UPDATE events SET count = :count, last_ts = :last_ts, message = :message, data = :data "
+                                    "WHERE ts = :ts AND kind = :kind", list(self.event_updates.values()))
             if self.settings:
                 db["settings"].upsert_all(self.rows("settings"), pk="key")
 
     def clear(self) -> None:
         """Forget every buffered row."""
-        for buffer in (self.steps, self.peers, self.events, self.epochs, self.run_changes, self.settings):
+        for buffer in (self.steps, self.peers, self.events, self.epochs, self.event_updates, self.run_changes, self.settings):
             buffer.clear()
 
 

@@ -125,7 +125,8 @@ class Database:
         return len(self._buffer)
 
     def record_event(
-        self, kind: str, message: str, data: Any = None, ts: float | None = None
+        self, kind: str, message: str, data: Any = None, ts: float | None = None, count: int = 1,
+        last_ts: float | None = None,
     ) -> None:
         """Buffer an event (state change, error, join, pause...).
 
@@ -134,9 +135,20 @@ class Database:
             message: one line for humans.
             data: anything JSON-serialisable that goes with it, or None.
             ts: Unix time of the event; now if None.
+            count, last_ts: a row of repeats stands for ``count`` occurrences from ``ts`` to
+                ``last_ts`` (``ts`` if None); ``update_event`` changes them later.
         """
-        row = {"ts": _now(ts), "kind": kind, "message": message, "data": _json(data)}
+        ts = _now(ts)
+        row = {"ts": ts, "kind": kind, "message": message, "data": _json(data), "count": count,
+               "last_ts": ts if last_ts is None else last_ts}
         self._buffer.events.append(row)
+        self._buffered()
+
+    def update_event(self, ts: float, kind: str, count: int, last_ts: float, message: str, data: Any = None) -> None:
+        """Update the row of repeats ``record_event`` wrote with ``ts`` and ``kind``: its ``count``,
+        ``last_ts``, and the latest occurrence's ``message`` and ``data``."""
+        self._buffer.update_event({"ts": ts, "kind": kind, "count": count, "last_ts": last_ts,
+                                   "message": message, "data": _json(data)})
         self._buffered()
 
     def record_step(
@@ -268,8 +280,9 @@ class Database:
         join (the whole row), one without is a leave (``run_id``, ``left_at``).
 
         Args:
-            table: ``steps``, ``peers``, ``events``, ``epochs``, ``runs`` or
-                ``settings``.
+            table: ``steps``, ``peers``, ``events``, ``epochs``, ``runs``,
+                ``settings`` or ``event_updates`` (new counts of stored rows of
+                repeats, by ``ts`` and ``kind``).
         """
         return self._buffer.rows(table)
 

@@ -66,7 +66,10 @@ def steps_since(
 
 
 def events_since(db: Source, since: float | None = None, limit: int = 200) -> list[dict]:
-    """Events after ``since`` (``ts``, ``kind``, ``message``, ``data``), newest last.
+    """Events after ``since`` (``ts``, ``kind``, ``message``, ``data``, ``count``, ``last_ts``), newest last.
+
+    A row may stand for repeats of one event: ``count`` occurrences from ``ts`` to ``last_ts``
+    (both NULL in rows written before schema version 7: one occurrence).
 
     Args:
         db: the daemon's Database or a database path.
@@ -75,7 +78,10 @@ def events_since(db: Source, since: float | None = None, limit: int = 200) -> li
     """
     _check_limit(limit)
     events = _time_window(db, "events", since, limit, None)
+    with _reader(db) as (_, pending):
+        updates = {(update["ts"], update["kind"]): update for update in pending("event_updates")}
     for event in events:
+        event.update(updates.get((event["ts"], event["kind"]), {}))
         event["data"] = _decode(event["data"])
     return events
 

@@ -162,6 +162,13 @@ def _v6_bans(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v7_event_repeats(db: sqlite_utils.Database) -> None:
+    """A row of ``events`` may stand for repeats of one event (``daemon/event_bursts.py``):
+    ``count`` occurrences from ``ts`` to ``last_ts``; rows written before keep NULL (one)."""
+    db["events"].add_column("count", int)
+    db["events"].add_column("last_ts", float)
+
+
 MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (
     _v1_tables,
     _v2_validation_plan_and_indexes,
@@ -169,6 +176,7 @@ MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (
     _v4_folded_steps,
     _v5_peer_samples,
     _v6_bans,
+    _v7_event_repeats,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -131,6 +131,11 @@ class DaemonView:
         return frozenset({EPOCHS})
 
     def _add_event(self, event: dict) -> frozenset[str]:
+        # a row of repeats comes again with its new count: the same ts and kind (daemon/event_bursts.py)
+        for index, shown in enumerate(self.events):
+            if (shown.get("ts"), shown.get("kind")) == (event.get("ts"), event.get("kind")):
+                self.events[index] = event
+                return frozenset({EVENTS})
         if self.events and (event.get("ts") or 0) <= (self.events[-1].get("ts") or 0):
             return frozenset()
         self.events.append(event)

@@ -108,6 +108,17 @@ def test_join_with_a_peer_that_is_not_a_multiaddr_says_what_one_looks_like(daemo
     assert_still_answering(daemon, config_before)
 
 
+def test_a_new_run_with_an_outer_step_the_study_found_unstable_is_created_with_a_one_line_warning(daemon):
+    result = cli(daemon.home, "join", "--new-run", "paper-outer", "--mode", "diloco", "--outer-lr", "0.7", "--outer-momentum", "0.9")
+    try:
+        assert result.returncode == 0, result.stderr
+        [warning] = result.stderr.splitlines()
+        assert warning.startswith("warning: outer lr 0.7 with momentum 0.9 moves the model 7.0x") and "--outer-lr 1" in warning
+    finally:
+        assert cli(daemon.home, "leave").returncode == 0
+        daemon.wait_until(lambda s: s["state"] == "idle", 60, what="idle again")
+
+
 def test_unknown_config_key_is_not_written_to_the_file(daemon):
     cli(daemon.home, "config", "set", "training.turbo", "true")
     assert "turbo" not in (daemon.home / "config.toml").read_text()

@@ -34,8 +34,8 @@ def run_manifest(run_id: str, mode: str = "sync", **overrides) -> dict:
 class WorkerHandle:
     """One worker process and the reports it sent."""
 
-    def __init__(self, tmp_path: Path, name: str, manifest: dict, new_run: bool, initial_peers: list[str],
-                 plan: WorkerPlan | None = None):
+    def __init__(self, tmp_path: Path, name: str, manifest: dict, new_run: bool, initial_peers: list[str], **spec_options):
+        """``spec_options``: other ``WorkerSpec`` fields, e.g. ``checkpoint_interval_s`` or ``plan``."""
         home = tmp_path / name
         for sub in ("state", "checkpoints"):
             (home / sub).mkdir(parents=True, exist_ok=True)
@@ -44,9 +44,9 @@ class WorkerHandle:
             paths=WorkerPaths(state_dir=str(home / "state"), cache_dir=str(SHARED_CACHE),
                               checkpoints_dir=str(home / "checkpoints"), identity_key=str(home / "state" / "identity.key")),
             dht=DhtOptions(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False),
-            nickname=name, plan=plan or WorkerPlan(device="cpu", micro_batch=4, cpu_threads=1),
-            log_level=os.environ.get("WORKER_LOG", "WARNING"),
+            nickname=name, log_level=os.environ.get("WORKER_LOG", "WARNING"),
             averaging=AveragingTimings(matchmaking_time=3.0, averaging_timeout=20.0),
+            **{"plan": WorkerPlan(device="cpu", micro_batch=4, cpu_threads=1), **spec_options},
         ).to_dict()
         context = multiprocessing.get_context("spawn")
         self.conn, child_conn = context.Pipe()
@@ -130,16 +130,17 @@ def group_processes(pgid: int) -> list[psutil.Process]:
     return found
 
 
-def start_swarm(tmp_path, manifest: dict, count: int) -> list[WorkerHandle]:
+def start_swarm(tmp_path, manifest: dict, count: int, **spec_options) -> list[WorkerHandle]:
     """Start ``count`` workers (the first creates the run, the others join it
     through it) and wait until each has joined. If one fails to start or join,
-    every worker started so far is ended before the error goes on."""
+    every worker started so far is ended before the error goes on. ``spec_options``:
+    as ``WorkerHandle``'s, for every worker."""
     workers: list[WorkerHandle] = []
     try:
-        workers.append(WorkerHandle(tmp_path, "peer0", manifest, True, []))
+        workers.append(WorkerHandle(tmp_path, "peer0", manifest, True, [], **spec_options))
         address = workers[0].joined()["addresses"][0]
         for index in range(1, count):
-            workers.append(WorkerHandle(tmp_path, f"peer{index}", manifest, False, [address]))
+            workers.append(WorkerHandle(tmp_path, f"peer{index}", manifest, False, [address], **spec_options))
         for worker in workers[1:]:
             worker.joined()
     except BaseException:

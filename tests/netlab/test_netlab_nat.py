@@ -86,7 +86,8 @@ def test_nat_peers_join_by_name_and_average_in_sync_with_all_three(peers):
         daemon.wait_until(lambda s: s["state"] == "training" and (s.get("run") or {}).get("num_peers") == 3, 300,
                           what="3 peers in the sync run")
     def rounds_of_3(daemon) -> int:
-        return sum(1 for event in events(daemon, "averaged") if event["data"].get("peers") == 3)
+        # a row of repeated rounds stands for `count` of them (daemon/event_bursts.py)
+        return sum(event["count"] for event in events(daemon, "averaged") if event["data"].get("peers") == 3)
 
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -98,7 +99,8 @@ def test_nat_peers_join_by_name_and_average_in_sync_with_all_three(peers):
         # every peer reachable through its NAT: rounds keep every peer's share. A peer late for a round
         # (one that just caught up) can lose one now and then; an unreachable peer loses it in every round
         incomplete = events(daemon, "averaging-incomplete")
-        assert len(incomplete) * 3 <= rounds_of_3(daemon), f"{name} lost part of {len(incomplete)} rounds: {incomplete}"
+        lost = sum(event["count"] for event in incomplete)
+        assert lost * 3 <= rounds_of_3(daemon), f"{name} lost part of {lost} rounds: {incomplete}"
 
 
 @pytest.mark.timeout(300)
@@ -148,9 +150,10 @@ def test_diloco_behind_nat_averages_every_outer_step_among_all_three(peers, reco
     all_three_at = time.time()
 
     def this_run(name: str, kind: str) -> list[dict]:
-        return [event for event in events(peers[name], kind) if event["ts"] >= all_three_at]
+        # a row of repeats lasts from ts to last_ts and stands for `count` events (daemon/event_bursts.py)
+        return [event for event in events(peers[name], kind) if event["last_ts"] >= all_three_at]
     for name, daemon in peers.items():
-        daemon.wait_until(lambda s: sum(e["data"].get("peers") == 3 for e in this_run(name, "averaged")) >= 3, 360,
+        daemon.wait_until(lambda s: sum(e["count"] for e in this_run(name, "averaged") if e["data"].get("peers") == 3) >= 3, 360,
                           interval=5, what="3 outer steps averaged among all 3 peers")
     for name, daemon in peers.items():
         rounds = this_run(name, "averaged")

@@ -203,7 +203,7 @@ class FakeDaemon:
     def _record_event(self, kind: str, message: str, data: dict | None = None) -> None:
         """An event as the real daemon records and pushes one, just after the newest so far."""
         ts = max(event["ts"] for event in self.events) + 1 if self.events else FROZEN_NOW
-        event = {"ts": ts, "kind": kind, "message": message, "data": data}
+        event = {"ts": ts, "kind": kind, "message": message, "data": data, "count": 1, "last_ts": ts}
         self.events.append(event)
         self._publish("event", event)
 
@@ -317,7 +317,7 @@ class FakeDaemon:
             raise RequestError(INVALID_STATE, f"already in run {self.status['run']['id']!r} ({state})", "leave it first: p2ptrain leave")
         self._record_event("join", f"joining run {run_id!r}", {"new_run": bool(params.get("new_run"))})
         self._set_status(joining_status(run_id, planned=bool(params.get("new_run"))))
-        return self.status
+        return {**self.status, "warnings": []}
 
     def _pause(self, params: dict) -> dict:
         for_s = _number(params, "for_s", minimum=1)

@@ -64,6 +64,7 @@ def _local() -> dict:
         "trained_samples": 160_000,
         "contributed_samples": 153_600,
         "unused_samples": {"late": 4_800, "failed_round": 0, "rejected": 0},
+        "waiting": None,
         "calibrated_samples_per_second": 44.9,
     }
 
@@ -268,5 +269,5 @@ def sample_events() -> list[dict]:
         (-5 * 60, "epoch", "epoch 41 done in 6m 45s with 3 peers, loss 2.874"),
         (-60, "peer", "red-crane has another manifest (77aa01): not averaging with it"),
     ]
-    return [{"ts": FROZEN_NOW + offset, "kind": kind, "message": message, "data": {}} for offset, kind, message in
-            events]
+    return [{"ts": FROZEN_NOW + offset, "kind": kind, "message": message, "data": {}, "count": 1,
+             "last_ts": FROZEN_NOW + offset} for offset, kind, message in events]

@@ -118,3 +118,22 @@ def test_a_status_of_another_run_clears_the_old_runs_history():
     assert STATUS in view.apply("status", joining_status("next-run"))
     assert (view.peers, list(view.steps), view.epochs) == ((), [], [])
     assert view.apply("made-up-kind", {}) == frozenset()
+
+
+@pytest.mark.asyncio
+async def test_a_row_of_repeated_events_is_one_line_whose_count_grows(daemon):
+    app = make_app(daemon.paths.home)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await wait_until(pilot, lambda: app.view is not None and app.view.events and app.charts_ready, what="the history")
+        log = app.query_one(EventLog)
+        lines_before = len(log.lines)
+        flood = {"ts": FROZEN_NOW + 3, "kind": "non-finite", "message": "skipped a batch with non-finite gradients",
+                 "data": None, "count": 1, "last_ts": FROZEN_NOW + 3}
+        daemon.push("event", flood)
+        await wait_until(pilot, lambda: len(log.lines) == lines_before + 1, what="the first of the flood")
+        # the daemon pushes the same row again as it grows (same ts and kind, a new count)
+        daemon.push("event", {**flood, "count": 140, "last_ts": FROZEN_NOW + 20})
+        daemon.push("event", {**flood, "count": 700, "last_ts": FROZEN_NOW + 87})
+        await wait_until(pilot, lambda: "(x700 in 84 s)" in log.lines[-1].text, what="the grown count")
+        assert len(log.lines) == lines_before + 1
+        assert [event["count"] for event in app.view.events if event["kind"] == "non-finite"] == [700]

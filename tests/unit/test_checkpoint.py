@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from p2ptrain.peers.model.checkpoint import load_checkpoint, save_checkpoint, state_problem
+from p2ptrain.peers.model.checkpoint import load_checkpoint, non_finite_problem, save_checkpoint, set_aside, state_problem
 
 
 def sample_state(manifest_hash="abc"):
@@ -74,3 +74,21 @@ def test_state_problem_rejects_wrong_shapes_and_non_finite_values():
     assert "shape" in state_problem(mine, [torch.ones(3, 2), torch.ones(4)])
     assert "non-finite" in state_problem(mine, [torch.ones(2, 3), torch.tensor([1.0, float("nan"), 0, 0])])
     assert "expected 2 tensors" in state_problem(mine, [torch.ones(2, 3)])
+
+
+def test_a_non_finite_value_anywhere_in_a_checkpoint_is_named():
+    assert non_finite_problem(sample_state()) is None
+    state = sample_state()
+    state["trainer"]["outer_momentum"][0][1] = float("inf")  # not only the parameters: what a restore adopts too
+    assert non_finite_problem(state) == "trainer/outer_momentum/0 holds non-finite values"
+    state = sample_state()
+    state["trainable"]["weight"][0, 0] = float("nan")
+    assert non_finite_problem(state) == "trainable/weight holds non-finite values"
+
+
+def test_a_checkpoint_set_aside_is_kept_where_neither_a_restart_nor_export_reads_it(tmp_path):
+    path = tmp_path / "run.pt"
+    save_checkpoint(path, sample_state())
+    kept = set_aside(path, "non-finite")
+    assert not path.exists() and kept.parent == tmp_path and kept.name.startswith("run.pt.non-finite-")
+    assert list(tmp_path.glob("*.pt")) == [] and load_checkpoint(kept)["epoch"] == 4

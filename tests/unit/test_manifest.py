@@ -27,7 +27,8 @@ def test_defaults_match_the_design():
     assert manifest.lora is None
     assert manifest.dataset == {"kind": "stdlib"}
     assert (manifest.seq_len, manifest.target_batch_size, manifest.local_steps) == (128, 256, 50)
-    assert (manifest.outer_lr, manifest.outer_momentum) == (0.7, 0.9)
+    # not the DiLoCo paper's 0.7 and 0.9, which a lone peer's rounds extrapolate sevenfold (peers/training/outer_step.py)
+    assert (manifest.outer_lr, manifest.outer_momentum) == (1.0, 0.0)
     assert manifest.compression == "none"
     assert manifest.created_at > 0
 
@@ -242,5 +243,18 @@ def test_a_manifest_from_a_newer_p2ptrain_asks_for_an_upgrade_not_about_unknown_
     assert parse_manifest({"run_id": "older", "format": 2, "mode": "diloco"}).round_end == "local_steps", \
         "a run defined before format 3 keeps DiLoCo's fixed H"
     assert parse_manifest({"run_id": "today", "mode": "diloco"}).round_end == "samples"
+    older = parse_manifest({"run_id": "older", "format": 3, "mode": "diloco"})
+    assert (older.outer_lr, older.outer_momentum) == (0.7, 0.9), "a run defined before format 4 keeps the paper's outer step"
+    assert older.manifest_hash() == parse_manifest(older.model_dump(mode="json")).manifest_hash()
     with pytest.raises(ManifestError, match="'format'"):
         parse_manifest({"run_id": "today", "format": 0})
+
+
+def test_an_outer_step_the_study_found_unstable_gets_a_warning():
+    from p2ptrain.peers.training.outer_step import stability_warning
+
+    assert stability_warning("diloco", 1.0, 0.0) is None
+    assert stability_warning("diloco", 0.7, 0.5) is None  # 1.4x: stable in the study
+    warning = stability_warning("diloco", 0.7, 0.9)
+    assert "7.0x" in warning and "--outer-lr 1 --outer-momentum 0" in warning and "\n" not in warning
+    assert stability_warning("sync", 0.7, 0.9) is None  # sync mode has no outer step

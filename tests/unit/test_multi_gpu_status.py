@@ -128,3 +128,17 @@ def test_a_restarted_worker_that_lost_its_checkpoint_does_not_shrink_the_totals(
     run = two_workers_training()
     run.apply_step("gpu1", step(4, 6.0, 2.7, trained=4, contributed=0))
     assert run.local_status()["workers"][1]["trained_samples"] == 30
+
+
+def test_status_says_why_samples_wait_when_rounds_find_no_other_peer():
+    run = RunView(run_id="r")
+    run.worker("gpu0", "cuda:0")
+    run.apply_joined("gpu0", joined_report("QmOnly", 8))
+    waiting = "the last 1 averaging round found no other peer (they paused or left): this peer takes its outer steps alone"
+    run.apply_step("gpu0", replace(step(40, 20.0, 2.5, trained=200, contributed=120), waiting=waiting))
+    status = {"state": "training", "run": run.run_status(), "local": run.local_status(), "health": []}
+    assert status["local"]["waiting"] == waiting
+    samples = next(line for line in format_status(status).splitlines() if line.strip().startswith("Samples:"))
+    assert samples.strip() == f"Samples: 200 trained, 120 used by the run (60%), 80 waiting: {waiting}"
+    run.apply_step("gpu0", step(40, 20.0, 2.5, trained=240, contributed=240))
+    assert run.local_status()["waiting"] is None  # a round found the others again

@@ -5,6 +5,12 @@ parameters, the optimizer state(s), the outer momentum (DiLoCo), the epoch, the
 data position and the manifest hash. It is written to a temp file in the same
 directory, fsynced and renamed over the old one, so a crash at any moment leaves
 either the old or the new checkpoint, never half of one.
+
+The worker writes one only from a state that passed its divergence guard
+(``peers/training/divergence.py``), and never loads one that holds a non-finite value
+anywhere (:func:`non_finite_problem`: written by an older p2ptrain while its
+training diverged, or damaged): that file is kept aside (:func:`set_aside`),
+not deleted, so nothing a volunteer trained is lost without a trace.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -88,6 +95,34 @@ def load_checkpoint(path: str | os.PathLike, manifest_hash: str | None = None) -
         )
         return None
     return state
+
+
+def non_finite_problem(state, where: str = "") -> str | None:
+    """Where a checkpoint's state (nested dicts, lists and tensors) holds NaN or infinity, or None.
+
+    Every floating-point tensor is checked: the trainable parameters, and the trainer's state
+    (optimizer moments, DiLoCo's global parameters and outer momentum), which a restore adopts too.
+    """
+    if isinstance(state, torch.Tensor):
+        if state.is_floating_point() and not bool(torch.isfinite(state).all()):
+            return f"{where or 'a tensor'} holds non-finite values"
+        return None
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
+    for key, value in items:
+        problem = non_finite_problem(value, f"{where}/{key}" if where else str(key))
+        if problem:
+            return problem
+    return None
+
+
+def set_aside(path: str | os.PathLike, why: str) -> Path:
+    """Rename a checkpoint that must not be loaded to ``<name>.<why>-<time>`` beside it, where
+    neither a restart nor ``p2ptrain export`` (which reads ``*.pt``) picks it up; returns the new path."""
+    path = Path(path)
+    kept = path.with_name(f"{path.name}.{why}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(path, kept)
+    logger.warning("Checkpoint %s set aside as %s (%s)", path, kept, why)
+    return kept
 
 
 def state_problem(expected: list[torch.Tensor] | tuple, received: list[torch.Tensor] | tuple) -> str | None:

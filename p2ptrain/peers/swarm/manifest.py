@@ -27,6 +27,7 @@ from typing import Any, Literal
 import pydantic
 
 from p2ptrain.peers.compression.ladder import RUNG_HELP, allowed_rungs, parse_rung
+from p2ptrain.peers.training.outer_step import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM, PAPER_OUTER_LR, PAPER_OUTER_MOMENTUM
 
 RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 MANIFEST_EXPIRATION_S = 7 * 24 * 3600
@@ -35,7 +36,8 @@ MANIFEST_EXPIRATION_S = 7 * 24 * 3600
 # 2: warmup_epochs, lr_schedule and total_epochs also schedule DiLoCo's inner lr
 # 3: DiLoCo rounds end on the swarm's samples by default (round_end, round_time_limit_s); sparse
 #    compression rungs, compression_rungs and error_feedback_decay
-MANIFEST_FORMAT = 3
+# 4: DiLoCo's outer step defaults to lr 1.0 without momentum (peers/training/outer_step.py says why)
+MANIFEST_FORMAT = 4
 
 # What to tell a user whose value for a field was refused.
 _FIXES = {
@@ -55,8 +57,8 @@ _FIXES = {
     "round_time_limit_s": "use a number of seconds > 0, or leave it out (rounds end on samples only)",
     "micro_batch_hint": "use a whole number >= 1",
     "inner_lr": "use a finite number > 0, e.g. 0.001",
-    "outer_lr": "use a finite number > 0, e.g. 0.7",
-    "outer_momentum": "use a number in [0, 1), e.g. 0.9",
+    "outer_lr": "use a finite number > 0, e.g. 1.0",
+    "outer_momentum": "use a number in [0, 1), e.g. 0 (none)",
     "compression": RUNG_HELP,
     "compression_rungs": "list cheaper rungs than compression, e.g. [\"sparse2bit-64of4096\"], or leave it out",
     "error_feedback_decay": "use a number in (0, 1], e.g. 1.0 (carry everything not sent into the next round)",
@@ -135,8 +137,8 @@ class Manifest(pydantic.BaseModel):
     round_time_limit_s: float | None = pydantic.Field(None, gt=0)
     micro_batch_hint: int = pydantic.Field(8, ge=1)
     inner_lr: float = pydantic.Field(1e-3, gt=0)
-    outer_lr: float = pydantic.Field(0.7, gt=0)
-    outer_momentum: float = pydantic.Field(0.9, ge=0, lt=1)
+    outer_lr: float = pydantic.Field(DEFAULT_OUTER_LR, gt=0)
+    outer_momentum: float = pydantic.Field(DEFAULT_OUTER_MOMENTUM, ge=0, lt=1)
     compression: str = "none"
     compression_rungs: list[str] = pydantic.Field(default_factory=list)
     error_feedback_decay: float = pydantic.Field(1.0, gt=0, le=1)
@@ -175,10 +177,14 @@ class Manifest(pydantic.BaseModel):
 
     @pydantic.model_validator(mode="before")
     @classmethod
-    def _older_formats_end_rounds_on_local_steps(cls, data: Any) -> Any:
-        # a run defined before format 3 ended every DiLoCo round after local_steps inner steps
-        if isinstance(data, dict) and isinstance(data.get("format"), int) and data["format"] < 3:
-            data = {"round_end": "local_steps", **data}
+    def _older_formats_keep_their_defaults(cls, data: Any) -> Any:
+        # a run defined before format 3 ended every DiLoCo round after local_steps inner steps, and
+        # before format 4 had the DiLoCo paper's outer step by default
+        if isinstance(data, dict) and isinstance(data.get("format"), int) and data["format"] < 4:
+            old = {"outer_lr": PAPER_OUTER_LR, "outer_momentum": PAPER_OUTER_MOMENTUM}
+            if data["format"] < 3:
+                old["round_end"] = "local_steps"
+            data = {**old, **data}
         return data
 
     @pydantic.model_validator(mode="after")

@@ -143,7 +143,7 @@ class SwarmRoundTrainer(DiLoCoTrainer):
         """The inner learning rate: the schedule at this epoch plus the swarm's progress through the round."""
         progress = self.tracker.global_progress
         fraction = min(1.0, progress.samples_accumulated / self.target_batch_size) if progress.epoch == self.local_epoch else 1.0
-        return self.inner_lr * self._lr_factor(self.local_epoch * self.local_steps + round(fraction * self.local_steps))
+        return self.lr_scale * self.inner_lr * self._lr_factor(self.local_epoch * self.local_steps + round(fraction * self.local_steps))
 
     def step(self, samples: int) -> StepOutcome:
         with self._local_lock:
@@ -198,7 +198,7 @@ class SwarmRoundTrainer(DiLoCoTrainer):
         hivemind.Optimizer does for gradients): a peer in a long step still joins it."""
         if self._scheduled is not None and not self._scheduled.done():
             return
-        if self.tracker.alone or time.monotonic() < self._retry_after:
+        if self.alone or time.monotonic() < self._retry_after:
             return
         if self._seconds_to_round_end() <= self.matchmaking_time:
             self._scheduled = self.averager.schedule_round(self.local_epoch, self.averaging_timeout)
@@ -207,7 +207,7 @@ class SwarmRoundTrainer(DiLoCoTrainer):
         """End this peer's round: send its pseudo-gradient (weighted by the samples behind it) and
         train on; ``between_steps``: called by the training thread, which may change the local parameters."""
         local_pseudo_gradients = pseudo_gradients(self.global_parameters, self.parameters)
-        finite, alone = all_finite(local_pseudo_gradients), self.tracker.alone and self._scheduled is None
+        finite, alone = all_finite(local_pseudo_gradients), self.alone and self._scheduled is None
         if not between_steps and (alone or not finite):
             return StepOutcome()
         if not finite:
@@ -238,6 +238,7 @@ class SwarmRoundTrainer(DiLoCoTrainer):
             logger.info("Outer averaging failed: %r", error)
             group, exchange_failed = None, not found_no_group(error)
         if not group:
+            self._count_round_without_group(found_group=exchange_failed)
             self.error_feedback.not_sent()
             # keep the local progress: the samples of this round and those trained since go into the next
             # attempt (re-based by the worker's download if the others averaged without us)
@@ -278,7 +279,16 @@ class SwarmRoundTrainer(DiLoCoTrainer):
             return loaded
 
     def load_state_dict(self, state: dict) -> None:
+        """``DiLoCoTrainer``'s, after letting go of the round in flight and the one scheduled: a
+        restore mid-run (a rollback of the divergence guard) replaces the local parameters that
+        round's pseudo-gradient was sent from, so its average could not be re-based on them."""
         with self._local_lock:
+            if self._round is not None:
+                if not self._round.control.done():
+                    self._round.control.cancel()
+                self._round = None
+                self.error_feedback.not_sent()
+            self._tag_along()
             super().load_state_dict(state)
 
     def state_dict(self) -> dict:

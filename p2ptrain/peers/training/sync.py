@@ -408,6 +408,21 @@ class SyncTrainer:
         """True when the swarm is more than one epoch ahead (state must be downloaded)."""
         return self.optimizer.local_epoch < self.optimizer.tracker.global_epoch - 1
 
+    @property
+    def waiting(self) -> None:
+        """Sync mode's samples wait only for the current epoch: nothing to explain (``Trainer.waiting``)."""
+        return None
+
+    @property
+    def pending_samples(self) -> int:
+        """Samples whose gradients wait in the accumulators for the epoch's all-reduce."""
+        return self.account.pending
+
+    def scale_lr(self, scale: float) -> bool:
+        """Returns False: every peer steps with the swarm's learning rate (they apply the same
+        averaged gradients, and their parameters must stay the same), so none may lower its own."""
+        return False
+
     def step(self, samples: int) -> StepOutcome:
         """Account for one local batch of ``samples`` whose gradients are in ``.grad``."""
         epoch_before = self.local_epoch
@@ -473,7 +488,13 @@ class SyncTrainer:
         return {"optimizer": self.optimizer.state_dict(), "epoch": self.local_epoch}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict``'s output; the trainable parameters, restored into the model before,
+        become the optimizer's too (hivemind keeps its own copy of them, offloaded)."""
         self.optimizer.load_state_dict(state["optimizer"])
+        offloaded = [parameter for group in self.optimizer.opt.param_groups for parameter in group["params"]]
+        with torch.no_grad():
+            for copy, parameter in zip(offloaded, self.parameters):
+                copy.copy_(parameter.to(copy.device, copy.dtype))
         self.optimizer.state_averager.local_epoch = int(state["epoch"])
         # hivemind moves the schedule only when an epoch ends: bring it to the restored epoch now
         self.optimizer.state_averager._update_scheduler()

@@ -54,6 +54,20 @@ class Trainer(Protocol):
     def is_behind(self) -> bool:
         """Whether the swarm is too far ahead to catch up by training: download its state first."""
 
+    @property
+    def pending_samples(self) -> int:
+        """Samples trained whose local progress (DiLoCo) or gradients (sync) the trainer holds, not yet
+        contributed: after a restore, what the restored state holds."""
+
+    @property
+    def waiting(self) -> str | None:
+        """Why the pending samples wait, in one line, when it is more than the current round
+        (rounds that found no other peer); None otherwise. ``status`` shows it."""
+
+    def scale_lr(self, scale: float) -> bool:
+        """Take this peer's own steps at ``scale`` times the manifest's learning rate (the divergence
+        guard lowers it after a rollback); False when the mode has no rate of a peer's own."""
+
     def step(self, samples: int) -> StepOutcome:
         """Take one local batch of ``samples`` samples whose gradients are in ``.grad``."""
 

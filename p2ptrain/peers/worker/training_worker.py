@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from p2ptrain import processes
+from p2ptrain.peers.training.divergence import Divergence, DivergenceGuard
 from p2ptrain.peers.worker.out_of_memory import is_out_of_memory
 from p2ptrain.peers.worker.known_peers import peers_file, remember_peers
 from p2ptrain.peers.worker.run_setup import WorkerFailure, join_dht, load_data, load_model, make_trainer, run_manifest
@@ -140,6 +141,7 @@ class Worker:
         self.samples_per_second = 0.0
         self.peer_id = ""
         self.left = False
+        self.guard = DivergenceGuard()
         self.command_handlers = {Pause: self.on_pause, Resume: self.on_resume, Finish: self.on_finish, Leave: self.leave, Unban: self.on_unban,
                                  UsePlan: self.on_use_plan}
 
@@ -152,7 +154,8 @@ class Worker:
             logger.warning("The daemon is gone; could not send %s", report.KIND)
 
     def event(self, kind: str, message: str, **data) -> None:
-        logger.info("%s: %s", kind, message)
+        # the daemon logs it, repeats folded into one line (daemon/event_log.py): here only when debugging
+        logger.debug("%s: %s", kind, message)
         self.report(Event(kind, message, data))
 
     def report_out_of_memory(self, error: BaseException) -> int:
@@ -260,6 +263,7 @@ class Worker:
         if checkpoint:
             self.trainer.account.load_dict(checkpoint)
             self.trainer.load_state_dict(checkpoint["trainer"])
+            self.guard.load_state_dict(checkpoint.get("divergence"))
             self.event("checkpoint-loaded", f"resumed from a checkpoint at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
         self.late_reported = self.trainer.account.unused["late"]
         self._catch_up()
@@ -318,16 +322,25 @@ class Worker:
         return checkpoint_path(self.spec.paths.checkpoints_dir, self.spec.run_id)
 
     def _read_checkpoint(self) -> dict | None:
-        from p2ptrain.peers.model.checkpoint import load_checkpoint
+        """This run's checkpoint, or None; one holding NaN or infinity is kept aside, never loaded."""
+        from p2ptrain.peers.model.checkpoint import load_checkpoint, non_finite_problem, set_aside
 
         path = self._checkpoint_file()
         state = load_checkpoint(path, manifest_hash=self.manifest.manifest_hash())
         if state is None and path.exists():
             self.event("checkpoint-ignored", f"checkpoint {path} is unreadable or of another manifest; starting without it")
+        problem = non_finite_problem(state) if state is not None else None
+        if problem:
+            kept = set_aside(path, "non-finite")
+            self.event("checkpoint-ignored", f"checkpoint {path} not used: {problem} (saved while training diverged?); "
+                       f"kept aside as {kept}", reason="non-finite", kept_as=str(kept))
+            return None
         return state
 
     def save_checkpoint(self, why: str) -> None:
-        from p2ptrain.peers.model.checkpoint import save_checkpoint
+        """Write the checkpoint, only from a state that passed the divergence guard: while training
+        diverges, or with a non-finite value anywhere, the last good checkpoint stays."""
+        from p2ptrain.peers.model.checkpoint import non_finite_problem, save_checkpoint
 
         if self.trainer is None:
             return
@@ -336,7 +349,13 @@ class Worker:
             "epoch": self.trainer.local_epoch, "data_position": self.batches.position,
             "manifest_hash": self.manifest_hash, **self.trainer.account.as_dict(),
             "manifest": self.manifest.model_dump(mode="json"),  # what `p2ptrain export` rebuilds the model from
+            "divergence": self.guard.state_dict(),
         }
+        problem = "training is diverging" if not self.guard.healthy else non_finite_problem(state)
+        if problem:
+            self.event("checkpoint-skipped", f"checkpoint not saved ({why}): {problem}; the last good one stays",
+                       reason=why, problem=problem, epoch=self.trainer.local_epoch)
+            return
         try:
             save_checkpoint(self._checkpoint_file(), state)
             remember_peers(self.dht, peers_file(self._checkpoint_file()))
@@ -352,6 +371,9 @@ class Worker:
         self.interruptible = False
         self.last_checkpoint = time.monotonic()
         self.checkpoint_interval_s = self.spec.checkpoint_interval_s
+        self.trainer.scale_lr(self.guard.lr_scale)
+        if not self._checkpoint_file().exists():
+            self.save_checkpoint("start")  # a good state to roll back to, should training diverge early
         self.set_state("paused" if self.spec.start_paused else "training")
         threading.Thread(target=self._report_swarm_forever, name="swarm-reporter", daemon=True).start()
         self.new_window()
@@ -376,10 +398,10 @@ class Worker:
                 continue
             self.train_one_step()
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: str, reason: str | None = None) -> None:
         self.state = state
         self.computed_at = None  # a pause is not idle time
-        self.report(StateChanged(state))
+        self.report(StateChanged(state, reason))
 
     def handle_commands(self) -> None:
         """Run the daemon's waiting commands, each by its handler in ``command_handlers``
@@ -435,15 +457,16 @@ class Worker:
         lifted = self.trainer.trust.unban(peers)
         logger.info("Lifted the bans of %s", ", ".join(lifted) or "nobody")
 
-    def pause(self, finished: bool = False) -> None:
+    def pause(self, finished: bool = False, reason: str | None = None) -> None:
         """Checkpoint, leave the swarm and end the worker: a paused peer holds no memory
-        and takes no part in matchmaking. ``resume`` starts a new worker from this checkpoint."""
+        and takes no part in matchmaking. ``resume`` starts a new worker from this checkpoint.
+        ``reason``: why the worker pauses on its own (``StateChanged.reason``)."""
         self.trainer.skip_batch()
         self.trainer.pause()
         self.save_checkpoint("pause")
         self.report_steps(last=True)  # what the daemon shows while paused: the checkpoint's totals
         self.leave_swarm()
-        self.set_state("finished" if finished else "paused")
+        self.set_state("finished" if finished else "paused", reason)
 
     def leave(self) -> None:
         self.save_checkpoint("leave")
@@ -476,6 +499,7 @@ class Worker:
                 self.trainer.skip_batch()
                 self.count_rejected((len(losses) + 1) * self.micro_batch)
                 self.event("non-finite", "skipped a batch with a non-finite loss; nothing was contributed", loss=str(loss.item()))
+                self.guard_step(None)
                 return
             (loss / self.grad_accum).backward()
             losses.append(loss.item())
@@ -492,6 +516,7 @@ class Worker:
             self.trainer.skip_batch()
             self.count_rejected(samples)
             self.event("non-finite", "skipped a batch with non-finite gradients; nothing was contributed")
+            self.guard_step(None)
             return
         outcome = self.trainer.step(samples)
         self.computed_at, self.idle_before = time.monotonic(), outcome.waited_s
@@ -502,6 +527,37 @@ class Worker:
         self.after_step(outcome)
         if not self.left:  # a finish that completed its epoch sent the last report
             self.report_steps()
+            self.guard_step(self.last_loss)
+
+    def guard_step(self, loss: float | None) -> None:
+        """Show the divergence guard a step's loss (None: skipped as non-finite); roll back on divergence."""
+        divergence = self.guard.observe(loss)
+        if divergence is not None:
+            self.roll_back(divergence)
+
+    def roll_back(self, divergence: Divergence) -> None:
+        """Training diverged: back to the last good checkpoint (then the swarm's state, when the swarm is
+        ahead of it), at a lower learning rate of this peer's own; pause when it happened too often.
+        What was trained since that checkpoint is not used (``rejected``)."""
+        checkpoint = self._read_checkpoint()
+        if checkpoint is not None:
+            self.loaded.load_trainable_state(checkpoint["trainable"])
+            self.trainer.load_state_dict(checkpoint["trainer"])
+            self.trainer.account.add_unused("rejected", max(0, self.trainer.account.pending - self.trainer.pending_samples))
+            self.guard.restored()
+        lowered = self.trainer.scale_lr(divergence.lr_scale)
+        restored = f"rolled back to the checkpoint of epoch {checkpoint['epoch']}" if checkpoint else "no good checkpoint to roll back to"
+        lower = f", this peer's learning rate lowered to {divergence.lr_scale:.0%}" if lowered else ""
+        pause = divergence.pause or checkpoint is None
+        then = f"; paused after {divergence.rollbacks} rollbacks" if pause else ""
+        self.event("diverged", f"training diverged: {divergence.describe()}; {restored}{lower}{then}",
+                   reason=divergence.reason, steps=divergence.steps, level=divergence.level, loss=divergence.loss,
+                   rollbacks=divergence.rollbacks, lr_scale=divergence.lr_scale if lowered else 1.0,
+                   epoch=self.trainer.local_epoch, restored=checkpoint is not None, paused=pause)
+        if pause:
+            self.pause(reason="diverged")
+        else:
+            self._catch_up()
 
     def count_rejected(self, samples: int) -> None:
         """Samples trained on a batch that was skipped as non-finite: trained, never used."""
@@ -532,6 +588,7 @@ class Worker:
             loss=sum(self.window["losses"]) / len(self.window["losses"]),
             samples=self.window["samples"], samples_per_second=self.samples_per_second,
             idle_s=self.window["idle_s"], longest_idle_s=self.window["longest_idle_s"], **self.trainer.account.totals(),
+            waiting=self.trainer.waiting,
         ))
         self.new_window()
 

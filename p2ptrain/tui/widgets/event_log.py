@@ -8,18 +8,23 @@ from rich.text import Text
 from textual.reactive import var
 from textual.widgets import RichLog
 
+from p2ptrain.protocol import repeated_words
+
 
 def event_line(event: dict) -> Text:
-    """``14:02:11  paused      on battery`` for one row of the events table."""
+    """``14:02:11  paused      on battery`` for one row of the events table (``(x700 in 84 s)``
+    after a row that stands for repeats)."""
     clock = time.strftime("%H:%M:%S", time.localtime(event.get("ts") or 0))
     line = Text(f"{clock}  ")
     line.append(f"{event.get('kind', ''):<12}", style="bold")
     line.append(f" {event.get('message', '')}")
+    line.append(repeated_words(event), style="dim")
     return line
 
 
 class EventLog(RichLog):
-    """Appends the events it has not shown yet."""
+    """Appends the events it has not shown yet; writes them all again when a row shown grew
+    (a row of repeats with a new count, at most every few seconds)."""
 
     BORDER_TITLE = "Events"
 
@@ -27,12 +32,17 @@ class EventLog(RichLog):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(wrap=False, max_lines=500, **kwargs)
-        self._last_shown_ts: float | None = None
+        self._shown: dict[tuple, int] = {}  # (ts, kind) -> the count shown
 
     def watch_events(self, events: tuple) -> None:
-        last = self._last_shown_ts
-        new = [event for event in events if last is None or (event.get("ts") or 0) > last]
+        keys = [(event.get("ts"), event.get("kind")) for event in events]
+        grew = any(key in self._shown and self._shown[key] != (event.get("count") or 1) for key, event in zip(keys, events))
+        last = max((key[0] or 0 for key in self._shown), default=None)
+        if grew:
+            self.clear()
+            new = list(events)
+        else:
+            new = [event for event in events if last is None or (event.get("ts") or 0) > last]
         for event in new:
             self.write(event_line(event))
-        if new:
-            self._last_shown_ts = new[-1].get("ts") or 0
+        self._shown = {key: event.get("count") or 1 for key, event in zip(keys, events)}

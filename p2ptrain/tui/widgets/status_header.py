@@ -24,6 +24,7 @@ PAUSE_REASONS = {
     "schedule": "outside the training schedule",
     "traffic-budget": "this month's network traffic budget is spent",
     "oom-backoff": "backing off after running out of GPU memory",
+    "diverged": "training diverged again and again (see Health)",
 }
 
 
