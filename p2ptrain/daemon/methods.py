@@ -19,7 +19,7 @@ from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Handler, RequestError
 from p2ptrain.multiaddr import validate_multiaddr
 from p2ptrain.peers.swarm.manifest import ManifestError, check_run_id, new_manifest
-from p2ptrain.peers.training.outer_step import stability_warning
+from p2ptrain.peers.swarm.outer_step import stability_warning
 from p2ptrain.storage import queries
 from p2ptrain.storage.bans import banned_peers
 from p2ptrain.storage.database import Database

@@ -2,7 +2,7 @@
 
 On a GPU a lone creator's DiLoCo run with the defaults of the time (the paper's outer lr
 0.7 and Nesterov momentum 0.9) diverged to non-finite gradients. Here real workers train
-with every learning rate left to the manifest's defaults (``peers/training/outer_step.py``): a peer
+with every learning rate left to the manifest's defaults (``peers/swarm/outer_step.py``): a peer
 alone (every run starts so), and three peers averaging, on the tiny preset from random
 weights and on LoRA adapters over a small saved Llama in bf16 where this CPU computes it
 natively. No batch may be non-finite, no guard may roll back, and the validation loss falls.
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from local_models import save_small_corpus, save_small_llama  # noqa: E402
 from test_worker_swarm import WorkerHandle, rounds_with_others, run_manifest, start_swarm, stop_all  # noqa: E402
 
-from p2ptrain.peers.training.outer_step import stability_warning  # noqa: E402
+from p2ptrain.peers.swarm.outer_step import stability_warning  # noqa: E402
 from p2ptrain.worker_pipe import WorkerPlan  # noqa: E402
 
 pytestmark = pytest.mark.swarm

@@ -27,7 +27,7 @@ def test_defaults_match_the_design():
     assert manifest.lora is None
     assert manifest.dataset == {"kind": "stdlib"}
     assert (manifest.seq_len, manifest.target_batch_size, manifest.local_steps) == (128, 256, 50)
-    # not the DiLoCo paper's 0.7 and 0.9, which a lone peer's rounds extrapolate sevenfold (peers/training/outer_step.py)
+    # not the DiLoCo paper's 0.7 and 0.9, which a lone peer's rounds extrapolate sevenfold (peers/swarm/outer_step.py)
     assert (manifest.outer_lr, manifest.outer_momentum) == (1.0, 0.0)
     assert manifest.compression == "none"
     assert manifest.created_at > 0
@@ -251,7 +251,7 @@ def test_a_manifest_from_a_newer_p2ptrain_asks_for_an_upgrade_not_about_unknown_
 
 
 def test_an_outer_step_the_study_found_unstable_gets_a_warning():
-    from p2ptrain.peers.training.outer_step import stability_warning
+    from p2ptrain.peers.swarm.outer_step import stability_warning
 
     assert stability_warning("diloco", 1.0, 0.0) is None
     assert stability_warning("diloco", 0.7, 0.5) is None  # 1.4x: stable in the study

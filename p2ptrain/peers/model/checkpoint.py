@@ -28,10 +28,6 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = 1
 
 
-class CheckpointMismatch(ValueError):
-    """The checkpoint belongs to another run manifest."""
-
-
 def checkpoint_path(checkpoints_dir: str | os.PathLike, run_id: str) -> Path:
     """Where the checkpoint of ``run_id`` lives inside ``checkpoints_dir``."""
     safe_name = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import pydantic
 
 from p2ptrain.peers.compression.ladder import RUNG_HELP, allowed_rungs, parse_rung
-from p2ptrain.peers.training.outer_step import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM, PAPER_OUTER_LR, PAPER_OUTER_MOMENTUM
+from p2ptrain.peers.swarm.outer_step import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM, PAPER_OUTER_LR, PAPER_OUTER_MOMENTUM
 
 RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 MANIFEST_EXPIRATION_S = 7 * 24 * 3600
@@ -36,7 +36,7 @@ MANIFEST_EXPIRATION_S = 7 * 24 * 3600
 # 2: warmup_epochs, lr_schedule and total_epochs also schedule DiLoCo's inner lr
 # 3: DiLoCo rounds end on the swarm's samples by default (round_end, round_time_limit_s); sparse
 #    compression rungs, compression_rungs and error_feedback_decay
-# 4: DiLoCo's outer step defaults to lr 1.0 without momentum (peers/training/outer_step.py says why)
+# 4: DiLoCo's outer step defaults to lr 1.0 without momentum (peers/swarm/outer_step.py says why)
 MANIFEST_FORMAT = 4
 
 # What to tell a user whose value for a field was refused.

@@ -47,7 +47,6 @@ STEP_REPORT_INTERVAL_S = 1.0
 # the swarm view is read every 15 s, our metrics record (expiring after 90 s) written every 30 s
 SWARM_REPORT_INTERVAL_S = 15.0
 METRICS_INTERVAL_S = 30.0
-GOODBYE_EXPIRATION_S = 1.0
 # after the stop checkpoint, hivemind's goodbye (progress record, averagers, DHT) gets this long: its
 # optimizer can wait out a whole averaging timeout there for a round nobody comes to
 GOODBYE_TIMEOUT_S = 5.0
@@ -673,11 +672,12 @@ class Worker:
             time.sleep(SWARM_REPORT_INTERVAL_S)
 
     def goodbye(self) -> None:
-        """Publish a last metrics record that expires at once, so peers drop us quickly."""
-        from p2ptrain.peers.swarm.run_records import publish_metrics
+        """Clear this peer's metrics record, so peers drop it from their tables at once (a record that
+        expires sooner than the last one cannot replace it: ``run_records.withdraw_metrics``)."""
+        from p2ptrain.peers.swarm.run_records import withdraw_metrics
 
         try:
-            publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(0.0), expiration_s=GOODBYE_EXPIRATION_S)
+            withdraw_metrics(self.dht, self.manifest.run_id)
         except Exception:
             logger.exception("Could not say goodbye to the swarm")
 
