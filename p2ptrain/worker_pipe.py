@@ -227,6 +227,22 @@ class UnusedSamples(Message):
     rejected: int = 0
 
 
+@dataclasses.dataclass(kw_only=True)
+class SampleTotals(Message):
+    """A worker's sample totals for the run, which ``Joined``, ``Step`` and ``Epoch`` carry
+    (``peers/training/sample_account.py``; keyword-only, so they follow each report's own fields).
+
+    Attributes:
+        trained_samples: every sample it trained (its checkpoint's, plus since).
+        contributed_samples: those that entered an adopted average or optimizer step.
+        unused_samples: those that never will, by reason.
+    """
+
+    trained_samples: int = 0
+    contributed_samples: int = 0
+    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
+
+
 # ----- one peer of the swarm ------------------------------------------------------
 
 
@@ -364,7 +380,7 @@ class PlanWanted(Report, kind="plan-wanted"):
 
 
 @dataclasses.dataclass
-class Joined(Report, kind="joined"):
+class Joined(Report, SampleTotals, kind="joined"):
     """The worker is in the swarm: who it is and what it trains with.
 
     All fields but the manifest are ``status.local`` (``daemon/run_view.py``).
@@ -402,9 +418,6 @@ class Joined(Report, kind="joined"):
     manifest: dict
     manifest_hash: str
     port_moves: list[PortMove] = dataclasses.field(default_factory=list)
-    trained_samples: int = 0
-    contributed_samples: int = 0
-    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
     calibrated_samples_per_second: float | None = None
     reachability_checked_at: float | None = None
     averaging_client: bool = False
@@ -454,7 +467,7 @@ class Traffic(Report, kind="traffic"):
 
 
 @dataclasses.dataclass
-class Step(Report, kind="step"):
+class Step(Report, SampleTotals, kind="step"):
     """Local training since the previous ``Step`` (at most about one a second).
 
     Attributes:
@@ -466,10 +479,7 @@ class Step(Report, kind="step"):
         idle_s, longest_idle_s: seconds between training two batches while
             training (averaging, downloads, waiting for the swarm), summed and
             the longest, over the same window.
-        trained_samples, contributed_samples, unused_samples: the worker's
-            totals for the run: every sample it trained, those that entered an
-            adopted average or optimizer step, and those that never will (its
-            checkpoint's, plus since).
+        trained_samples, contributed_samples, unused_samples: the worker's totals (``SampleTotals``).
         waiting: why the samples not yet used wait, when it is not simply the
             current round (``Trainer.waiting``): e.g. no peer came to the last
             rounds; None otherwise.
@@ -482,14 +492,11 @@ class Step(Report, kind="step"):
     samples_per_second: float
     idle_s: float = 0.0
     longest_idle_s: float = 0.0
-    trained_samples: int = 0
-    contributed_samples: int = 0
-    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
     waiting: str | None = None
 
 
 @dataclasses.dataclass
-class Epoch(Report, kind="epoch"):
+class Epoch(Report, SampleTotals, kind="epoch"):
     """An epoch ended (a global step in sync mode, an outer step in DiLoCo).
 
     Attributes:
@@ -511,9 +518,6 @@ class Epoch(Report, kind="epoch"):
     loss: float | None
     val_loss: float | None = None
     averaged_with: int = 1
-    trained_samples: int = 0
-    contributed_samples: int = 0
-    unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
 
 
 @dataclasses.dataclass
