@@ -273,7 +273,9 @@ def cmd_join(args) -> int:
     return EXIT_OK
 
 
-RELEASE_TIMEOUT_S = 90.0  # a worker finishes its step, checkpoints and says goodbye (30 s + 5 s at most), then exits
+# A worker finishes its step (one that waits for an averaging round nobody comes to: up to the averaging
+# timeout, 120 s on the internet), checkpoints, says goodbye and exits.
+RELEASE_TIMEOUT_S = 300.0
 
 
 def _released(status: dict, method: str) -> bool:

@@ -53,7 +53,7 @@ def leave_all(swarm) -> None:
     that reduce are gone, before it handles ``leave``."""
     for name in ("h1", "h2", "pub"):
         if status(swarm[name])["state"] != "idle":
-            assert run_cli(swarm[name], "leave").returncode == 0
+            assert run_cli(swarm[name], "leave", "--no-wait").returncode == 0
         swarm[name].wait_until(lambda s: s["state"] == "idle", 300, what=f"{name} to leave")
 
 
