@@ -101,7 +101,7 @@ def planned_local_status() -> dict:
     """``status["local"]`` while the worker joins: only what the daemon's plan says (no peer yet)."""
     plan = _plan()
     local = {name: plan[name] for name in ("precision", "quantization", "gradient_checkpointing", "micro_batch", "grad_accum")}
-    local.update(device="cuda:0", plan=plan, traffic=None, samples_per_second=None, loss=None, trained_samples=0, contributed_samples=0,
+    local.update(device="cuda:0", plan=plan, traffic=None, waiting=None, samples_per_second=None, loss=None, trained_samples=0, contributed_samples=0,
                  unused_samples={"late": 0, "failed_round": 0, "rejected": 0})
     worker = {name: local.get(name) for name in WORKER_FIELDS}
     return {**local, "workers": [{**worker, "state": "joining"}]}
