@@ -39,7 +39,7 @@ def test_nothing_is_logged_unless_asked(tmp_path, monkeypatch):
 def test_requests_are_summed_per_peer_by_key_and_served_hashes_named(tmp_path, monkeypatch, request_counts):
     peer = tmp_path / "home1"
     monkeypatch.setenv(request_log.ENVIRONMENT_VARIABLE, str(peer))
-    since = time.time()
+    since = time.time() - 0.01  # a line's time is rounded to the microsecond: it may print a hair early
     for _ in range(3):
         request_log.record("call", "progress", "DHTProtocol.rpc_store", "run_progress", 1000, 10)
     request_log.record("serve", "dht", "DHTProtocol.rpc_find", request_log.served_key(Request("run_progress")), 3800, 200)
@@ -56,3 +56,12 @@ def test_requests_are_summed_per_peer_by_key_and_served_hashes_named(tmp_path, m
     assert ("read", "network: no local copy", "run_metrics") in by_key
     # a window that ends before the lines leaves them out
     assert request_counts.summarize(tmp_path, since - 10, since - 5)["home1"] == []
+
+
+def test_a_process_that_is_pointed_at_another_directory_logs_there(tmp_path, monkeypatch):
+    for peer in ("home1", "home2"):
+        monkeypatch.setenv(request_log.ENVIRONMENT_VARIABLE, str(tmp_path / peer))
+        request_log.record("call", "progress", "DHTProtocol.rpc_store", peer, 10, 1)
+    for peer in ("home1", "home2"):
+        lines = [line.split("\t") for file in (tmp_path / peer).iterdir() for line in file.read_text().splitlines()]
+        assert [line[4] for line in lines] == [peer]

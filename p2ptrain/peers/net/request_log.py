@@ -26,7 +26,7 @@ import os
 import time
 
 ENVIRONMENT_VARIABLE = "P2PTRAIN_REQUEST_LOG"
-_files: dict[int, object] = {}
+_files: dict[tuple[int, str], object] = {}
 
 
 def enabled() -> bool:
@@ -42,15 +42,15 @@ def served_key(request) -> str:
 
 
 def record(direction: str, kind: str, what: str, key: str, sent: int, received: int) -> None:
-    """Append one line to this process's log (opened on first use after each fork)."""
-    pid = os.getpid()
-    file = _files.get(pid)
+    """Append one line to this process's log (opened on first use after each fork, and again
+    when ``P2PTRAIN_REQUEST_LOG`` names another directory)."""
+    pid, directory = os.getpid(), os.environ[ENVIRONMENT_VARIABLE]
+    file = _files.get((pid, directory))
     if file is None:
-        directory = os.environ[ENVIRONMENT_VARIABLE]
         os.makedirs(directory, exist_ok=True)
         file = open(os.path.join(directory, f"{pid}.tsv"), "a", buffering=1)
-        _files[pid] = file
-    file.write(f"{time.time():.3f}\t{direction}\t{kind}\t{what}\t{key}\t{sent}\t{received}\n")
+        _files[pid, directory] = file
+    file.write(f"{time.time():.6f}\t{direction}\t{kind}\t{what}\t{key}\t{sent}\t{received}\n")
 
 
 def log_read(key: str, how: str) -> None:
