@@ -268,6 +268,10 @@ class P2PTrainApp(App):
             loss_chart.epochs = epoch_chart.epochs = tuple(self.view.epochs)
         await self._dashboard("#loss-chart").mount(loss_chart)
         await self._dashboard("#epoch-chart").mount(epoch_chart)
+        if self.view is not None and not self._exiting:
+            # The history may have arrived while they were being mounted, when there was no chart to show it in.
+            self._show_steps()
+            self._show_epochs()
 
     # ----- what the user does -------------------------------------------------------
 

@@ -8,10 +8,13 @@ pictures are the same on every run. Update them after a deliberate change with
 from __future__ import annotations
 
 import pytest
-from conftest import make_app, wait_until
+from conftest import make_app, svg_difference, wait_until
 from fake_daemon import FakeDaemon
 from fake_data import error_status, idle_status, paused_status, sample_steps, training_status, two_gpus_status
 from textual.widgets import ContentSwitcher
+
+from p2ptrain.tui.widgets.epoch_chart import EpochChart
+from p2ptrain.tui.widgets.loss_chart import LossChart
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -20,12 +23,22 @@ ABSENT_HOME = "/nonexistent/p2ptrain-home"
 
 
 def settled_on(state: str):
-    """``run_before``: wait for the daemon's state, its history and the charts, then for the app to go idle."""
+    """``run_before``: wait for the daemon's state, its history, the charts and the charts drawing the
+    history, then for the app to go idle."""
 
     async def run_before(pilot) -> None:
-        await wait_until(pilot, lambda: pilot.app.state == state, what=state)
-        await wait_until(pilot, lambda: pilot.app.view.events, what="the history")
-        await wait_until(pilot, lambda: pilot.app.charts_ready, what="the charts")
+        app = pilot.app
+        await wait_until(pilot, lambda: app.state == state, what=state)
+        await wait_until(pilot, lambda: app.view.events, what="the history")
+        await wait_until(pilot, lambda: app.charts_ready, what="the charts")
+        loss, durations = app.screen_stack[0].query_one(LossChart), app.screen_stack[0].query_one(EpochChart)
+
+        def charts_show_the_view() -> bool:
+            view = app.view
+            epochs = tuple(view.epochs)
+            return (loss.steps, loss.epochs, durations.epochs) == (tuple(view.steps), epochs, epochs) and not loss.redraw_pending
+
+        await wait_until(pilot, charts_show_the_view, what="the charts drawing the history")
         await pilot.pause(0.3)
 
     return run_before
@@ -45,22 +58,16 @@ def settled_on(state: str):
     ids=["training-80x24-dark", "training-200x60-dark", "training-200x60-light", "paused-battery-80x24-dark",
          "paused-timed-200x60-light", "idle-80x24-dark", "error-80x24-light"],
 )
-# Now and then, only inside a whole-suite run (a 200x60 picture; twice in a row once), one picture
-# differs from its snapshot with the same text: a race in what is drawn last, not found yet (36 runs of the
-# 200x60 pictures alone, half of them under CPU load, and the whole TUI directory passed). Seconds apart,
-# a later try draws it right.
-@pytest.mark.flaky(reruns=4, reruns_delay=3)
-def test_dashboard_snapshot(snap_compare, tmp_path, status, state, size, theme):
+def test_dashboard_snapshot(snap_compare, request, tmp_path, status, state, size, theme):
     with FakeDaemon(tmp_path / "home", status()) as daemon:
         app = make_app(daemon.paths.home, theme_name=theme)
-        assert snap_compare(app, terminal_size=size, run_before=settled_on(state))
+        assert snap_compare(app, terminal_size=size, run_before=settled_on(state)), svg_difference(request)
 
 
-@pytest.mark.flaky(reruns=4, reruns_delay=3)  # the drawing race of test_dashboard_snapshot
-def test_two_gpus_draw_a_loss_line_each(snap_compare, tmp_path):
+def test_two_gpus_draw_a_loss_line_each(snap_compare, request, tmp_path):
     with FakeDaemon(tmp_path / "home", two_gpus_status(), steps=sample_steps(("gpu0", "gpu1"))) as daemon:
         app = make_app(daemon.paths.home, theme_name="textual-dark")
-        assert snap_compare(app, terminal_size=(200, 60), run_before=settled_on("training"))
+        assert snap_compare(app, terminal_size=(200, 60), run_before=settled_on("training")), svg_difference(request)
 
 
 @pytest.mark.parametrize(("size", "theme"), [((80, 24), "textual-dark"), ((200, 60), "textual-light")])

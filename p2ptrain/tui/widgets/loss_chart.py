@@ -63,6 +63,7 @@ class LossChart(Chart):
         super().__init__(**kwargs)
         self._last_replot = float("-inf")
         self._redraw_timer: Timer | None = None
+        self._drew_a_loss = False
 
     def _replot(self) -> None:
         self._last_replot = monotonic()
@@ -79,7 +80,8 @@ class LossChart(Chart):
             for row in self.epochs
             if row.get("val_loss") is not None and row.get("ended_at")
         ]
-        if not train and not validation:
+        self._drew_a_loss = bool(train or validation)
+        if not self._drew_a_loss:
             plt.title("no loss recorded yet")
             self.redraw()
             return
@@ -97,12 +99,19 @@ class LossChart(Chart):
     def on_mount(self) -> None:
         self._replot()
 
+    @property
+    def redraw_pending(self) -> bool:
+        """True while new data waits for the next redraw (at most ``REDRAW_EVERY_S`` away)."""
+        return self._redraw_timer is not None
+
     def _data_changed(self) -> None:
-        """Redraw now if the last redraw is older than ``REDRAW_EVERY_S``, else once that much has passed."""
+        """Redraw now if the last redraw is older than ``REDRAW_EVERY_S`` or showed no loss yet (the first
+        losses, such as the history that arrives after the chart was mounted empty, are not kept waiting),
+        else once that much has passed."""
         if not self.is_mounted or self._redraw_timer is not None:
             return
         wait = self._last_replot + REDRAW_EVERY_S - monotonic()
-        if wait <= 0:
+        if wait <= 0 or not self._drew_a_loss:
             self._replot()
         else:
             self._redraw_timer = self.set_timer(wait, self._replot)

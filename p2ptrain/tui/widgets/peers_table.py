@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from textual.reactive import var
 from textual.widgets import DataTable
 
@@ -43,41 +44,56 @@ class PeersTable(DataTable):
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
 
     def on_mount(self) -> None:
-        self._last_seen_column = self.add_columns(*COLUMNS)[COLUMNS.index("Last seen")]
         self._refresh_rows()
 
     def _last_seen(self, peer: dict) -> str:
         return "now" if peer.get("is_local") else format_age(peer.get("last_seen"), self.now)
 
+    def _cells(self, peer: dict) -> tuple[str, ...]:
+        """A peer's row, in the order of ``COLUMNS``."""
+        return (
+            peer_name(peer),
+            format_number(peer.get("samples_per_second"), 1),
+            str(peer.get("epoch", "—")),
+            format_number(peer.get("loss"), 3),
+            peer.get("reachability") or "?",
+            self._last_seen(peer),
+            peer.get("device") or "?",
+            precision_text(peer),
+            str(peer.get("micro_batch") or "—"),
+        )
+
     def _refresh_rows(self) -> None:
-        # Rows are rebuilt when the peers change; keep the row the user has selected.
+        """Rebuild the rows when the peers change, keeping the row the user has selected.
+
+        The columns are as wide as their widest cell, set here rather than measured by the table: Textual's
+        DataTable measures added rows only when it is next idle, and a header it drew before that keeps the old
+        widths (narrower than the rows beneath it) until something else changes.
+        """
         selected_row = self.cursor_row
-        self.clear()
         ordered = sorted(self.peers, key=lambda peer: (not peer.get("is_local"), peer.get("nickname") or ""))
-        for peer in ordered:
-            self.add_row(
-                peer_name(peer),
-                format_number(peer.get("samples_per_second"), 1),
-                str(peer.get("epoch", "—")),
-                format_number(peer.get("loss"), 3),
-                peer.get("reachability") or "?",
-                self._last_seen(peer),
-                peer.get("device") or "?",
-                precision_text(peer),
-                str(peer.get("micro_batch") or "—"),
-                key=peer.get("peer_id"),
-            )
+        rows = [self._cells(peer) for peer in ordered]
+        self.clear(columns=True)
+        for index, label in enumerate(COLUMNS):
+            self.add_column(label, width=max([cell_len(label)] + [cell_len(row[index]) for row in rows]), key=label)
+        for peer, cells in zip(ordered, rows):
+            self.add_row(*cells, key=peer.get("peer_id"))
         if ordered:
             self.move_cursor(row=min(selected_row, len(ordered) - 1))
         self.border_subtitle = f"{len(ordered)} peers" if ordered else "no peers"
 
     def _refresh_ages(self) -> None:
-        """Only the "Last seen" cells, and only those whose text changed: the clock ticks every second."""
+        """Only the "Last seen" cells, and only those whose text changed: the clock ticks every second
+        (all rows again when an age outgrows its column)."""
+        width = self.columns["Last seen"].width
         for peer in self.peers:
             age = self._last_seen(peer)
             key = peer.get("peer_id")
-            if key in self.rows and self.get_cell(key, self._last_seen_column) != age:
-                self.update_cell(key, self._last_seen_column, age)
+            if cell_len(age) > width:
+                self._refresh_rows()
+                return
+            if key in self.rows and self.get_cell(key, "Last seen") != age:
+                self.update_cell(key, "Last seen", age)
 
     def watch_peers(self) -> None:
         if self.is_mounted:
