@@ -6,6 +6,12 @@ Newline-delimited JSON over a Unix socket, one object per line, at most
 ``error`` (``{"code", "message", "fix"}``). After ``subscribe`` the daemon
 pushes ``{"event": name, "data": ...}`` lines until the client hangs up.
 
+Both sides name their ``PROTOCOL_VERSION``: a request and a reply carry
+``"protocol"``, and each side refuses the other's when it differs, in one
+line that says which side to restart or upgrade (a CLI upgraded while the
+daemon kept running is the usual case). A request without it (``nc -U``, a
+script) is served as the daemon's own version.
+
 Standard library only: the CLI imports this module on every call.
 """
 
@@ -28,6 +34,7 @@ UNKNOWN_METHOD = "unknown-method"
 INVALID_STATE = "invalid-state"
 NOT_AVAILABLE = "not-available"
 INTERNAL = "internal"
+PROTOCOL_MISMATCH = "protocol-mismatch"
 
 METHODS = (
     "status",
@@ -94,7 +101,22 @@ def encode(message: dict) -> bytes:
 
 
 def error_reply(request_id: Any, code: str, message: str, fix: str = "") -> dict:
-    return {"id": request_id, "error": {"code": code, "message": message, "fix": fix}}
+    return {"id": request_id, "protocol": PROTOCOL_VERSION, "error": {"code": code, "message": message, "fix": fix}}
+
+
+def check_daemon_protocol(version: Any) -> None:
+    """Raise DaemonError (``protocol-mismatch``) when the daemon's protocol ``version`` is not this client's.
+
+    ``None`` (a daemon from before replies carried it) is version 1.
+    """
+    version = 1 if version is None else version
+    if version != PROTOCOL_VERSION:
+        raise DaemonError(
+            PROTOCOL_MISMATCH,
+            f"the daemon speaks control protocol {version} and this p2ptrain speaks {PROTOCOL_VERSION}",
+            "restart the daemon so that it runs the p2ptrain installed now (systemctl restart p2ptrain, "
+            "or stop it and run p2ptrain daemon), or use the p2ptrain it was started from",
+        )
 
 
 class ControlClient:
@@ -130,7 +152,7 @@ class ControlClient:
 
     def _request(self, method: str, params: dict | None) -> tuple[socket.socket, bytes]:
         self._next_id += 1
-        request = {"id": self._next_id, "method": method, "params": params or {}}
+        request = {"id": self._next_id, "protocol": PROTOCOL_VERSION, "method": method, "params": params or {}}
         return self._connect(), encode(request)
 
     def call(self, method: str, **params: Any) -> dict:
@@ -146,6 +168,7 @@ class ControlClient:
         if "error" in reply:
             error = reply["error"]
             raise DaemonError(error.get("code", INTERNAL), error.get("message", ""), error.get("fix", ""))
+        check_daemon_protocol(reply.get("protocol"))
         return reply["result"]
 
     def subscribe(self, timeout: float | None = None) -> Iterator[dict]:
@@ -172,6 +195,8 @@ class ControlClient:
                     if "error" in message:
                         error = message["error"]
                         raise DaemonError(error.get("code", INTERNAL), error.get("message", ""), error.get("fix", ""))
+                    if message.get("event") == "snapshot" and isinstance(message.get("data"), dict):
+                        check_daemon_protocol(message["data"].get("protocol"))
                     if "event" in message:
                         yield message
         finally:

@@ -165,6 +165,14 @@ class ControlServer:
             return request, error_reply(request_id, protocol.BAD_REQUEST, "'method' must be a string", f"use one of: {', '.join(protocol.METHODS)}")
         if not isinstance(params, dict):
             return request, error_reply(request_id, protocol.BAD_REQUEST, f"'params' must be an object, not {type(params).__name__}", 'send "params": {} or leave it out')
+        spoken = request.get("protocol", protocol.PROTOCOL_VERSION)
+        if spoken != protocol.PROTOCOL_VERSION:
+            return request, error_reply(
+                request_id,
+                protocol.PROTOCOL_MISMATCH,
+                f"this daemon speaks control protocol {protocol.PROTOCOL_VERSION} and the client speaks {spoken!r}",
+                "use the p2ptrain the daemon was started from, or restart the daemon so that it runs the one installed now",
+            )
         if method not in self.handlers and method != "subscribe":
             return request, error_reply(request_id, protocol.UNKNOWN_METHOD, f"unknown method {method!r}", f"use one of: {', '.join(protocol.METHODS)}")
         request["params"] = params
@@ -179,7 +187,7 @@ class ControlServer:
         except Exception as error:
             log.exception("method %s failed", request["method"])
             return error_reply(request_id, protocol.INTERNAL, f"{request['method']} failed: {error}", "see the daemon's log")
-        return {"id": request_id, "result": result}
+        return {"id": request_id, "protocol": protocol.PROTOCOL_VERSION, "result": result}
 
 
 async def _lines(reader: asyncio.StreamReader):

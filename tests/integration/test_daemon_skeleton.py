@@ -66,6 +66,7 @@ def test_human_status_reads_like_systemctl(daemons):
         (b'{"id":1,"method":"join","params":{"run":"r","new_run":true,"manifest":{"mode":"fast"}}}\n', "bad-request"),
         (b'{"id":1,"method":"config.set","params":{"key":"storage.flush_interval_s","value":"-3"}}\n', "bad-request"),
         (b'{"id":1,"method":"pause"}\n', "invalid-state"),
+        (b'{"id":1,"protocol":2,"method":"status"}\n', "protocol-mismatch"),
     ],
 )
 def test_bad_requests_get_an_error_reply_and_the_daemon_keeps_answering(daemons, payload, code):
@@ -197,6 +198,33 @@ def test_sd_notify_ready_status_and_stopping(daemons, short_tmp):
         receiver.close()
     assert any(d.startswith("READY=1") and "STATUS=idle" in d for d in datagrams)
     assert "STOPPING=1" in datagrams[-1]
+
+
+def test_a_cli_and_a_daemon_of_other_protocols_refuse_each_other_in_one_line(short_tmp):
+    """A daemon left running across an upgrade: the CLI names the mismatch and the fix instead of misreading."""
+    socket_path = resolve_paths(short_tmp / "home").socket
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(socket_path))
+        server.listen()
+
+        def answer_as_a_newer_daemon() -> None:
+            while True:
+                try:
+                    connection, _ = server.accept()
+                except OSError:
+                    return
+                with connection:
+                    request = json.loads(connection.makefile("rb").readline())
+                    reply = {"id": request["id"], "protocol": 2, "result": {"state": "idle", "protocol": 2}}
+                    connection.sendall(json.dumps(reply).encode() + b"\n")
+
+        threading.Thread(target=answer_as_a_newer_daemon, daemon=True).start()
+        result = cli(short_tmp / "home", "status")
+        server.shutdown(socket.SHUT_RDWR)
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode != 0 and len(output.splitlines()) == 1, output
+    assert "control protocol 2" in output and "restart the daemon" in output
 
 
 def test_unknown_method_error_carries_the_list_of_methods(daemons):

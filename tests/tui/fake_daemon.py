@@ -51,6 +51,7 @@ from p2ptrain.protocol import (  # noqa: E402
     INVALID_STATE,
     MAX_LINE_BYTES,
     METHODS,
+    PROTOCOL_VERSION,
     UNKNOWN_METHOD,
     encode,
     error_reply,
@@ -275,7 +276,7 @@ class FakeDaemon:
                 result = self._methods[method](params)
         except RequestError as error:
             return error_reply(request_id, error.code, error.message, error.fix)
-        return {"id": request_id, "result": copy.deepcopy(result)}
+        return {"id": request_id, "protocol": PROTOCOL_VERSION, "result": copy.deepcopy(result)}
 
     # ----- the methods (DEVELOPERS.md), with the rules of daemon/methods.py and supervisor.py -----
 
