@@ -49,5 +49,8 @@ def add_peers(text: OpenMetricsText, run_id: str, peers: list[dict]) -> None:
                  peer.get("trained_samples"), **labels)
         text.add("p2ptrain_peer_contributed_samples", "counter",
                  "samples of the peer that entered an adopted average or optimizer step", peer.get("contributed_samples"), **labels)
+        text.add("p2ptrain_peer_last_group_size", "gauge", "peers in the peer's last averaging round, itself included",
+                 peer.get("last_group") or None, **labels)
+        text.add("p2ptrain_peer_bans", "gauge", "peers this peer refuses to average with", len(peer.get("bans") or ()), **labels)
         text.add("p2ptrain_peer_last_seen_timestamp_seconds", "gauge", "when the peer last published its record (Unix time)",
                  peer.get("last_seen"), **labels)

@@ -255,6 +255,9 @@ class PeerRow(Message):
     progress records has None where it says nothing.
 
     Attributes:
+        last_group: peers in its last averaging round, itself included (0 before its first, or in a
+            run of manifest format 4 or older, whose records do not say).
+        bans: the peer ids it refuses to average with.
         compatible: it trains with our manifest (its ``manifest_hash``), so we average with it.
         last_seen: Unix (DHT) time of its latest record.
         is_local: one of this machine's own workers (the daemon sets it).
@@ -276,6 +279,8 @@ class PeerRow(Message):
     compatible: bool | None = None
     reachability: str | None = None
     version: str | None = None
+    last_group: int | None = None
+    bans: list[str] = dataclasses.field(default_factory=list)
     last_seen: float | None = None
     is_local: bool = False
     banned: bool = False

@@ -39,6 +39,7 @@ class RunHistory:
         self.speed: dict[str, deque] = {}  # peer id -> (record time, samples per second)
         self.throughput: deque = deque(maxlen=max_points)  # (read time, samples/s summed, epoch, compatible peers)
         self.epochs: deque = deque(maxlen=MAX_EPOCHS)  # {"epoch", "at", "peers"}: each epoch the monitor saw begin
+        self.rounds: dict[int, dict[str, int]] = {}  # epoch -> peer id -> peers in the round that took it there
         self.swarm: Swarm | None = None
         self.reads = 0
         self.read_errors = 0
@@ -80,6 +81,10 @@ class RunHistory:
             self._append(self.loss, row.peer_id, when, row.loss)
         if row.samples_per_second is not None:
             self._append(self.speed, row.peer_id, when, row.samples_per_second)
+        if row.last_group and row.epoch is not None:
+            self.rounds.setdefault(row.epoch, {})[row.peer_id] = row.last_group
+            for epoch in sorted(self.rounds)[:-MAX_EPOCHS]:
+                del self.rounds[epoch]
 
     def _append(self, series: dict[str, deque], peer_id: str, when: float, value: float) -> None:
         points = series.setdefault(peer_id, deque(maxlen=self.max_points))
@@ -107,15 +112,32 @@ class RunHistory:
             "samples_per_second": self.throughput[-1][1] if self.throughput else None,
         }
 
+    def bans(self) -> list[dict]:
+        """Each peer that a present peer bans: ``peer_id``, ``nickname`` (when the monitor knows it)
+        and ``by``, the peer ids of the present peers that ban it."""
+        banned: dict[str, list[str]] = {}
+        for peer in self.peers.values():
+            if peer["present"]:
+                for peer_id in peer.get("bans") or ():
+                    banned.setdefault(peer_id, []).append(peer["peer_id"])
+        return [
+            {"peer_id": peer_id, "nickname": (self.peers.get(peer_id) or {}).get("nickname"), "by": sorted(by)}
+            for peer_id, by in sorted(banned.items())
+        ]
+
     def to_json(self) -> dict:
         """``/api/run.json``: ``run``, ``peers`` (present ones first, then by nickname), ``epochs``
-        (newest last), ``series`` (``throughput``: [time, samples/s, epoch, peers];
-        ``loss`` and ``samples_per_second``: peer id -> [time, value]) and ``reads``."""
+        (newest last), ``rounds`` (``epoch`` and ``groups``, peer id -> peers in the averaging round
+        that took it to that epoch, as the peers' records say; newest last), ``bans`` (:meth:`bans`),
+        ``series`` (``throughput``: [time, samples/s, epoch, peers]; ``loss`` and
+        ``samples_per_second``: peer id -> [time, value]) and ``reads``."""
         peers = sorted(self.peers.values(), key=lambda peer: (not peer["present"], peer["nickname"] or "", peer["peer_id"]))
         return {
             "run": self.run_status(),
             "peers": peers,
             "epochs": list(self.epochs),
+            "rounds": [{"epoch": epoch, "groups": self.rounds[epoch]} for epoch in sorted(self.rounds)],
+            "bans": self.bans(),
             "series": {
                 "throughput": [list(point) for point in self.throughput],
                 "loss": {peer_id: [list(point) for point in points] for peer_id, points in self.loss.items()},

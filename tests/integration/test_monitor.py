@@ -149,6 +149,10 @@ def test_the_monitor_shows_the_runs_three_peers_with_their_loss_over_time(monito
         assert peer["last_seen"] > time.time() - 120
     assert run["series"]["throughput"] and run["reads"]["count"] >= 2
     assert "watching run 'monitored'" in monitor.log()
+    # the records of a run of today's manifest format say each peer's last averaging group, and whom it bans
+    assert any(2 <= peer["last_group"] <= 3 for peer in run["peers"]), run["peers"]
+    assert run["rounds"] and all(1 <= size <= 3 for round_ in run["rounds"] for size in round_["groups"].values())
+    assert run["bans"] == [] and all(peer["bans"] == [] for peer in run["peers"])
 
 
 def test_the_monitors_metrics_parse_as_openmetrics_with_every_peer(monitor):
@@ -211,6 +215,8 @@ def test_the_run_page_in_chromium_shows_three_peers_and_their_loss_curves(monito
     assert {series for series, points in parts.loss_lines if points >= 2} == peer_ids, parts.loss_lines
     for nickname in NICKNAMES:
         assert re.search(rf">{nickname}</td>", dom), nickname
+    assert re.search(r'class="groups">[a-z]+: [23]', dom), "no round with its group sizes on the page"
+    assert "nobody is banned" in dom
     picture = tmp_path / "monitor.png"
     screenshot(executable, f"{monitor.url}/", picture)
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -107,3 +107,21 @@ def test_a_failed_read_is_counted_and_shown_until_the_next_one_succeeds():
     assert history.to_json()["reads"] == {"count": 0, "failed": 1, "last_error": "TimeoutError: no answer", "at": 10}
     history.add(swarm(0, row("A", 1.0, 11)), at=12)
     assert history.to_json()["reads"]["last_error"] is None
+
+
+def test_the_history_shows_each_rounds_group_sizes_and_who_bans_whom():
+    history = RunHistory({"id": "r"})
+    a, b, c = row("A", 3.0, 100), row("B", 3.0, 100), row("C", 3.0, 100)
+    a.last_group, b.last_group, c.last_group = 3, 2, 0  # C has not averaged yet
+    b.bans = ["C", "Z"]
+    history.add(swarm(1, a, b, c), at=101)
+    b2 = row("B", 2.9, 130)
+    b2.epoch, b2.last_group, b2.bans = 2, 3, ["C"]
+    history.add(swarm(2, a, b2, c), at=131)
+    run = history.to_json()
+    assert run["rounds"] == [{"epoch": 1, "groups": {"A": 3, "B": 2}}, {"epoch": 2, "groups": {"B": 3}}]
+    assert run["bans"] == [{"peer_id": "C", "nickname": "C", "by": ["B"]}]  # Z: only the record B replaced named it
+    families = parsed(monitor_metrics(run))
+    by_peer = {sample.labels["peer"]: sample.value for sample in families["p2ptrain_peer_last_group_size"].samples}
+    assert by_peer == {"A": 3, "B": 3}  # C's 0 is "not yet", left out
+    assert {sample.labels["peer"]: sample.value for sample in families["p2ptrain_peer_bans"].samples} == {"A": 0, "B": 1, "C": 0}

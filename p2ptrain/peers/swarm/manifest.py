@@ -37,7 +37,9 @@ MANIFEST_EXPIRATION_S = 7 * 24 * 3600
 # 3: DiLoCo rounds end on the swarm's samples by default (round_end, round_time_limit_s); sparse
 #    compression rungs, compression_rungs and error_feedback_decay
 # 4: DiLoCo's outer step defaults to lr 1.0 without momentum (peers/swarm/outer_step.py says why)
-MANIFEST_FORMAT = 4
+# 5: the peers' metrics records carry last_group and bans (peers/swarm/records.py: a peer of an older
+#    format refuses a record with fields it does not know, so only runs of format 5 get them)
+MANIFEST_FORMAT = 5
 
 # What to tell a user whose value for a field was refused.
 _FIXES = {

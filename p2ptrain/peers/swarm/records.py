@@ -12,11 +12,16 @@ The format alone (pydantic only); publishing and reading the records is
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import pydantic
 
 METRICS_EXPIRATION_S = 90.0  # the worker writes its record every 30 s
+# Bounds on what a record may claim: anyone may publish one in a run.
+MAX_GROUP = 100_000
+MAX_BANS = 64
+PeerId = Annotated[str, pydantic.StringConstraints(min_length=1, max_length=128)]
+FIELDS_SINCE_FORMAT_5 = frozenset({"last_group", "bans"})
 
 
 def metrics_key(run_id: str) -> str:
@@ -40,6 +45,12 @@ class LocalMetrics(pydantic.BaseModel):
     p2ptrain version, ``reachability`` whether others dial it directly (measured,
     ``peers.net.reachability``), and
     ``time`` is the DHT time of the measurement.
+
+    From manifest format 5 on (:data:`FIELDS_SINCE_FORMAT_5`): ``last_group``, the peers
+    in its last averaging round, itself included (0 before its first), and
+    ``bans``, the peer ids it refuses to average with (``peers/robust/trust.py``).
+    A peer that runs an older format refuses a record with fields it does not
+    know, so :func:`record_for_format` leaves them out of the records of an older run.
     """
 
     model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
@@ -59,6 +70,8 @@ class LocalMetrics(pydantic.BaseModel):
     version: str = pydantic.Field("", max_length=32)
     reachability: Literal["direct", "relayed", "unreachable", "unknown"] = "unknown"
     time: float = pydantic.Field(0.0, ge=0)
+    last_group: int = pydantic.Field(0, ge=0, le=MAX_GROUP)
+    bans: list[PeerId] = pydantic.Field(default_factory=list, max_length=MAX_BANS)
 
     @pydantic.field_validator("loss", mode="before")
     @classmethod
@@ -67,3 +80,8 @@ class LocalMetrics(pydantic.BaseModel):
         if isinstance(value, float) and not math.isfinite(value):
             return None
         return value
+
+
+def record_for_format(metrics: LocalMetrics, manifest_format: int) -> dict:
+    """The record to publish for a run whose manifest is of ``manifest_format``: the fields its peers know."""
+    return metrics.model_dump(mode="json", exclude=FIELDS_SINCE_FORMAT_5 if manifest_format < 5 else None)

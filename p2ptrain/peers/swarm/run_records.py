@@ -16,8 +16,8 @@ import pydantic
 
 from p2ptrain.peers.net.dht import own_public_key
 from p2ptrain.peers.net.local_reads import read_record, store_record
-from p2ptrain.peers.swarm.manifest import MANIFEST_EXPIRATION_S, Manifest, ManifestError, check_run_id, choose_manifest, manifest_key, parse_manifest
-from p2ptrain.peers.swarm.records import METRICS_EXPIRATION_S, LocalMetrics, metrics_key
+from p2ptrain.peers.swarm.manifest import MANIFEST_EXPIRATION_S, MANIFEST_FORMAT, Manifest, ManifestError, check_run_id, choose_manifest, manifest_key, parse_manifest
+from p2ptrain.peers.swarm.records import METRICS_EXPIRATION_S, LocalMetrics, metrics_key, record_for_format
 from p2ptrain.peers.swarm.validators import follow_run, owner_peer_id
 
 logger = logging.getLogger(__name__)
@@ -123,9 +123,12 @@ def publish_manifest(dht, manifest: Manifest, expiration_s: float = MANIFEST_EXP
 
 
 
-def publish_metrics(dht, run_id: str, metrics: LocalMetrics, expiration_s: float = METRICS_EXPIRATION_S) -> bool:
+def publish_metrics(dht, run_id: str, metrics: LocalMetrics, manifest_format: int = MANIFEST_FORMAT,
+                    expiration_s: float = METRICS_EXPIRATION_S) -> bool:
     """Publish this peer's metrics for ``run_id``, signed under its own public key.
 
+    :param manifest_format: the run's manifest format: the record holds only the fields
+        its peers know (``records.record_for_format``).
     :param expiration_s: the record vanishes after this many seconds unless
         republished; publish at least twice per period to stay visible.
     :returns: whether the DHT accepted the record (False e.g. when no peer
@@ -134,7 +137,7 @@ def publish_metrics(dht, run_id: str, metrics: LocalMetrics, expiration_s: float
     from hivemind.utils import get_dht_time
 
     follow_run(dht, run_id)
-    stored = store_record(dht, metrics_key(run_id), own_public_key(dht), metrics.model_dump(mode="json"),
+    stored = store_record(dht, metrics_key(run_id), own_public_key(dht), record_for_format(metrics, manifest_format),
                           get_dht_time() + expiration_s)
     if not stored:
         logger.warning("the DHT did not accept this peer's metrics for run %s", run_id)

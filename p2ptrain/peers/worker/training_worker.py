@@ -138,6 +138,7 @@ class Worker:
         self.micro_batch: int | None = None  # known once the plan is read; confirmed by calibration
         self.last_loss: float | None = None
         self.samples_per_second = 0.0
+        self.last_round_group = 0  # peers in the last averaging round that finished (its metrics record's last_group)
         self.peer_id = ""
         self.left = False
         self.guard = DivergenceGuard()
@@ -597,7 +598,7 @@ class Worker:
         for trust_event in self.trainer.trust.collect(self.trainer.local_epoch):
             self.event(trust_event.kind, trust_event.message, **trust_event.data)
         if outcome.averaged_with is not None:
-            self.last_group = outcome.averaged_with
+            self.last_group = self.last_round_group = outcome.averaged_with
             if outcome.averaged_share < 1.0:
                 self.event("averaging-incomplete", f"averaged with {outcome.averaged_with} peers, but only "
                            f"{outcome.averaged_share:.0%} of the values: a peer dropped out mid-round or returned a part "
@@ -642,7 +643,7 @@ class Worker:
         from hivemind.utils import get_dht_time
 
         from p2ptrain import __version__
-        from p2ptrain.peers.swarm.records import LocalMetrics
+        from p2ptrain.peers.swarm.records import MAX_BANS, LocalMetrics
 
         return LocalMetrics(
             peer_id=self.peer_id, nickname=self.spec.nickname[:64],
@@ -651,6 +652,7 @@ class Worker:
             contributed_samples=self.trainer.account.contributed, trained_samples=self.trainer.account.trained,
             manifest_hash=self.manifest_hash,
             version=__version__, reachability=self.network.reachability, time=get_dht_time(),
+            last_group=self.last_round_group, bans=sorted(self.trainer.trust.banned)[:MAX_BANS],
         )
 
     def _report_swarm_forever(self) -> None:
@@ -664,7 +666,8 @@ class Worker:
             try:
                 training = self.state == "training"
                 if time.monotonic() - published_at >= METRICS_INTERVAL_S or self.state != published_state:
-                    publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(self.samples_per_second if training else 0.0))
+                    publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(self.samples_per_second if training else 0.0),
+                                    self.manifest.format)
                     published_state, published_at = self.state, time.monotonic()
                 self.report(read_swarm(self.dht, self.manifest.run_id, self.manifest_hash, self.manifest.target_batch_size))
             except Exception:
