@@ -24,7 +24,7 @@ from daemons import child_environment
 
 SOURCE = Path(__file__).resolve().parents[1]
 # What `python -m build` needs of the repository; p2ptrain/packaging is a symlink to packaging/.
-BUILD_INPUTS = ("pyproject.toml", "README.md", "p2ptrain", "packaging")
+BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "p2ptrain", "packaging")
 
 
 @dataclass

@@ -72,6 +72,7 @@ def test_the_sdist_and_the_wheel_hold_the_styles_and_the_systemd_units(release):
         assert name in in_wheel, f"{name} is missing from the wheel"
         assert name in in_sdist, f"{name} is missing from the sdist"
     assert release.wheel.name == f"p2ptrain-{__version__}-py3-none-any.whl"
+    assert f"p2ptrain-{__version__}.dist-info/licenses/LICENSE" in in_wheel and "LICENSE" in in_sdist
     entry_points = zipfile.ZipFile(release.wheel).read(f"p2ptrain-{__version__}.dist-info/entry_points.txt").decode()
     assert "p2ptrain = p2ptrain.cli:main" in entry_points and "p2ptrain-tui = p2ptrain.tui.app:main" in entry_points
 
