@@ -13,6 +13,10 @@ Two callers end a worker's group, with SIGTERM, a grace period, then SIGKILL:
   ``killpg`` its own group, so it signals every other member one by one and
   spares the caller, which exits right after.
 
+A worker names itself ``WORKER_PROCESS_NAME`` (``/proc/PID/comm``), so a
+daemon that looks at who computes on its GPU can tell another daemon's
+training worker from the owner's own programs.
+
 Imports neither torch nor hivemind (the daemon uses it); psutil only.
 """
 
@@ -34,6 +38,18 @@ logger = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.05
 KILL_WAIT_S = 2.0  # how long kill_group waits for the group to go after SIGKILL
+
+
+WORKER_PROCESS_NAME = "p2ptrain-worker"
+
+
+def name_this_process(name: str = WORKER_PROCESS_NAME) -> None:
+    """Set this process's name as ``ps`` and ``/proc/PID/comm`` show it (at most 15 bytes; Linux only)."""
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(name[:15])
+    except OSError:
+        pass  # not Linux, or /proc is not mounted: the name is cosmetic there
 
 
 def become_group_leader() -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from p2ptrain.config import PolicySettings
+from p2ptrain.processes import WORKER_PROCESS_NAME
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,10 @@ class SystemSensors:
             return None
 
     def other_gpu_processes(self) -> list[dict] | None:
-        """Processes computing on our GPU that are not ours; display servers (graphics only) do not count."""
+        """Processes computing on our GPU that are not ours; display servers (graphics only) do not count,
+        nor do other p2ptrain daemons' workers (``processes.WORKER_PROCESS_NAME``): two daemons on one GPU
+        would otherwise pause each other for good, each taking the other's worker for the owner's program.
+        Their memory is not free, so the plan of a worker started beside them already leaves it to them."""
         if self.gpu_index is None:
             return None
         try:
@@ -227,8 +231,8 @@ class SystemSensors:
             self._handle = None
             return None
         ours = self.own_pids() | {os.getpid()}
-        return [{"pid": process.pid, "name": _process_name(process.pid)}
-                for process in running if process.pid not in ours]
+        others = [{"pid": process.pid, "name": _process_name(process.pid)} for process in running if process.pid not in ours]
+        return [other for other in others if other["name"] != WORKER_PROCESS_NAME]
 
 
 class CachedSensors:

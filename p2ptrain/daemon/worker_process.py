@@ -34,7 +34,7 @@ import psutil
 
 from p2ptrain.daemon.temp_files import remove_worker_temp_dir
 from p2ptrain.daemon.worker_slots import leftover_pgid_files
-from p2ptrain.processes import group_alive, kill_group
+from p2ptrain.processes import group_alive, kill_group, name_this_process
 from p2ptrain.worker_pipe import Command, Joined, MalformedMessage, Report, WorkerSpec, decode_report, encode
 
 MEMORY_HEADROOM_ENV = "P2PTRAIN_WORKER_MEMORY_HEADROOM_MB"
@@ -49,6 +49,7 @@ def _run_worker(conn, spec: dict) -> None:
     set first, so CUDA sees only the worker's own GPU, and so is its own
     ``TMPDIR`` (``temp_dir``), so its leftovers go with it.
     """
+    name_this_process()  # another daemon on this GPU sees a p2ptrain worker, not "another program"
     os.environ.update(spec["environment"])
     if spec.get("temp_dir"):
         os.environ["TMPDIR"] = tempfile.tempdir = spec["temp_dir"]

@@ -205,6 +205,39 @@ def test_system_sensors_read_nvml_and_skip_our_own_workers():
     sensors = SystemSensors(gpu_index=0, own_pids=lambda: {111}, nvml=Nvml())
     assert sensors.gpu_temperature_c() == 71.0
     assert [process["pid"] for process in sensors.other_gpu_processes()] == [222]
+
+
+def test_another_daemons_worker_on_our_gpu_is_not_another_program():
+    """Two daemons on one GPU paused each other for good (GPU findings, item 7): each saw the other's worker."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from p2ptrain.daemon.policies import SystemSensors
+
+    named_like_a_worker = "from p2ptrain.processes import name_this_process; import time; name_this_process(); print(flush=True); time.sleep(60)"
+    programs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+                for code in (named_like_a_worker, "import time; print(flush=True); time.sleep(60)")]
+    try:
+        for program in programs:
+            program.stdout.readline()  # named (or not) by now
+
+        class Nvml:
+            def nvmlInit(self):
+                pass
+
+            def nvmlDeviceGetHandleByIndex(self, index):
+                return index
+
+            def nvmlDeviceGetComputeRunningProcesses(self, handle):
+                return [SimpleNamespace(pid=program.pid, usedGpuMemory=0) for program in programs]
+
+        others = SystemSensors(gpu_index=0, nvml=Nvml()).other_gpu_processes()
+        assert [process["pid"] for process in others] == [programs[1].pid]
+    finally:
+        for program in programs:
+            program.kill()
+            program.wait(10)
     cpu_only = SystemSensors()
     assert cpu_only.gpu_temperature_c() is None and cpu_only.other_gpu_processes() is None
 
