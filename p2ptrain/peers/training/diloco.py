@@ -46,7 +46,6 @@ import threading
 import time
 from typing import Sequence
 
-import hivemind
 import torch
 from hivemind.averaging.control import StepControl
 from hivemind.compression import CompressionInfo, TensorRole
@@ -70,6 +69,7 @@ from p2ptrain.peers.training.round_cancel import CancellableRounds
 from p2ptrain.peers.training.round_loss import CountsLostParts, found_no_group
 from p2ptrain.peers.training.sync import MAX_ROUNDS_BEHIND, CheckedStateMixin, StepOutcome, all_finite
 from p2ptrain.peers.robust.trust import Trust
+from p2ptrain.peers.training.settings import LrSchedule, SwarmSettings
 
 logger = logging.getLogger(__name__)
 
@@ -110,59 +110,41 @@ class DiLoCoTrainer:
     """Trains the trainable parameters with DiLoCo, a round every H inner steps (``round_end: local_steps``).
 
     Args:
-        dht: the running hivemind DHT.
-        prefix: ``averaging_prefix(manifest)``; peers average only within it.
-        parameters: the trainable parameters (the local copy, inside the model).
-        target_batch_size: samples the swarm trains per outer step; a peer that
-            finished its H steps waits for the swarm to reach it.
-        batch_size_per_step: samples per inner step on this peer.
+        swarm: the swarm and this peer's share in it (``settings.SwarmSettings``), where
+            ``target_batch_size`` is the samples the swarm trains per outer step (a peer that
+            finished its H steps waits for the swarm to reach it), ``inner_lr`` the inner
+            AdamW's and ``compression`` the rung this peer sends pseudo-gradients with
+            (``compression_ladder``).
         local_steps: H, inner steps per outer step.
-        inner_lr: AdamW learning rate of the inner steps (its peak, under a schedule).
-        warmup_epochs, lr_schedule, total_epochs: the inner learning rate's
-            warm-up and schedule, in epochs of H inner steps (see the module doc).
         outer_lr, outer_momentum: the outer Nesterov SGD (0.7 and 0.9 in DiLoCo).
-        compression: the rung this peer sends pseudo-gradients with (``compression_ladder``).
+        schedule: the inner learning rate's warm-up and schedule, in epochs of H inner steps
+            (see the module doc).
         allowed_compression: the rungs the run allows (None: only ``compression``); this
             peer's reducers refuse parts of any other rung.
         error_feedback_decay: on a sparse rung, the share of what was not sent that is
             carried into the next round (``error_feedback``).
-        matchmaking_time: seconds peers spend forming an averaging group.
-        averaging_timeout: seconds before a stuck averaging round is abandoned.
-        client_mode: this peer cannot accept connections.
-        trust: this peer's ``Trust`` (bans from earlier, suspects named in rounds);
-            a fresh one when None.
     """
 
     def __init__(
         self,
+        swarm: SwarmSettings,
         *,
-        dht: hivemind.DHT,
-        prefix: str,
-        parameters: Sequence[torch.nn.Parameter],
-        target_batch_size: int,
-        batch_size_per_step: int,
         local_steps: int,
-        inner_lr: float,
         outer_lr: float,
         outer_momentum: float,
-        compression: str,
-        matchmaking_time: float,
-        averaging_timeout: float,
-        warmup_epochs: int = 0,
-        lr_schedule: str = "constant",
-        total_epochs: int | None = None,
-        client_mode: bool = False,
+        schedule: LrSchedule = LrSchedule(),
         allowed_compression: Sequence[str] | None = None,
         error_feedback_decay: float = 1.0,
-        trust: Trust | None = None,
     ):
-        self.parameters = list(parameters)
-        self.trust = trust if trust is not None else Trust()
+        dht, prefix, compression, client_mode = swarm.dht, swarm.prefix, swarm.compression, swarm.client_mode
+        target_batch_size, inner_lr, matchmaking_time = swarm.target_batch_size, swarm.inner_lr, swarm.matchmaking_time
+        self.parameters = list(swarm.parameters)
+        self.trust = swarm.trust if swarm.trust is not None else Trust()
         self.local_steps = local_steps
         self.target_batch_size = target_batch_size
         self.inner_lr = inner_lr
-        self._lr_factor = inner_lr_factor(local_steps, warmup_epochs, lr_schedule, total_epochs)
-        self.matchmaking_time, self.averaging_timeout = matchmaking_time, averaging_timeout
+        self._lr_factor = inner_lr_factor(local_steps, schedule.warmup_epochs, schedule.lr_schedule, schedule.total_epochs)
+        self.matchmaking_time, self.averaging_timeout = matchmaking_time, swarm.averaging_timeout
         self.local_epoch = 0
         self.inner_steps = 0
         self.samples_this_epoch = 0  # trained in this round (what the progress tracker counts)
@@ -191,13 +173,13 @@ class DiLoCoTrainer:
             prefix=f"{prefix}_diloco",
             min_matchmaking_time=matchmaking_time,
             request_timeout=min(3.0, matchmaking_time / 2),
-            allreduce_timeout=averaging_timeout,
+            allreduce_timeout=swarm.averaging_timeout,
             compression=make_compression(rung.name, self.global_parameters),
             client_mode=client_mode,
             start=True,
             trust=self.trust,
             robust=RobustOptions.for_pseudo_gradients(
-                plausible_weight(max(target_batch_size, local_steps * batch_size_per_step)), inner_lr,
+                plausible_weight(max(target_batch_size, local_steps * swarm.batch_size_per_step)), inner_lr,
                 # bounds a pseudo-gradient by the samples behind it, which this peer sends as its weight
                 rounds_held(rungs, error_feedback_decay), parameter_count=len(self.global_parameters)),
         )

@@ -69,6 +69,7 @@ from p2ptrain.peers.training.diloco import DiLoCoTrainer
 from p2ptrain.peers.training.diloco_math import pseudo_gradients
 from p2ptrain.peers.training.round_loss import found_no_group
 from p2ptrain.peers.training.sync import StepOutcome, all_finite
+from p2ptrain.peers.training.settings import SwarmSettings
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +113,8 @@ class SwarmRoundTrainer(DiLoCoTrainer):
             however few samples the swarm trained (None: it ends on samples only).
     """
 
-    def __init__(self, *, round_time_limit_s: float | None = None, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, swarm: SwarmSettings, *, round_time_limit_s: float | None = None, **kwargs):
+        super().__init__(swarm, **kwargs)
         self.round_time_limit_s = round_time_limit_s
         self._round: RoundInFlight | None = None
         self._scheduled: StepControl | None = None

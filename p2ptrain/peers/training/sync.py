@@ -44,6 +44,7 @@ from p2ptrain.peers.training.round_cancel import CancellableRounds
 from p2ptrain.peers.training.round_loss import CountsLostParts, found_no_group
 from p2ptrain.peers.training.sample_account import SampleAccount
 from p2ptrain.peers.robust.trust import Trust
+from p2ptrain.peers.training.settings import LrSchedule, SwarmSettings
 
 logger = logging.getLogger(__name__)
 
@@ -324,59 +325,31 @@ class SyncTrainer:
     """Trains the trainable parameters in sync mode with a hivemind.Optimizer.
 
     Args:
-        dht: the running hivemind DHT.
-        prefix: ``averaging_prefix(manifest)``; peers average only within it.
-        parameters: the trainable parameters (only these are averaged).
-        target_batch_size: samples the whole swarm gathers per epoch.
-        batch_size_per_step: samples this peer contributes per ``step``
-            (micro_batch * grad_accum).
-        inner_lr: the optimizer's base learning rate.
-        compression: manifest compression name, used for gradients and state.
-        matchmaking_time: seconds peers spend forming an averaging group.
-        averaging_timeout: seconds before a stuck averaging round is abandoned.
-        client_mode: this peer cannot accept connections (behind NAT, no relay).
-        trust: this peer's ``Trust`` (bans from earlier, suspects named in rounds);
-            a fresh one when None.
+        swarm: the swarm and this peer's share in it (``settings.SwarmSettings``), where
+            ``target_batch_size`` is the samples the whole swarm gathers per epoch and
+            ``compression`` the manifest's, used for gradients and state.
         optimizer: "adamw" or "lamb" (see ``p2ptrain.peers.training.optimizers``).
-        warmup_epochs, lr_schedule, total_epochs: the learning rate per global
-            epoch (``optimizers.learning_rate_factor``).
+        schedule: the learning rate per global epoch (``optimizers.learning_rate_factor``).
     """
 
-    def __init__(
-        self,
-        *,
-        dht: hivemind.DHT,
-        prefix: str,
-        parameters: Sequence[torch.nn.Parameter],
-        target_batch_size: int,
-        batch_size_per_step: int,
-        inner_lr: float,
-        compression: str,
-        matchmaking_time: float,
-        averaging_timeout: float,
-        client_mode: bool = False,
-        trust: Trust | None = None,
-        optimizer: str = "adamw",
-        warmup_epochs: int = 0,
-        lr_schedule: str = "constant",
-        total_epochs: int | None = None,
-    ):
-        self.parameters = list(parameters)
-        compressor = make_compression(compression, self.parameters)
+    def __init__(self, swarm: SwarmSettings, *, optimizer: str = "adamw", schedule: LrSchedule = LrSchedule()):
+        matchmaking_time, averaging_timeout, inner_lr = swarm.matchmaking_time, swarm.averaging_timeout, swarm.inner_lr
+        self.parameters = list(swarm.parameters)
+        compressor = make_compression(swarm.compression, self.parameters)
         optimizer_name = optimizer
-        self.trust = trust if trust is not None else Trust()
+        self.trust = swarm.trust if swarm.trust is not None else Trust()
         self.account = SampleAccount()
         self.optimizer = SyncOptimizer(
             trust=self.trust,
             account=self.account,
-            dht=dht,
-            run_id=prefix,
-            target_batch_size=target_batch_size,
-            batch_size_per_step=batch_size_per_step,
+            dht=swarm.dht,
+            run_id=swarm.prefix,
+            target_batch_size=swarm.target_batch_size,
+            batch_size_per_step=swarm.batch_size_per_step,
             params=self.parameters,
             optimizer=lambda params: make_optimizer(optimizer_name, params, lr=inner_lr),
             # stepped by hivemind once per global epoch, so all peers share one learning rate
-            scheduler=make_scheduler(warmup_epochs, lr_schedule, total_epochs),
+            scheduler=make_scheduler(schedule.warmup_epochs, schedule.lr_schedule, schedule.total_epochs),
             matchmaking_time=matchmaking_time,
             averaging_timeout=averaging_timeout,
             # hivemind's default (the matchmaking time: 3 s on a LAN) drops a peer that is busy for 3 s
@@ -388,7 +361,7 @@ class SyncTrainer:
             # separate accumulators, so a batch with non-finite gradients can be
             # dropped before it reaches them (see skip_batch)
             reuse_grad_buffers=False,
-            client_mode=client_mode,
+            client_mode=swarm.client_mode,
             # hivemind warns (and can deadlock) when a request may outlive matchmaking
             averager_opts={"request_timeout": min(3.0, matchmaking_time / 2)},
             verbose=logger.isEnabledFor(logging.DEBUG),

@@ -7,6 +7,9 @@ trainer works in the background; ``is_behind`` and ``load_state_from_peers``
 catch up with the swarm; ``account`` says what became of every sample. ``tests/unit/test_trainer_protocol.py`` checks that
 both trainers have every member with the same arguments.
 
+Both trainers are built from a ``SwarmSettings`` and an ``LrSchedule``
+(``settings.py``), plus what only their mode has.
+
 Importable without torch or hivemind (the types are for type checkers only).
 """
 

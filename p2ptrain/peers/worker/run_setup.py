@@ -9,6 +9,7 @@ imported inside the functions.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from pathlib import Path
@@ -190,11 +191,12 @@ def make_trainer(spec: WorkerSpec, plan: WorkerPlan, manifest, dht, parameters, 
     from p2ptrain.peers.swarm.manifest import averaging_prefix
     from p2ptrain.peers.robust.matchmaking import pace_leader_search
     from p2ptrain.peers.training.sync import averaging_timings
+    from p2ptrain.peers.training.settings import LrSchedule, SwarmSettings
     from p2ptrain.peers.robust.trust import Trust
 
     pace_leader_search()  # before the averager processes fork
 
-    common = dict(
+    swarm = SwarmSettings(
         trust=Trust(banned=spec.banned_peers),
         dht=dht, prefix=averaging_prefix(manifest), parameters=parameters,
         target_batch_size=manifest.target_batch_size, batch_size_per_step=batch_size_per_step,
@@ -202,24 +204,24 @@ def make_trainer(spec: WorkerSpec, plan: WorkerPlan, manifest, dht, parameters, 
         client_mode=spec.dht.client_mode or averaging_client,
         **averaging_timings(spec.averaging.to_dict() if spec.averaging else None, spec.dht.host_maddrs),
     )
-    schedule = dict(warmup_epochs=manifest.warmup_epochs, lr_schedule=manifest.lr_schedule, total_epochs=manifest.total_epochs)
+    schedule = LrSchedule(manifest.warmup_epochs, manifest.lr_schedule, manifest.total_epochs)
     if manifest.mode == "diloco":
         from p2ptrain.peers.compression.ladder import RungNotAllowed, allowed_rungs
 
         allowed = [rung.name for rung in allowed_rungs(manifest.compression, manifest.compression_rungs)]
-        common["compression"] = peer_compression(spec, plan, manifest, sum(parameter.numel() for parameter in parameters))
+        swarm = dataclasses.replace(swarm, compression=peer_compression(spec, plan, manifest, sum(parameter.numel() for parameter in parameters)))
         diloco = dict(local_steps=manifest.local_steps, outer_lr=manifest.outer_lr, outer_momentum=manifest.outer_momentum,
-                      allowed_compression=allowed, error_feedback_decay=manifest.error_feedback_decay)
+                      allowed_compression=allowed, error_feedback_decay=manifest.error_feedback_decay, schedule=schedule)
         try:
             if manifest.round_end == "local_steps":
                 from p2ptrain.peers.training.diloco import DiLoCoTrainer
 
-                return DiLoCoTrainer(**diloco, **schedule, **common)
+                return DiLoCoTrainer(swarm, **diloco)
             from p2ptrain.peers.training.diloco_rounds import SwarmRoundTrainer
 
-            return SwarmRoundTrainer(round_time_limit_s=manifest.round_time_limit_s, **diloco, **schedule, **common)
+            return SwarmRoundTrainer(swarm, round_time_limit_s=manifest.round_time_limit_s, **diloco)
         except RungNotAllowed as error:
             raise WorkerFailure(error.message, error.fix) from error
     from p2ptrain.peers.training.sync import SyncTrainer
 
-    return SyncTrainer(optimizer=manifest.optimizer, **schedule, **common)
+    return SyncTrainer(swarm, optimizer=manifest.optimizer, schedule=schedule)
