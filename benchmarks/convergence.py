@@ -504,6 +504,35 @@ def markdown(setup: Setup, results: list[Result], command: str, seconds: float) 
     return "\n".join(lines) + "\n"
 
 
+def load_results(path: Path) -> tuple[list[Result], dict]:
+    """The results of a ``--save`` file and its facts (commit, date, machine, load, setup); a file
+    of the older format is the list of results alone."""
+    data = json.loads(path.read_text())
+    rows, facts = (data, {}) if isinstance(data, list) else (data["results"], {k: v for k, v in data.items() if k != "results"})
+    return [Result(**row) for row in rows], facts
+
+
+def rows_table(path: Path) -> str:
+    """The table RESULTS.md shows of a ``--save`` file: every row against its 1 peer 4B baseline,
+    bytes against the every-step fp32 all-reduce of the tiny preset (files of the older format
+    hold no setup: B = 4 and the preset's parameters, what every run so far used)."""
+    results, facts = load_results(path)
+    setup = facts.get("setup") or {}
+    parameters = setup.get("parameters") or build_model("tiny", seed=SEED).trainable_parameters
+    reference = PEERS * allreduce_bytes(PEERS, parameters, 4.0) / (PEERS * setup.get("micro_batch", 4))
+    baseline = next(result for result in results if result.name.startswith("1 peer, batch 4B"))
+    lines = ["| config | total samples | eval loss | Δ vs 1 peer 4B | averaging rounds per peer | bytes/sample computed | "
+             "bytes/sample measured | reduction vs every-step fp32 all-reduce (computed) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for result in sorted(results, key=lambda result: result.order):
+        delta = 100 * (result.eval_loss - baseline.eval_loss) / baseline.eval_loss
+        measured = f"{result.measured_bytes:,.0f}" if result.measured_bytes else ""
+        reduction = f"{reference / result.computed_bytes:,.0f}x" if result.rounds else "no communication"
+        lines.append(f"| {result.name} | {result.samples:,} | {result.eval_loss:.4f} | {delta:+.2f} % | {result.rounds} | "
+                     f"{result.computed_bytes:,.0f} | {measured} | {reduction} |")
+    return "\n".join(lines)
+
+
 def plot(results: list[Result], setup: Setup, out_dir: Path) -> bool:
     try:
         import matplotlib
