@@ -54,6 +54,12 @@ def _diloco_stability(path: Path) -> str:
     return diloco_study.stability([path])
 
 
+def _db_year(path: Path) -> str:
+    import db_year
+
+    return db_year.report(path)
+
+
 def _gpu_plan(path: Path) -> str:
     import gpu_plan
 
@@ -72,6 +78,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "diloco-stability": _diloco_stability,
     "convergence": _convergence,
     "gpu-plan": _gpu_plan,
+    "db-year": _db_year,
 }
 
 
