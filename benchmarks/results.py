@@ -60,6 +60,12 @@ def _db_year(path: Path) -> str:
     return db_year.report(path)
 
 
+def _heterogeneous(path: Path) -> str:
+    import heterogeneous
+
+    return heterogeneous.report(path)
+
+
 def _gpu_plan(path: Path) -> str:
     import gpu_plan
 
@@ -79,6 +85,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "convergence": _convergence,
     "gpu-plan": _gpu_plan,
     "db-year": _db_year,
+    "heterogeneous": _heterogeneous,  # no data file yet: the next run of heterogeneous.py writes one
 }
 
 
