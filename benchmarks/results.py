@@ -66,6 +66,12 @@ def _heterogeneous(path: Path) -> str:
     return heterogeneous.report(path)
 
 
+def _wan(path: Path) -> str:
+    import wan
+
+    return wan.report(path)
+
+
 def _gpu_plan(path: Path) -> str:
     import gpu_plan
 
@@ -84,6 +90,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "diloco-stability": _diloco_stability,
     "convergence": _convergence,
     "gpu-plan": _gpu_plan,
+    "wan": _wan,
     "db-year": _db_year,
     "heterogeneous": _heterogeneous,  # no data file yet: the next run of heterogeneous.py writes one
 }
