@@ -2,9 +2,11 @@
 
     nice -n 10 .venv/bin/python benchmarks/convergence.py [--total-samples N] [--quick]
 
-writes ``benchmarks/convergence_results.md``, its table and goals into the
-convergence section of ``benchmarks/RESULTS.md``, ``convergence_loss.png`` and
-``convergence_bytes.png`` (the plots need matplotlib). First the tiny preset is
+writes ``benchmarks/convergence_results.md`` (the table, goals and notes),
+``convergence_loss.png`` and ``convergence_bytes.png`` (the plots need matplotlib);
+``--save FILE`` the raw results with the commit, date, machine, load and setup,
+from which ``benchmarks/results.py`` renders RESULTS.md's table (``rows_table``;
+mark it ``<!-- table: convergence from FILE -->``). First the tiny preset is
 pretrained here on ``--pretrain-samples`` and saved as a model directory with its
 byte tokenizer (what ``p2ptrain export`` writes); every configuration fine-tunes
 that directory, on the stdlib corpus, from the same weights:
@@ -46,6 +48,8 @@ from pathlib import Path
 
 import psutil
 import torch
+
+from run_facts import facts
 
 from p2ptrain.peers.model.checkpoint import checkpoint_path, load_checkpoint
 from p2ptrain.peers.compression.ladder import DENSE_BYTES_PER_VALUE, parse_rung
@@ -504,6 +508,35 @@ def markdown(setup: Setup, results: list[Result], command: str, seconds: float) 
     return "\n".join(lines) + "\n"
 
 
+def load_results(path: Path) -> tuple[list[Result], dict]:
+    """The results of a ``--save`` file and its facts (commit, date, machine, load, setup); a file
+    of the older format is the list of results alone."""
+    data = json.loads(path.read_text())
+    rows, facts = (data, {}) if isinstance(data, list) else (data["results"], {k: v for k, v in data.items() if k != "results"})
+    return [Result(**row) for row in rows], facts
+
+
+def rows_table(path: Path) -> str:
+    """The table RESULTS.md shows of a ``--save`` file: every row against its 1 peer 4B baseline,
+    bytes against the every-step fp32 all-reduce of the tiny preset (files of the older format
+    hold no setup: B = 4 and the preset's parameters, what every run so far used)."""
+    results, facts = load_results(path)
+    setup = facts.get("setup") or {}
+    parameters = setup.get("parameters") or build_model("tiny", seed=SEED).trainable_parameters
+    reference = PEERS * allreduce_bytes(PEERS, parameters, 4.0) / (PEERS * setup.get("micro_batch", 4))
+    baseline = next(result for result in results if result.name.startswith("1 peer, batch 4B"))
+    lines = ["| config | total samples | eval loss | Δ vs 1 peer 4B | averaging rounds per peer | bytes/sample computed | "
+             "bytes/sample measured | reduction vs every-step fp32 all-reduce (computed) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for result in sorted(results, key=lambda result: result.order):
+        delta = 100 * (result.eval_loss - baseline.eval_loss) / baseline.eval_loss
+        measured = f"{result.measured_bytes:,.0f}" if result.measured_bytes else ""
+        reduction = f"{reference / result.computed_bytes:,.0f}x" if result.rounds else "no communication"
+        lines.append(f"| {result.name} | {result.samples:,} | {result.eval_loss:.4f} | {delta:+.2f} % | {result.rounds} | "
+                     f"{result.computed_bytes:,.0f} | {measured} | {reduction} |")
+    return "\n".join(lines)
+
+
 def plot(results: list[Result], setup: Setup, out_dir: Path) -> bool:
     try:
         import matplotlib
@@ -542,22 +575,13 @@ def plot(results: list[Result], setup: Setup, out_dir: Path) -> bool:
     return True
 
 
-# RESULTS.md's convergence section lies between these lines; each run rewrites it
-SECTION_START = "<!-- benchmarks/convergence.py writes from here -->"
-SECTION_END = "<!-- benchmarks/convergence.py writes up to here -->"
-
-
-def update_results_section(results_file: Path, table: str) -> None:
-    """Put ``table`` (this run's markdown, its title dropped) between the section markers of
-    ``results_file``; a file without the markers is left alone."""
-    if not results_file.is_file():
-        return
-    text = results_file.read_text()
-    start, end = text.find(SECTION_START), text.find(SECTION_END)
-    if start < 0 or end < start:
-        return
-    body = table.split("\n", 2)[2] if table.startswith("# ") else table
-    results_file.write_text(text[:start + len(SECTION_START)] + "\n\n" + body.strip() + "\n\n" + text[end:])
+def save_results(path: Path, setup: Setup, results: list[Result], facts: dict) -> None:
+    """The ``--save`` file: the run's facts (``run_facts.facts()`` at its start), its setup and its results."""
+    shared = {key: getattr(setup, key) for key in ("total_samples", "micro_batch", "seq_len", "inner_lr", "lr_schedule",
+                                                    "outer_lr", "outer_momentum", "pretrain_samples", "pretrained_loss",
+                                                    "error_feedback_decay", "parameters")}
+    path.write_text(json.dumps({"benchmark": "convergence", **facts, "load_now": os.getloadavg(), "setup": shared,
+                                "results": [result.__dict__ for result in results]}))
 
 
 def write_outputs(setup: Setup, results: list[Result], command: str, started: float, out_dir: Path) -> str:
@@ -565,7 +589,6 @@ def write_outputs(setup: Setup, results: list[Result], command: str, started: fl
     results = sorted(results, key=lambda result: result.order)
     text = markdown(setup, results, command, time.monotonic() - started)
     (out_dir / "convergence_results.md").write_text(text)
-    update_results_section(out_dir / "RESULTS.md", text)
     plot(results, setup, out_dir)
     return text
 
@@ -612,7 +635,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1500, help="seconds one swarm configuration may take (sync needs ~5 s a round on a busy 2-core machine)")
     args = parser.parse_args()
     total = args.total_samples or (1280 if args.quick else 25600)
-    started = time.monotonic()
+    started, before = time.monotonic(), facts()
     pretrain_samples = args.pretrain_samples if args.pretrain_samples is not None else (2000 if args.quick else 24000)
     seq_len = 32 if args.quick else 64
     with tempfile.TemporaryDirectory(prefix="p2ptrain-convergence-") as temp:
@@ -635,7 +658,7 @@ def main() -> None:
         baselines = [("baseline", PEERS, ""), ("baseline", 1, "")] if "baselines" in args.swarms else []
         plans = baselines + [plan for plan in plans if f"{plan[0]}-{plan[2]}" in args.swarms]
         command = "nice -n 10 .venv/bin/python " + " ".join(["benchmarks/convergence.py"] + sys.argv[1:])
-        results = [Result(**row) for path in args.load for row in json.loads(path.read_text())]
+        results = [result for path in args.load for result in load_results(path)[0]]
         names = {result.name for result in results}
         plans = [plan for plan in plans if plan_name(setup, *plan) not in names]
         lock = threading.Lock()
@@ -659,7 +682,7 @@ def main() -> None:
                 print(f"{time.monotonic() - began:.0f} s:", json.dumps(done[-1].__dict__, default=str)[:400], file=sys.stderr, flush=True)
                 # after every configuration, so a cut-short run still leaves its results
                 if args.save:
-                    args.save.write_text(json.dumps([result.__dict__ for result in results]))
+                    save_results(args.save, setup, results, before)
                 if any(result.order == PEERS * setup.micro_batch for result in results):
                     text = write_outputs(setup, results, command, started, args.out_dir)
 

@@ -24,12 +24,16 @@ used (``contributed``: they entered an adopted average or optimizer step) and wh
 the rest was not; averaged rounds; and each peer's idle share: the time between
 two batch computations while training (averaging, state downloads, waiting for the
 others, epoch-end validation), over the budget. Writes ``heterogeneous_results.md``
-and its section of ``RESULTS.md``.
+and the raw results with the commit, date, machine and load to ``--out`` (default
+``benchmarks/heterogeneous_<date>.json``), from which ``benchmarks/results.py`` renders
+RESULTS.md's tables (``report``; mark them ``<!-- table: heterogeneous from FILE -->``).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import sys
 import tempfile
@@ -42,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 import cpu_quota  # noqa: E402  (tests/cpu_quota.py)
+from run_facts import facts  # noqa: E402
 from convergence import DATASET, EVAL_BATCH, FINAL_EVAL_BATCHES, JOIN_TIMEOUT_S, SEED, Setup, Worker  # noqa: E402
 from p2ptrain.peers.model.checkpoint import load_checkpoint  # noqa: E402
 from p2ptrain.peers.model.models import build_model, mean_loss  # noqa: E402
@@ -50,8 +55,6 @@ from p2ptrain.peers.model.data import validation_batches  # noqa: E402
 PEERS = ("fast0", "fast1", "slow")
 MICRO_BATCH, SEQ_LEN, INNER_LR = 4, 64, 3e-3
 MATCHMAKING_TIME = 3.0  # the product's default on 127.0.0.1 (peers.training.sync.LOCAL_AVERAGING)
-SECTION_START = "<!-- benchmarks/heterogeneous.py writes from here -->"
-SECTION_END = "<!-- benchmarks/heterogeneous.py writes up to here -->"
 
 
 def manifest_for(name: str, args, run_id: str) -> dict:
@@ -168,14 +171,20 @@ def markdown(results: list[dict], args, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(text: str) -> None:
+def report(path: Path) -> str:
+    """RESULTS.md's tables of an ``--out`` data file (``markdown`` without its title)."""
+    data = json.loads(path.read_text())
+    return markdown(data["results"], argparse.Namespace(**data["options"]), data["command"]).split("\n", 2)[2].strip()
+
+
+def write_outputs(results: list[dict], args, command: str, before: dict) -> str:
+    """``heterogeneous_results.md`` and the data file, after every configuration; returns the markdown."""
+    text = markdown(results, args, command)
     (HERE / "heterogeneous_results.md").write_text(text)
-    results_file = HERE / "RESULTS.md"
-    content = results_file.read_text()
-    start, end = content.find(SECTION_START), content.find(SECTION_END)
-    if 0 <= start < end:
-        body = text.split("\n", 2)[2]
-        results_file.write_text(content[:start + len(SECTION_START)] + "\n\n" + body.strip() + "\n\n" + content[end:])
+    options = {key: value for key, value in vars(args).items() if key not in ("out", "report")}
+    args.out.write_text(json.dumps({"benchmark": "heterogeneous", **before, "load_now": os.getloadavg(), "command": command,
+                                    "options": options, "results": results}, indent=1) + "\n")
+    return text
 
 
 def main() -> None:
@@ -187,11 +196,18 @@ def main() -> None:
     parser.add_argument("--sync-batch", type=int, default=240, help="sync's target_batch_size")
     parser.add_argument("--only", nargs="*", choices=["diloco, fixed H", "diloco, rounds on samples", "sync"],
                         default=["diloco, fixed H", "diloco, rounds on samples", "sync"])
+    parser.add_argument("--out", type=Path, default=HERE / f"heterogeneous_{datetime.date.today()}.json",
+                        help="the data file: results, commit, date, machine and load")
+    parser.add_argument("--report", type=Path, help="print RESULTS.md's tables of this data file and exit")
     args = parser.parse_args()
+    if args.report:
+        print(report(args.report))
+        return
     reason = cpu_quota.unavailable()
     if reason:
         sys.exit(f"benchmarks/heterogeneous.py {reason}: run it as root on Linux")
     torch.set_num_threads(1)
+    before = facts()
     command = "nice -n 10 .venv/bin/python " + " ".join(["benchmarks/heterogeneous.py"] + sys.argv[1:])
     results = []
     with tempfile.TemporaryDirectory(prefix="p2ptrain-heterogeneous-") as temp:
@@ -200,8 +216,7 @@ def main() -> None:
         for name in args.only:
             print(f"running {name}", file=sys.stderr, flush=True)
             results.append(run_configuration(name, args, setup, windows))
-            text = markdown(results, args, command)
-            write_outputs(text)
+            text = write_outputs(results, args, command, before)
             print(text, file=sys.stderr, flush=True)
 
 

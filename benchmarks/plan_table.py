@@ -9,6 +9,7 @@ renders the table RESULTS.md shows from it:
 
     .venv/bin/python benchmarks/plan_table.py --write benchmarks/plan_table.json
     .venv/bin/python benchmarks/plan_table.py --report benchmarks/plan_table.json
+    .venv/bin/python benchmarks/results.py --write     # RESULTS.md's table, through ``render``
 
 ``tests/unit/test_results_tables.py`` fails when RESULTS.md's table differs
 from what the data file renders, or the data file from what the planner says now.

@@ -24,7 +24,9 @@ netem, see the lab's docstring). For each mode it measures:
     sudo .venv/bin/python benchmarks/wan.py --modes sync --background-only --request-log /tmp/requests
     .venv/bin/python benchmarks/request_counts.py /tmp/requests --since T0 --until T1   # which requests cost it
 
-Numbers depend on this machine's load: note ``uptime`` beside them.
+Numbers depend on this machine's load: each row of ``--json`` has the load, the commit,
+date and machine (``run_facts.py``). ``--report FILE`` prints the table of a ``--json``
+file that RESULTS.md shows (``benchmarks/results.py`` renders it there).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "netlab")]
 
+from run_facts import facts  # noqa: E402
 from lab import Lab, lab_unavailable, remove_stale_labs  # noqa: E402
 from swarm import run_cli, start_on  # noqa: E402
 
@@ -161,6 +164,22 @@ def measure(mode: str, options, root: Path) -> dict:
         lab.teardown()
 
 
+def report(path: Path) -> str:
+    """The WAN table of a ``--json`` file: a row per measured mode, in the file's order."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = ["| mode | target validation loss | all 4 training after | target reached after (from creation) | "
+             "best validation loss | samples, all 4 training | bytes on the wire per sample (4 lines, sent + received) | "
+             "1-min load at the end |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        reached = "not reached" if row["reached_s_from_creation"] is None else f"{row['reached_s_from_creation']:.0f} s"
+        kb = row["wire_bytes_per_sample"] / 1000
+        size = f"{kb:,.0f} KB" if kb >= 100 else f"{kb:.1f} KB"
+        lines.append(f"| {row['mode']} | {row['target_loss']:g} | {row['all_training_s_from_creation']:.0f} s | {reached} | "
+                     f"{row['best_val_loss']:.2f} | {row['samples']:,} in {row['wire_window_s']:.0f} s | {size} | "
+                     f"{row['load'][0]:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=["sync", "diloco"], choices=sorted(MODES))
@@ -179,9 +198,13 @@ def main() -> int:
                         help="no target loss: train --train-s seconds, then measure the background")
     parser.add_argument("--train-s", type=float, default=180.0, help="with --background-only: seconds of training")
     parser.add_argument("--json", type=Path, help="append one JSON line per mode here")
+    parser.add_argument("--report", type=Path, help="print the WAN table of a --json file and exit")
     parser.add_argument("--request-log", type=Path,
                         help="log every request of each peer under this directory (benchmarks/request_counts.py)")
     options = parser.parse_args()
+    if options.report:
+        print(report(options.report))
+        return 0
     reason = lab_unavailable()
     if reason:
         print(reason, file=sys.stderr)
@@ -190,7 +213,8 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="p2ptrain-wan-"))
     try:
         for mode in options.modes:
-            row = measure(mode, options, root)
+            measured = facts()  # commit, date and machine; the row's load is measure's, at its end
+            row = {**measure(mode, options, root), **{key: value for key, value in measured.items() if key != "load"}}
             print(json.dumps(row), flush=True)
             if options.json:
                 with options.json.open("a") as file:

@@ -5,10 +5,21 @@ Retention keeps the last day as written, folds older steps into one row per
 minute (per run and worker: samples summed, loss and samples/s averaged over
 the reports), deletes steps older than ``keep_steps_days``, thins peer
 snapshots older than an hour to one per peer per 10 minutes and deletes them
-after ``keep_peers_days``, keeps only the newest ``keep_events`` events, then
+after ``keep_peers_days``, keeps only the newest ``keep_events`` events,
+thins epochs older than two days to the last of each run per hour, then
 gives the freed pages back to the file system (incremental vacuum and a
-truncating WAL checkpoint), so the file really shrinks. Epochs, runs and
-settings are kept forever.
+truncating WAL checkpoint), so the file really shrinks. Runs and settings
+are kept forever.
+
+Epochs: a sync run's epochs come every 8-40 s in the project's own runs (a
+DiLoCo round's every few minutes): at 20 s that is 4,320 rows a day, 1.6 M a
+year, kept forever before. What reads them wants recent ones: ``p2ptrain
+epochs`` the last 20, the TUI's epoch chart the last 200 (its history at most
+1,000: under 12 hours even at 40 s an epoch), so the last
+``THIN_EPOCHS_AFTER_S`` (two days, a weekend's gap in looking included) stay as
+written. Older ones keep the run's last epoch of each hour (its loss, peers
+and samples then): 24 rows a day, about 8,800 a year per run whatever the
+epoch rate, a loss history at an hour's resolution that is never deleted.
 
 Work goes in short transactions (an hour of steps, or ``DELETE_BATCH`` rows,
 each), because the daemon's writer shares the file: it waits for at most one
@@ -37,6 +48,8 @@ FOLD_CHUNK_S = 3600  # steps folded per transaction
 THIN_PEERS_AFTER_S = 3600.0  # peer snapshots younger than this are all kept
 THIN_PEERS_S = 600  # older ones: the last snapshot of each peer per this many seconds
 THIN_CHUNK_S = DAY_S  # peer snapshots thinned per transaction (a pass goes over all of them: few transactions)
+THIN_EPOCHS_AFTER_S = 2 * DAY_S  # epochs that ended later than this ago are all kept (the module docstring says why)
+THIN_EPOCHS_S = 3600  # older ones: each run's last epoch per this many seconds
 DELETE_BATCH = 20_000  # rows deleted per transaction
 VACUUM_BATCH_PAGES = 2_000  # pages given back per transaction
 MAX_INTERVAL_S = 3600.0
@@ -91,10 +104,12 @@ def apply_retention(connection: sqlite3.Connection, limits: RetentionLimits, now
     deleted_steps = _delete_in_batches(connection, "steps", "ts < ?", [steps_cutoff])
     folded = _fold_steps(connection, max(now - FOLD_AFTER_S, steps_cutoff))
     peers = _delete_in_batches(connection, "peers", "ts < ?", [now - limits.keep_peers_days * DAY_S])
-    peers += _thin_peer_snapshots(connection, now - THIN_PEERS_AFTER_S)
+    peers += _thin(connection, "peers", "ts", "run_id, peer_id", THIN_PEERS_S, now - THIN_PEERS_AFTER_S)
+    epochs = _thin(connection, "epochs", "ended_at", "run_id", THIN_EPOCHS_S, now - THIN_EPOCHS_AFTER_S)
     events = _delete_surplus_events(connection, limits.keep_events)
     pages = _give_back_free_pages(connection)
-    return {"folded": folded, "steps": deleted_steps, "events": events, "peers": peers, "pages_freed": pages}
+    return {"folded": folded, "steps": deleted_steps, "events": events, "peers": peers, "epochs": epochs,
+            "pages_freed": pages}
 
 
 def _fold_steps(connection: sqlite3.Connection, before: float) -> int:
@@ -133,23 +148,23 @@ def _fold_steps(connection: sqlite3.Connection, before: float) -> int:
         start = stop
 
 
-def _thin_peer_snapshots(connection: sqlite3.Connection, before: float) -> int:
-    """Keep one snapshot of each peer per ``THIN_PEERS_S`` before ``before``
-    (the worker sends the whole swarm every few seconds: with ten peers that
-    is 170,000 rows a day); returns how many rows went."""
-    end = (before // THIN_PEERS_S) * THIN_PEERS_S
-    oldest = connection.execute("SELECT MIN(ts) FROM peers WHERE ts < ?", [end]).fetchone()[0]
+def _thin(connection: sqlite3.Connection, table: str, ts: str, keys: str, every_s: int, before: float) -> int:
+    """Keep the last row written of each ``keys`` group per ``every_s`` seconds of ``ts`` before
+    ``before`` (peer snapshots: the worker sends the whole swarm every few seconds, with ten peers
+    170,000 rows a day; epochs: every 8-40 s); returns how many rows went."""
+    end = (before // every_s) * every_s
+    oldest = connection.execute(f"SELECT MIN({ts}) FROM {table} WHERE {ts} < ?", [end]).fetchone()[0]
     if oldest is None:
         return 0
     deleted = 0
-    start = (oldest // THIN_PEERS_S) * THIN_PEERS_S
+    start = (oldest // every_s) * every_s
     while start < end:
         stop = min(end, start + THIN_CHUNK_S)
         with write_transaction(connection):
             deleted += connection.execute(
-                f"""DELETE FROM peers WHERE ts >= :start AND ts < :stop AND rowid NOT IN (
-                    SELECT MAX(rowid) FROM peers WHERE ts >= :start AND ts < :stop
-                    GROUP BY run_id, peer_id, CAST(ts / {THIN_PEERS_S} AS INTEGER))""",
+                f"""DELETE FROM {table} WHERE {ts} >= :start AND {ts} < :stop AND rowid NOT IN (
+                    SELECT MAX(rowid) FROM {table} WHERE {ts} >= :start AND {ts} < :stop
+                    GROUP BY {keys}, CAST({ts} / {every_s} AS INTEGER))""",
                 {"start": start, "stop": stop},
             ).rowcount
         start = stop

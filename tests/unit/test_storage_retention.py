@@ -171,3 +171,24 @@ def test_peer_snapshots_older_than_an_hour_keep_the_last_of_each_peer_per_10_min
     old = rows(path, "SELECT ts, loss FROM peers WHERE peer_id = 'QmA' AND ts < ? ORDER BY ts", [NOW - 3600])
     assert old == [(NOW - 7200 + 595, 595.0), (NOW - 7200 + 1195, 1195.0)]
     assert rows(path, "SELECT count(*) FROM peers WHERE ts >= ?", [NOW - 60]) == [(12,)]
+
+
+def test_epochs_older_than_two_days_keep_the_last_of_each_run_per_hour(tmp_path):
+    path = tmp_path / "p2ptrain.db"
+    every_s = 20  # a sync epoch every 20 s, in the 8-40 s of the project's runs
+    with Database.open(path, flush_interval_s=3600) as db:
+        for epoch in range(3 * 4320):  # three days of one run, ending now
+            ended = NOW - 3 * DAY_S + (epoch + 1) * every_s
+            db.record_epoch("run", epoch, ended - every_s, ended, every_s, 4, 256, 3.0 - epoch / 10_000, None)
+        db.record_epoch("other", 0, NOW - 4 * DAY_S - 10, NOW - 4 * DAY_S, 10.0, 2, 64, 2.0, None)  # alone in its hour
+        counts = db.apply_retention(RetentionLimits(), now=NOW)
+    recent = rows(path, "SELECT count(*) FROM epochs WHERE run_id = 'run' AND ended_at > ?", [NOW - 2 * DAY_S])
+    assert recent == [(2 * 4320,)]  # the last two days as written
+    old = rows(path, "SELECT epoch, ended_at FROM epochs WHERE run_id = 'run' AND ended_at < ? ORDER BY epoch", [NOW - 2 * DAY_S])
+    assert len(old) == 24  # the day before: the last epoch of each hour
+    assert all(ended % 3600 == 3600 - every_s for _, ended in old) and old[-1][0] == 4320 - 2
+    assert counts["epochs"] == 4320 - 1 - 24
+    assert rows(path, "SELECT epoch FROM epochs WHERE run_id = 'other'") == [(0,)]
+    # a second pass keeps what the first kept
+    with Database.open(path) as db:
+        assert db.apply_retention(RetentionLimits(), now=NOW)["epochs"] == 0
