@@ -25,8 +25,10 @@ ERROR = "error"
 STATES = (IDLE, JOINING, TRAINING, PAUSED, FINISHING, LEAVING, ERROR)
 IN_RUN = (JOINING, TRAINING, PAUSED, FINISHING)
 
+# a worker ran out of memory and no other is in the swarm: paused until its back-off is over (it then starts again)
+OOM_BACKOFF = "oom-backoff"
 PAUSE_REASONS = ("user", "user-active", "battery", "gpu-busy", "temperature", "schedule", "traffic-budget",
-                 "oom-backoff", "diverged")
+                 OOM_BACKOFF, "diverged")
 # Reasons a policy sets and clears by itself; a user pause is only ended by the user (or its timer), and
 # so is ``diverged``: a worker's divergence guard rolled its training back too often (peers/training/divergence.py).
 POLICY_REASONS = ("user-active", "battery", "gpu-busy", "temperature", "schedule", "traffic-budget")

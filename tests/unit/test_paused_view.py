@@ -21,7 +21,7 @@ def training_view() -> RunView:
     run = RunView(run_id="r")
     run.worker("gpu0", "cuda:0")
     run.apply_joined("gpu0", joined_report("QmMine", 8))
-    run.workers["gpu0"].state = "training"
+    run.states.move("gpu0", run.workers["gpu0"], "training")
     run.apply_step("gpu0", step(8, 20.0, 2.5, trained=980, contributed=960, late=20))
     run.apply_swarm(swarm_report("QmMine", "QmOther"))
     return run
@@ -45,7 +45,8 @@ def test_a_paused_run_shows_its_last_numbers_marked_with_when_the_swarm_was_seen
     live = run.run_status()
     assert live["as_of"] is None and live["eta_next_epoch_s"] == 12.0
 
-    run.workers["gpu0"].stopped("paused")
+    run.workers["gpu0"].stopped()
+    run.states.move("gpu0", run.workers["gpu0"], "paused")
 
     paused = run.run_status()
     assert paused["as_of"] == run.reported_at is not None
@@ -61,7 +62,8 @@ def test_a_paused_run_shows_its_last_numbers_marked_with_when_the_swarm_was_seen
 
 def test_a_restarted_daemon_shows_the_paused_run_as_it_was_last_seen():
     run = training_view()
-    run.workers["gpu0"].stopped("paused")
+    run.workers["gpu0"].stopped()
+    run.states.move("gpu0", run.workers["gpu0"], "paused")
     stored = json.loads(json.dumps(run.snapshot()))  # what the settings table keeps
 
     # the daemon starts the view with the manifest its desired state kept, then restores the rest
