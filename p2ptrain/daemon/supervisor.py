@@ -9,6 +9,8 @@ daemon is a few collaborators with one job each:
 - ``WorkerPool`` (``worker_pool.py``): the workers' processes, started and
   restarted with back-off (``worker_slots.py`` says which, with what);
 - ``RunView`` (``run_view.py``): what the workers reported, shaped for ``status``;
+- ``WorkerStates`` (``worker_state.py``, held as ``RunView.states``): each worker's
+  state, moved only through its table of allowed moves;
 - ``WorkerReports`` (``reports.py``): the handler of each kind of report;
 - ``ControlMethods`` (``methods.py``, wired in ``main.py``): the control protocol.
 
