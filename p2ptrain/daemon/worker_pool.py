@@ -24,7 +24,6 @@ from p2ptrain.daemon.model_facts import ModelFactsError
 from p2ptrain.daemon.plan import DeviceFacts, PlanError, PlanPolicy
 from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.worker_process import WorkerProcess
-from p2ptrain.daemon.worker_state import JOINING, OOM_BACKOFF, PAUSING, RESTARTING
 from p2ptrain.daemon.worker_slots import (
     WorkerRestarts,
     WorkerSlot,
@@ -35,6 +34,7 @@ from p2ptrain.daemon.worker_slots import (
     worker_slots,
     worker_spec,
 )
+from p2ptrain.daemon.worker_state import JOINING, OOM_BACKOFF, PAUSING, RESTARTING
 from p2ptrain.paths import Paths
 from p2ptrain.worker_pipe import OUT_OF_MEMORY_EXIT_CODE, Command, Error, Pause, Report, UsePlan, WorkerPlan
 
