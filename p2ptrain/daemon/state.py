@@ -3,6 +3,7 @@
 ``idle`` -> ``joining`` -> ``training`` <-> ``paused`` -> ``leaving`` -> ``idle``;
 ``finishing`` completes the current epoch, then ``paused``; ``error`` carries
 a message and a fix. Every pause has a ``pause_reason``.
+Each worker's own state (``pausing``, ``restarting``...) is ``worker_state.py``'s.
 
 What the user asked for (the run to be in, paused or not, until when) is the
 *desired* state: it is written to the ``settings`` table at every change, so a
