@@ -10,6 +10,8 @@ import pytest
 from daemons import DaemonProcess, start_daemon, stop_all, write_local_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# a worker-state move the table lacks raises (daemon/worker_state.py), in the tests and the daemons they start
+os.environ.setdefault("P2PTRAIN_STRICT_STATES", "1")
 
 
 def pytest_collection_modifyitems(items):

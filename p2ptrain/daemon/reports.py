@@ -21,6 +21,7 @@ from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster
 from p2ptrain.daemon.traffic_month import MonthlyTraffic
 from p2ptrain.daemon.worker_pool import WorkerPool
+from p2ptrain.daemon.worker_state import PAUSED, PAUSING, TRAINING
 from p2ptrain.storage.bans import record_ban
 from p2ptrain.storage.database import Database
 from p2ptrain.worker_pipe import (
@@ -98,12 +99,14 @@ class WorkerReports:
             self.traffic_month.add_report(name, report.since, report.sent_bytes, report.received_bytes)
 
     def state_changed(self, name: str, report: StateChanged) -> None:
-        if report.state == "training":
-            self.run.workers[name].state = report.state
+        view = self.run.workers[name]
+        if report.state == TRAINING:
+            self.run.states.move(name, view, TRAINING)
         else:
             # it has left the swarm and exits next: "pausing" until its process has ended (then "paused",
             # RunControl._released), so `p2ptrain pause` returns only once the device is free
-            self.run.workers[name].stopped("pausing" if report.state == "paused" else report.state)
+            view.stopped()
+            self.run.states.move(name, view, PAUSING if report.state == PAUSED else report.state)
         self.control.worker_state(report.state, report.reason)
 
     def step(self, name: str, report: Step) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from typing import Any, Callable
+from typing import Any, Protocol
 
 from p2ptrain import protocol
 from p2ptrain.daemon import state as states
@@ -34,11 +34,19 @@ from p2ptrain.daemon.state import DESIRED_STATE_KEY, PAUSED_VIEW_KEY, DesiredSta
 from p2ptrain.daemon.worker_pool import NoPlan, WorkerPool
 from p2ptrain.daemon.worker_process import WorkerProcess
 from p2ptrain.daemon.worker_slots import WorkerSlot
+from p2ptrain.daemon.worker_state import FINISHED, PAUSED, PAUSING, WorkerState
 from p2ptrain.storage.bans import banned_peers, lift_bans
 from p2ptrain.storage.database import Database
 from p2ptrain.worker_pipe import Finish, Leave, Resume, Unban
 
 log = logging.getLogger(__name__)
+
+
+class ControlListener(Protocol):
+    """What ``RunControl`` asks of the daemon (``supervisor.Daemon``)."""
+
+    def state_changed(self) -> None:
+        """The daemon's state changed (the daemon pushes a new status)."""
 
 
 class RunControl:
@@ -49,14 +57,17 @@ class RunControl:
         pool: the run's workers, which the verbs start and command.
         run: the run view, reset when a run starts or ends.
         events: where every change is recorded.
-        on_change: called after every change of state (the daemon pushes a new status).
+        listener: told after every change of state.
+
+    It listens to the workers' states (``run.states``): a move may change the daemon's paused view.
     """
 
-    def __init__(self, db: Database, pool: WorkerPool, run: RunView, events: EventLog, on_change: Callable[[], None]):
+    def __init__(self, db: Database, pool: WorkerPool, run: RunView, events: EventLog, listener: ControlListener):
         self.db, self.pool, self.run, self.events = db, pool, run, events
-        self._on_change = on_change
+        self.listener = listener
         self.lifecycle = Lifecycle()
         self.desired = DesiredState.from_dict(db.get_setting(DESIRED_STATE_KEY))
+        run.states.listener = self
 
     # ----- verbs -----------------------------------------------------------------
 
@@ -83,7 +94,6 @@ class RunControl:
             self.desired.pause_reason = None if reason == "user" else reason
             self._save_desired()
         self.pool.release_all()
-        self._save_paused_view()
         until = f" for {for_s:.0f} s" if for_s else ""
         self.events.record("paused", f"paused ({reason}){until}", {"reason": reason, "for_s": for_s})
         self._enter(states.PAUSED, reason)
@@ -172,7 +182,7 @@ class RunControl:
 
     def holding(self) -> bool:
         """Paused for a reason that keeps the workers ended (any but ``oom-backoff``, which waits for a restart)."""
-        return self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason != "oom-backoff"
+        return self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason != states.OOM_BACKOFF
 
     def apply_policy(self, reason: str | None) -> None:
         """Follow the volunteer policies: ``reason`` is the pause reason that holds now, or None."""
@@ -211,11 +221,11 @@ class RunControl:
 
     def _restore_paused_view(self) -> None:
         for slot in self.pool.slots:
-            self.run.worker(slot.name, slot.device_label).state = "paused"
+            self.run.states.move(slot.name, self.run.worker(slot.name, slot.device_label), PAUSED)
         snapshot = self.db.get_setting(PAUSED_VIEW_KEY)
         if isinstance(snapshot, dict) and snapshot.get("run_id") == self.run.run_id:
             try:
-                self.run.restore(snapshot, "paused")
+                self.run.restore(snapshot, PAUSED)
             except (KeyError, TypeError, ValueError) as error:
                 log.warning("not showing the run as last seen: its record is unreadable (%s)", error)
 
@@ -230,7 +240,7 @@ class RunControl:
             return False
         if self.lifecycle.state == states.FINISHING:
             process.send(Finish())  # the others are finishing their epoch: so does this one
-        elif self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason == "oom-backoff":
+        elif self.lifecycle.state == states.PAUSED and self.lifecycle.pause_reason == states.OOM_BACKOFF:
             self._enter(states.JOINING)
         return True
 
@@ -250,19 +260,17 @@ class RunControl:
             # workers stop too, until the volunteer resumes
             self.pause("diverged")
             return
-        if worker_state == "finished":
+        if worker_state == FINISHED:
             # every running worker completes its epoch before the daemon pauses
-            if any(self.run.workers[name].state != "finished" for name in self.pool.processes):
+            if any(self.run.workers[name].state != FINISHED for name in self.pool.processes):
                 return
             self.desired.paused = True
             self.desired.pause_until = None
             self._save_desired()
             self.events.record("finished", "finished the epoch; paused")
             self._enter(states.PAUSED, "user")
-        elif worker_state == "training" and self.lifecycle.state == states.JOINING:
+        elif worker_state == WorkerState.TRAINING and self.lifecycle.state == states.JOINING:
             self._enter(states.TRAINING)
-        if worker_state != "training" and self.holding():
-            self._save_paused_view()  # with the totals of its last step report
 
     def worker_failed(self, message: str, fix: str) -> None:
         """A worker had a fatal error (no such run, a bad manifest...): it needs the user, so stop
@@ -285,9 +293,9 @@ class RunControl:
         if self.pool.stopping:
             return
         view = self.run.workers[name]
-        released = exitcode == 0 and view.state in ("pausing", "paused", "finished")
+        released = exitcode == 0 and view.state in (PAUSING, PAUSED, FINISHED)
         if released or self.holding():
-            self._released(name, finished=released and view.state == "finished")
+            self._released(name, finished=released and view.state == FINISHED)
             return
         ended = self.pool.schedule_restart(name, exitcode)
         others_training = any(view.joined for other, view in self.run.workers.items() if other != name)
@@ -302,7 +310,7 @@ class RunControl:
                  "micro_batch": micro_batch, "grad_accum": grad_accum, "worker": name},
             )
             if self.lifecycle.state != states.PAUSED and not others_training:
-                self._enter(states.PAUSED, "oom-backoff")
+                self._enter(states.PAUSED, states.OOM_BACKOFF)
             return
         self.events.record(
             "worker-crashed",
@@ -314,17 +322,31 @@ class RunControl:
 
     def _released(self, name: str, finished: bool) -> None:
         """Worker ``name`` has ended for a pause (or a finish that completed its epoch)."""
-        self.run.workers[name].stopped("finished" if finished else "paused")
+        view = self.run.workers[name]
+        view.stopped()
+        self.run.states.move(name, view, FINISHED if finished else PAUSED)  # the paused view is saved: worker_moved
         if self.holding() or (finished and self.lifecycle.state == states.FINISHING):
-            self._save_paused_view()
             return
         # resumed while it was still finishing its step: it starts again now
         for slot in self.pool.stopped_slots({name}):
             self._start_worker(slot)
 
-    def _save_paused_view(self) -> None:
-        """What ``status`` shows of the run while paused, kept for a restart of the daemon (``_restore_paused_view``)."""
-        self.db.set_setting(PAUSED_VIEW_KEY, self.run.snapshot())
+    def worker_moved(self, name: str, before: WorkerState, after: WorkerState) -> None:
+        """A worker's state moved (``worker_state.WorkerStateListener``)."""
+        self._keep_paused_view(after)
+
+    def _keep_paused_view(self, worker_state: WorkerState | None = None) -> None:
+        """Save what ``status`` shows of the run while paused, for a restart of the daemon (``_restore_paused_view``).
+
+        The one place it is saved: at every change of the daemon's state or of a worker's while paused
+        (a worker's last one comes once it has checkpointed and ended, with the totals of its last step
+        report), and when a worker finished its epoch after a ``finish``.
+
+        Args:
+            worker_state: the state a worker just moved to; None: the daemon's state changed.
+        """
+        if self.holding() or (worker_state == FINISHED and self.lifecycle.state == states.FINISHING):
+            self.db.set_setting(PAUSED_VIEW_KEY, self.run.snapshot())
 
     def _left(self) -> None:
         self.db.set_setting(PAUSED_VIEW_KEY, None)
@@ -338,7 +360,8 @@ class RunControl:
     def _enter(self, state: str, pause_reason: str | None = None, error: dict | None = None) -> None:
         if self.lifecycle.enter(state, pause_reason, error):
             log.info("state: %s%s", state, f" ({pause_reason})" if pause_reason else "")
-            self._on_change()
+            self._keep_paused_view()
+            self.listener.state_changed()
 
     def _save_desired(self) -> None:
         self.db.set_setting(DESIRED_STATE_KEY, self.desired.to_dict())

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from p2ptrain.daemon.traffic_month import monthly_estimate_gb
+from p2ptrain.daemon.worker_state import JOINING, WorkerState, WorkerStates
 from p2ptrain.peers.net.reachability import RELAYED, UNREACHABLE, fix_for
 from p2ptrain.worker_pipe import Epoch, Joined, Network, PeerRow, PortMove, Step, Swarm, Traffic, UnusedSamples
 
@@ -59,11 +60,8 @@ class WorkerView:
         device: the worker's device in this machine's numbering (``cuda:1``,
             ``cpu``); it wins over the worker's own name for it, which is
             ``cuda:0`` in every GPU worker (each sees only its card).
-        state: ``joining`` from its start, then what the worker reports
-            (``training``; it reports it right after ``joined``); ``pausing``
-            from a pause until the worker has checkpointed and left, then
-            ``paused`` (or ``finished``, after a ``finish``) while it is gone;
-            ``restarting`` or ``oom-backoff`` between a crash and the next start.
+        state: ``joining`` from its start, then as ``worker_state.py`` says;
+            moved only by ``RunView.states`` (``WorkerStates.move``).
         trained_samples, contributed_samples, unused_samples: the worker's totals for
             the run (``p2ptrain.peers.training.sample_account``): all it trained, what entered
             an adopted average or optimizer step, and what never will, by reason.
@@ -78,7 +76,7 @@ class WorkerView:
     """
 
     device: str
-    state: str = "joining"
+    state: WorkerState = JOINING
     joined: bool = False
     local: dict[str, Any] = field(default_factory=dict)
     samples_per_second: float | None = None
@@ -118,12 +116,11 @@ class WorkerView:
         self.loss = report.loss
         self.waiting = report.waiting
 
-    def stopped(self, state: str) -> None:
-        """The process has ended; ``state`` says what comes next (``paused``, ``restarting``, ``oom-backoff``)."""
+    def stopped(self) -> None:
+        """The process has left the swarm (or ended): it trains no more, until it starts again."""
         self.joined = False
         self.samples_per_second = None
         self.waiting = None
-        self.state = state
 
     def status(self) -> dict:
         planned = {name: self.plan[name] for name in PLANNED_FIELDS} if self.plan else {}
@@ -165,10 +162,12 @@ class RunView:
     warnings: list[dict] = field(default_factory=list)
     banned: set[str] = field(default_factory=set)  # peer ids this machine banned in this run (storage/bans.py)
     divergence: str | None = None  # the last ``diverged`` event's message: what the health line says while paused for it
+    # the only writer of the workers' states (worker_state.py); kept by ``reset``, with its listener
+    states: WorkerStates = field(default_factory=WorkerStates, repr=False, compare=False)
 
     def reset(self, run_id: str | None = None, manifest: dict[str, Any] | None = None) -> None:
         """Forget all reports: run ``run_id`` starts (with ``manifest`` if known), or none when None."""
-        self.__dict__.update(RunView(run_id=run_id, manifest=manifest or {}).__dict__)
+        self.__dict__.update(RunView(run_id=run_id, manifest=manifest or {}, states=self.states).__dict__)
 
     @property
     def joined(self) -> bool:
@@ -302,14 +301,15 @@ class RunView:
                         for name, view in self.workers.items()},
         }
 
-    def restore(self, snapshot: dict, state: str) -> None:
-        """Show ``snapshot`` (of this run) until the workers report again; each worker's view is in ``state``."""
+    def restore(self, snapshot: dict, state: WorkerState) -> None:
+        """Show ``snapshot`` (of this run) until the workers report again; each worker's view is moved to ``state``."""
         for name in ("manifest_hash", "epoch", "samples_accumulated", "target_batch_size", "num_peers", "last_epoch_at", "reported_at"):
             setattr(self, name, snapshot[name])
         self.peers = [PeerRow.from_dict(row) for row in snapshot["peers"]]
         for name, worker in snapshot["workers"].items():
             view = self.worker(name, worker["device"])
-            view.local, view.loss, view.state, view.plan = worker["local"], worker["loss"], state, worker.get("plan")
+            view.local, view.loss, view.plan = worker["local"], worker["loss"], worker.get("plan")
+            self.states.move(name, view, state)
             view.trained_samples = worker.get("trained_samples", worker["contributed_samples"])
             view.contributed_samples = worker["contributed_samples"]
             view.unused_samples.update(worker.get("unused_samples") or {})

@@ -3,6 +3,7 @@
 ``idle`` -> ``joining`` -> ``training`` <-> ``paused`` -> ``leaving`` -> ``idle``;
 ``finishing`` completes the current epoch, then ``paused``; ``error`` carries
 a message and a fix. Every pause has a ``pause_reason``.
+Each worker's own state (``pausing``, ``restarting``...) is ``worker_state.py``'s.
 
 What the user asked for (the run to be in, paused or not, until when) is the
 *desired* state: it is written to the ``settings`` table at every change, so a
@@ -25,8 +26,10 @@ ERROR = "error"
 STATES = (IDLE, JOINING, TRAINING, PAUSED, FINISHING, LEAVING, ERROR)
 IN_RUN = (JOINING, TRAINING, PAUSED, FINISHING)
 
+# a worker ran out of memory and no other is in the swarm: paused until its back-off is over (it then starts again)
+OOM_BACKOFF = "oom-backoff"
 PAUSE_REASONS = ("user", "user-active", "battery", "gpu-busy", "temperature", "schedule", "traffic-budget",
-                 "oom-backoff", "diverged")
+                 OOM_BACKOFF, "diverged")
 # Reasons a policy sets and clears by itself; a user pause is only ended by the user (or its timer), and
 # so is ``diverged``: a worker's divergence guard rolled its training back too often (peers/training/divergence.py).
 POLICY_REASONS = ("user-active", "battery", "gpu-busy", "temperature", "schedule", "traffic-budget")

@@ -9,6 +9,8 @@ daemon is a few collaborators with one job each:
 - ``WorkerPool`` (``worker_pool.py``): the workers' processes, started and
   restarted with back-off (``worker_slots.py`` says which, with what);
 - ``RunView`` (``run_view.py``): what the workers reported, shaped for ``status``;
+- ``WorkerStates`` (``worker_state.py``, held as ``RunView.states``): each worker's
+  state, moved only through its table of allowed moves;
 - ``WorkerReports`` (``reports.py``): the handler of each kind of report;
 - ``ControlMethods`` (``methods.py``, wired in ``main.py``): the control protocol.
 
@@ -40,9 +42,10 @@ from p2ptrain.daemon.run_view import RunView
 from p2ptrain.daemon.server import Broadcaster
 from p2ptrain.daemon.traffic_month import SETTING_KEY as TRAFFIC_MONTH_KEY, MonthlyTraffic
 from p2ptrain.daemon.worker_pool import WorkerPool
+from p2ptrain.daemon.worker_process import WorkerProcess
 from p2ptrain.paths import Paths
 from p2ptrain.storage.database import Database
-from p2ptrain.worker_pipe import STOP_DEADLINE_S
+from p2ptrain.worker_pipe import STOP_DEADLINE_S, Report
 
 TICK_S = 1.0
 STOP_TIMEOUT_S = 3 * STOP_DEADLINE_S  # the worker gives up its last checkpoint first
@@ -74,13 +77,10 @@ class Daemon:
         self.events = EventLog(database, self.broadcaster)
         self.run = RunView()
         self.hardware = HardwareView()
-        # the pool calls back into the reports and the state machine, which need the pool
-        self.pool = WorkerPool(
-            paths, self.config, self.run, self.events,
-            on_report=lambda name, report: self.reports.on_report(name, report),
-            on_exit=lambda name, process, exitcode: self.control.worker_exited(name, process, exitcode),
-        )
-        self.control = RunControl(database, self.pool, self.run, self.events, on_change=self._publish_status)
+        # the pool calls back (``PoolListener``: worker_report, worker_exited) into the reports and the state
+        # machine, which need the pool; the state machine calls back ``state_changed`` (``ControlListener``)
+        self.pool = WorkerPool(paths, self.config, self.run, self.events, listener=self)
+        self.control = RunControl(database, self.pool, self.run, self.events, listener=self)
         self.reports = WorkerReports(self.run, database, self.broadcaster, self.events, self.control, self.pool,
                                      self.traffic_month)
         # read in a thread: a slow sensor (loginctl) must not hold up the event loop
@@ -140,6 +140,20 @@ class Daemon:
     def _config_changed(self, config: Config) -> None:
         """Policies apply now; DHT and training settings at the next worker start (the pool reads them then)."""
         self.policy.settings = config.policy
+
+    # ----- what the pool and the state machine ask of the daemon ------------------
+
+    def worker_report(self, name: str, report: Report) -> None:
+        """``PoolListener``: a report of current worker ``name``."""
+        self.reports.on_report(name, report)
+
+    def worker_exited(self, name: str, process: WorkerProcess, exitcode: int | None) -> None:
+        """``PoolListener``: current worker ``name``'s process has ended."""
+        self.control.worker_exited(name, process, exitcode)
+
+    def state_changed(self) -> None:
+        """``ControlListener``: the daemon's state changed: push the new status now."""
+        self._publish_status()
 
     # ----- status ----------------------------------------------------------------
 

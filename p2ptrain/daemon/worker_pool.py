@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Protocol
 
 from p2ptrain.daemon.config_file import ConfigFile
 from p2ptrain.daemon.event_log import EventLog
@@ -34,6 +34,7 @@ from p2ptrain.daemon.worker_slots import (
     worker_slots,
     worker_spec,
 )
+from p2ptrain.daemon.worker_state import JOINING, OOM_BACKOFF, PAUSING, RESTARTING
 from p2ptrain.paths import Paths
 from p2ptrain.worker_pipe import OUT_OF_MEMORY_EXIT_CODE, Command, Error, Pause, Report, UsePlan, WorkerPlan
 
@@ -53,6 +54,16 @@ class ModelShapeUnknown(NoPlan):
 
 
 MODEL_SHAPE_FIX = "use the 'tiny' model, or a model directory or hub id whose config.json this machine can read"
+
+
+class PoolListener(Protocol):
+    """What ``WorkerPool`` asks of the daemon (``supervisor.Daemon``), about its current workers only."""
+
+    def worker_report(self, name: str, report: Report) -> None:
+        """Worker ``name`` sent ``report``."""
+
+    def worker_exited(self, name: str, process: WorkerProcess, exitcode: int | None) -> None:
+        """Worker ``name``'s process has ended (with ``exitcode``)."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +90,7 @@ class WorkerPool:
         config: the daemon's config, read at every start (DHT, training and policy settings).
         run: the run view, where each worker's state (``joining``, ``restarting``...) is kept.
         events: where plan failures and the worker list are recorded.
-        on_report: ``on_report(name, report)``, for each report of a current worker.
-        on_exit: ``on_exit(name, process, exitcode)``, once a current worker's process has ended.
+        listener: told of each report of a current worker, and once a current worker's process has ended.
     """
 
     def __init__(
@@ -89,11 +99,10 @@ class WorkerPool:
         config: ConfigFile,
         run: RunView,
         events: EventLog,
-        on_report: Callable[[str, Report], None],
-        on_exit: Callable[[str, WorkerProcess, int | None], None],
+        listener: PoolListener,
     ):
         self.paths, self.config, self.run, self.events = paths, config, run, events
-        self.on_report, self.on_exit = on_report, on_exit
+        self.listener = listener
         self.slots: list[WorkerSlot] = []  # the workers of the current run, first one first
         self.processes: dict[str, WorkerProcess] = {}  # by slot name: the running ones
         self.restarts: dict[str, WorkerRestarts] = {}
@@ -154,7 +163,7 @@ class WorkerPool:
             NoPlan: the manifest is known and no plan fits the device (nothing was started).
         """
         manifest = run_request.get("manifest")
-        self.run.worker(slot.name, slot.device_label).state = "joining"
+        self.run.states.move(slot.name, self.run.worker(slot.name, slot.device_label), JOINING)
         plan = None
         if manifest:
             try:
@@ -173,7 +182,7 @@ class WorkerPool:
         process = WorkerProcess(
             spec,
             slot.pgid_file,
-            lambda report: self.on_report(name, report) if self.processes.get(name) is process else None,
+            lambda report: self.listener.worker_report(name, report) if self.processes.get(name) is process else None,
             lambda exitcode: self._ended(name, process, exitcode),
             name=name,
         )
@@ -279,7 +288,7 @@ class WorkerPool:
                 process.send(Pause())
             else:
                 process.terminate()
-            view.state = "pausing"
+            self.run.states.move(name, view, PAUSING)
 
     def ran_out_of_memory(self, name: str, report: Error) -> None:
         """Worker ``name`` ran out of memory while training (it exits next): its next start has half its micro-batch."""
@@ -292,7 +301,7 @@ class WorkerPool:
         if self.processes.get(name) is not process:
             return  # a worker of an earlier run, which had already been given up on
         del self.processes[name]
-        self.on_exit(name, process, exitcode)
+        self.listener.worker_exited(name, process, exitcode)
 
     def schedule_restart(self, name: str, exitcode: int | None) -> WorkerExit:
         """Count the exit of worker ``name`` and set its restart after its back-off."""
@@ -303,7 +312,9 @@ class WorkerPool:
         out_of_memory = restarts.ran_out_of_memory or exitcode == OUT_OF_MEMORY_EXIT_CODE
         if out_of_memory:
             restarts.micro_batch_halvings += 1
-        self.run.workers[name].stopped("oom-backoff" if out_of_memory else "restarting")
+        view = self.run.workers[name]
+        view.stopped()
+        self.run.states.move(name, view, OOM_BACKOFF if out_of_memory else RESTARTING)
         return WorkerExit(out_of_memory, delay, restarts)
 
     def crash_health(self) -> list[dict]:

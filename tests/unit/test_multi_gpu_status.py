@@ -34,7 +34,7 @@ def two_workers_training() -> RunView:
     run.apply_joined("gpu0", joined_report("QmFirst", 8))
     run.apply_joined("gpu1", joined_report("QmSecond", 2, "fp16"))
     for name in ("gpu0", "gpu1"):
-        run.workers[name].state = "training"
+        run.states.move(name, run.workers[name], "training")
     run.apply_step("gpu0", step(80, 20.0, 2.5, trained=80, contributed=64))
     run.apply_step("gpu1", step(30, 6.5, 2.75, trained=30, contributed=16, late=8))
     run.apply_step("gpu0", step(40, 21.0, 2.25, trained=120, contributed=100))
@@ -56,7 +56,8 @@ def test_local_is_the_first_worker_with_every_worker_listed_and_totals_summed():
 
 def test_a_crashed_worker_counts_nothing_per_second_but_keeps_what_it_contributed():
     run = two_workers_training()
-    run.workers["gpu1"].stopped("restarting")
+    run.workers["gpu1"].stopped()
+    run.states.move("gpu1", run.workers["gpu1"], "restarting")
 
     local = run.local_status()
 
