@@ -78,6 +78,12 @@ def _gpu_plan(path: Path) -> str:
     return gpu_plan.report(path, again=True)  # estimates by the memory model as it is now
 
 
+def _scale(path: Path) -> str:
+    import scale
+
+    return scale.report(path)
+
+
 def _convergence(path: Path) -> str:
     import convergence
 
@@ -92,6 +98,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "gpu-plan": _gpu_plan,
     "wan": _wan,
     "db-year": _db_year,
+    "scale": _scale,
     "heterogeneous": _heterogeneous,  # no data file yet: the next run of heterogeneous.py writes one
 }
 

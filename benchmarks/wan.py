@@ -32,20 +32,17 @@ file that RESULTS.md shows (``benchmarks/results.py`` renders it there).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import sqlite3
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "netlab")]
 
-from run_facts import facts  # noqa: E402
-from lab import Lab, lab_unavailable, remove_stale_labs  # noqa: E402
+from lab import Lab  # noqa: E402
+from lab_rows import end_lab, measure_each, read_rows  # noqa: E402
 from swarm import run_cli, start_on  # noqa: E402
 
 from p2ptrain.paths import resolve_paths  # noqa: E402
@@ -158,15 +155,12 @@ def measure(mode: str, options, root: Path) -> dict:
             "load": os.getloadavg(),
         }
     finally:
-        for daemon in daemons.values():
-            daemon.terminate(timeout=60)
-            daemon.kill()
-        lab.teardown()
+        end_lab(lab, daemons.values())
 
 
 def report(path: Path) -> str:
     """The WAN table of a ``--json`` file: a row per measured mode, in the file's order."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_rows(path)
     lines = ["| mode | target validation loss | all 4 training after | target reached after (from creation) | "
              "best validation loss | samples, all 4 training | bytes on the wire per sample (4 lines, sent + received) | "
              "1-min load at the end |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -205,24 +199,7 @@ def main() -> int:
     if options.report:
         print(report(options.report))
         return 0
-    reason = lab_unavailable()
-    if reason:
-        print(reason, file=sys.stderr)
-        return 2
-    remove_stale_labs()
-    root = Path(tempfile.mkdtemp(prefix="p2ptrain-wan-"))
-    try:
-        for mode in options.modes:
-            measured = facts()  # commit, date and machine; the row's load is measure's, at its end
-            row = {**measure(mode, options, root), **{key: value for key, value in measured.items() if key != "load"}}
-            print(json.dumps(row), flush=True)
-            if options.json:
-                with options.json.open("a") as file:
-                    file.write(json.dumps(row) + "\n")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    return 0
-
+    return measure_each(options.modes, lambda mode, root: measure(mode, options, root), options.json, "p2ptrain-wan-")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,41 @@
+"""The scale lab's smoke run (``benchmarks/scale.py``): two daemons, one behind NAT, measured as the benchmark does.
+
+The benchmark itself measures N = 2, 4, 8 for minutes each (RESULTS.md); this
+runs it for N = 2 with short windows, so a change that breaks the lab or what it
+measures fails here, and checks the row against what two peers must show.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(900)]
+
+SCALE = Path(__file__).resolve().parents[2] / "benchmarks" / "scale.py"
+
+
+def test_two_peers_join_and_average_together_and_their_background_is_measured(lab_machine, tmp_path):
+    data = tmp_path / "scale.jsonl"
+    result = subprocess.run(
+        [sys.executable, str(SCALE), "--peers", "2", "--train-s", "60", "--json", str(data)],
+        capture_output=True, text=True, timeout=840,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = [json.loads(line) for line in data.read_text().splitlines()]
+    assert row["peers"] == 2 and set(row["join_s"]) == {"pub", "h1"}
+    assert row["join"]["worst"] < 600 and row["epochs"] >= 1
+    for name in ("pub", "h1"):
+        assert row["rounds_taken"][name] >= 1, row["rounds_taken"]
+        assert set(row["group_sizes"][name]) <= {"1", "2"}, row["group_sizes"]
+        assert row["used_over_trained"][name] is not None and 0 < row["used_over_trained"][name] <= 1.0
+    # the lines carried the averaging; the meters put some upkeep beside it, far below the 10 KB/s budget's double
+    assert row["line_bytes_per_s_per_peer"]["mean"] > row["background_bytes_per_s"]["mean"] > 0, row["meter_bytes_per_s"]
+    assert row["background_bytes_per_s"]["worst"] < 20_000, row["meter_bytes_per_s"]
+    assert "commit" in row and "machine" in row and len(row["load"]) == 3
+    assert "| 2 |" in subprocess.run([sys.executable, str(SCALE), "--report", str(data)], capture_output=True,
+                                     text=True, timeout=60, check=True).stdout
