@@ -25,6 +25,7 @@ Each row carries the commit, date, machine and load (``run_facts.py``).
 
     sudo .venv/bin/python benchmarks/scale.py --peers 2 4 8 --json benchmarks/scale_<date>.jsonl
     .venv/bin/python benchmarks/scale.py --report benchmarks/scale_<date>.jsonl
+    sudo .venv/bin/python benchmarks/scale.py --peers 8 --request-log /tmp/requests   # which requests cost it
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from swarm import events, run_cli, start_on  # noqa: E402
 from wan import line_rates  # noqa: E402
 
 from p2ptrain.paths import resolve_paths  # noqa: E402
+from p2ptrain.peers.net.request_log import ENVIRONMENT_VARIABLE as REQUEST_LOG  # noqa: E402
 
 RUN = "scale"
 SAMPLES_PER_PEER_PER_EPOCH = 64  # the run's target batch size is N times this: a round's work per peer stays the same
@@ -100,7 +102,8 @@ def measure(peers: int, options, root: Path) -> dict:
     try:
         hosts = [lab.add_public("pub")] + [lab.add_home(f"h{index}") for index in range(1, peers)]
         for host in hosts:
-            daemons[host.name] = start_on(host, root / f"n{peers}")
+            env = {REQUEST_LOG: str(options.request_log / f"n{peers}" / host.name)} if options.request_log else None
+            daemons[host.name] = start_on(host, root / f"n{peers}", env=env)
         created = run_cli(daemons["pub"], "join", "--new-run", RUN, "--mode", "sync", "--micro-batch", "8",
                           "--target-batch-size", str(SAMPLES_PER_PEER_PER_EPOCH * peers))
         assert created.returncode == 0, created.stderr
@@ -132,7 +135,7 @@ def measure(peers: int, options, root: Path) -> dict:
             "used_over_trained": used,
             "training_line_bytes_per_s": training_lines, "meter_bytes_per_s": meters,
             "line_bytes_per_s_per_peer": spread([rates["sent"] + rates["received"] for rates in training_lines.values()]),
-            "background_bytes_per_s": spread(background_training),
+            "background_bytes_per_s": spread(background_training), "window": [since, until],
             "load": os.getloadavg(),
         }
     finally:
@@ -166,6 +169,8 @@ def main() -> int:
     parser.add_argument("--train-s", type=float, default=120.0, help="seconds of training measured once every peer contributed")
     parser.add_argument("--join-timeout-s", type=float, default=600.0, help="give up when a peer contributed nothing after this long")
     parser.add_argument("--json", type=Path, help="append one JSON line per N here")
+    parser.add_argument("--request-log", type=Path, help="log every request of each peer under DIR/n<N>/<host> "
+                        "(benchmarks/request_counts.py DIR/n<N> --since and --until the row's window)")
     parser.add_argument("--report", type=Path, help="print the scale table of a --json file and exit")
     options = parser.parse_args()
     if options.report:
