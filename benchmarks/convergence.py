@@ -175,30 +175,44 @@ def pretrain(samples: int, batch: int, seq_len: int, lr: float, cache_dir: Path,
     ByteTokenizer().save_pretrained(directory)
 
 
-def run_single(setup: Setup, batch: int) -> Result:
-    """One peer, a plain AdamW loop at ``batch`` samples per step."""
-    torch.manual_seed(SEED)
+def train_single(setup: Setup, batch: int, seed: int = SEED, curve: bool = True) -> tuple:
+    """One peer, a plain AdamW loop at ``batch`` samples per step on the data stream of ``seed``,
+    at ``setup``'s lr and schedule; returns the trained model (``build_model``'s) and its curve:
+    (samples, loss on the curve windows) about 30 times (empty when ``curve`` is false)."""
+    torch.manual_seed(seed)
     loaded = build_model(setup.model, seed=SEED)
     optimizer = torch.optim.AdamW(loaded.trainable(), lr=setup.inner_lr)
-    batches = train_batches(DATASET, loaded.tokenizer, setup.seq_len, batch, stream_seed(SEED, "baseline"), setup.cache_dir)
+    batches = train_batches(DATASET, loaded.tokenizer, setup.seq_len, batch, stream_seed(seed, "baseline"), setup.cache_dir)
     steps = setup.total_samples // batch
     every = max(1, steps // 30)
-    curve = []
+    points = []
     for step in range(1, steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = setup.inner_lr * learning_rate_factor(step - 1, 0, setup.lr_schedule, steps)
         causal_lm_loss(loaded.model, next(batches)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if step % every == 0 or step == steps:
-            curve.append((step * batch, mean_loss(loaded.model, setup.curve_windows)))
+        if curve and (step % every == 0 or step == steps):
+            points.append((step * batch, mean_loss(loaded.model, setup.curve_windows)))
+    return loaded, points
+
+
+def run_single(setup: Setup, batch: int) -> Result:
+    """One peer, a plain AdamW loop at ``batch`` samples per step."""
+    loaded, curve = train_single(setup, batch)
+    steps = setup.total_samples // batch
     return Result(plan_name(setup, "baseline", batch // setup.micro_batch, ""), steps * batch, [mean_loss(loaded.model, setup.final_windows)], curve, order=batch)
 
 
 class Worker:
-    """One real worker process started as the daemon starts it, and its reports."""
+    """One real worker process started as the daemon starts it, and its reports.
 
-    def __init__(self, home: Path, name: str, manifest: dict, initial_peers: list[str], setup: Setup, matchmaking_time: float):
+    ``address``: the IPv4 address its DHT listens on; ``namespace``: the network namespace
+    (``ip netns``) it runs in, None for this process's own.
+    """
+
+    def __init__(self, home: Path, name: str, manifest: dict, initial_peers: list[str], setup: Setup, matchmaking_time: float,
+                 address: str = "127.0.0.1", namespace: str | None = None):
         for sub in ("state", "checkpoints"):
             (home / sub).mkdir(parents=True, exist_ok=True)
         self.name = name
@@ -208,7 +222,7 @@ class Worker:
             "initial_peers": initial_peers,
             "paths": {"state_dir": str(home / "state"), "cache_dir": str(setup.cache_dir),
                       "checkpoints_dir": str(home / "checkpoints"), "identity_key": str(home / "state" / "identity.key")},
-            "dht": {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "announce_maddrs": [], "use_relay": False,
+            "dht": {"host_maddrs": [f"/ip4/{address}/tcp/0"], "announce_maddrs": [], "use_relay": False,
                     "use_auto_relay": False, "client_mode": False},
             "nickname": name, "plan": {"device": "cpu", "precision": "fp32", "quantization": "none",
                                        "micro_batch": setup.micro_batch, "grad_accum": 1, "cpu_threads": 1},
@@ -218,7 +232,8 @@ class Worker:
         }
         context = multiprocessing.get_context("spawn")
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=worker_main, args=(child_conn, spec), name=f"worker-{name}")
+        target, args = (worker_main, (child_conn, spec)) if namespace is None else (worker_in_namespace, (namespace, child_conn, spec))
+        self.process = context.Process(target=target, args=args, name=f"worker-{name}")
         self.process.start()
         child_conn.close()
         self.reports: list[dict] = []
@@ -244,6 +259,18 @@ class Worker:
                 self.local_epoch = max(self.local_epoch, int(report["data"]["epoch"]))
             elif report["type"] == "error" and report.get("fatal"):
                 raise RuntimeError(f"{self.name} failed: {report['message']}")
+
+    def tend(self, run: str, finish_after: int | None) -> None:
+        """Take its reports, fail when it exited before it stopped, and tell it to ``finish`` (complete the
+        current epoch, checkpoint, pause) once it is in epoch ``finish_after`` (None: never)."""
+        self.drain()
+        if not self.process.is_alive():
+            self.drain()  # what it reported before it exited
+            if not self.stopped():  # a finished or paused worker exits after its checkpoint
+                raise RuntimeError(f"{run}: {self.name} exited with {self.process.exitcode}")
+        if finish_after is not None and not self.finish_sent and self.local_epoch >= finish_after - 1:
+            self.conn.send({"cmd": "finish"})
+            self.finish_sent = True
 
     def of_type(self, kind: str) -> list[dict]:
         return [report for report in self.reports if report["type"] == kind]
@@ -289,6 +316,22 @@ class Worker:
         if self.process.is_alive():
             self.process.kill()
         self.process.join(10)
+
+
+def worker_in_namespace(namespace: str, conn, spec: dict) -> None:
+    """A worker process's entry inside the network namespace ``namespace`` (its p2pd and DHT
+    processes start there too); needs root."""
+    import ctypes
+
+    clone_newnet = 0x40000000  # os.CLONE_NEWNET and os.setns arrived in Python 3.12
+    libc = ctypes.CDLL(None, use_errno=True)
+    descriptor = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+    try:
+        if libc.setns(descriptor, clone_newnet) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot enter network namespace {namespace}")
+    finally:
+        os.close(descriptor)
+    worker_main(conn, spec)
 
 
 class SentBytes:
@@ -366,15 +409,7 @@ def run_swarm(setup: Setup, mode: str, local_steps: int, compression: str) -> Re
                 raise RuntimeError(f"{name}: not finished after {setup.timeout_s:.0f} s (epochs {[w.local_epoch for w in workers]} of {epochs})")
             time.sleep(0.2)
             for worker in workers:
-                worker.drain()
-                if not worker.process.is_alive():
-                    worker.drain()  # what it reported before it exited
-                    if not worker.stopped():  # a finished or paused worker exits after its checkpoint
-                        raise RuntimeError(f"{name}: {worker.name} exited with {worker.process.exitcode}")
-                # finish = complete the current epoch, checkpoint, pause
-                if mode == "diloco" and not worker.finish_sent and worker.local_epoch >= epochs - 1:
-                    worker.conn.send({"cmd": "finish"})
-                    worker.finish_sent = True
+                worker.tend(name, epochs if mode == "diloco" else None)
             if mode == "sync" and sum(worker.trained for worker in workers) >= setup.total_samples:
                 for worker in workers:
                     if not worker.pause_sent:
