@@ -298,8 +298,8 @@ def swarm_row(setup, held_out: list, lab, local_steps: int, compression: str, se
 def swarm_name(setup, local_steps: int, compression: str) -> str:
     from convergence import plan_name
 
-    schedule = "" if setup.lr_schedule == "constant" else f", inner lr {setup.lr_schedule}"
-    return plan_name(setup, "diloco", local_steps, compression) + f", outer lr {setup.outer_lr:g}" + schedule
+    inner = "" if (setup.inner_lr, setup.lr_schedule) == UNTUNED else f", inner AdamW {setup.inner_lr:g} {setup.lr_schedule}"
+    return plan_name(setup, "diloco", local_steps, compression) + f", outer lr {setup.outer_lr:g}" + inner
 
 
 def make_lab():
