@@ -84,6 +84,24 @@ def _scale(path: Path) -> str:
     return scale.report(path)
 
 
+def _compression(path: Path) -> str:
+    import compression_table
+
+    return compression_table.report([path])
+
+
+def _slow_volunteer(path: Path) -> str:
+    import slow_volunteer
+
+    return slow_volunteer.report(path)
+
+
+def _rogue(path: Path) -> str:
+    import rogue
+
+    return rogue.report(path)
+
+
 def _convergence(path: Path) -> str:
     import convergence
 
@@ -95,6 +113,9 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "guard-cost": _guard_cost,
     "diloco-stability": _diloco_stability,
     "convergence": _convergence,
+    "compression": _compression,
+    "slow-volunteer": _slow_volunteer,
+    "rogue": _rogue,
     "gpu-plan": _gpu_plan,
     "wan": _wan,
     "db-year": _db_year,
