@@ -37,7 +37,7 @@ A row splits them by time: *during averaging* is everything the swarm sent betwe
 the first peer ending its H inner steps and the last peer ending the round (so the
 background of those seconds counts as averaging: against the configuration), and
 *background* the rest, per second. The payload (what the codecs encoded) is beside.
-Every row carries the commit, date, machine and load (``run_facts.py``).
+Every row carries the commit, date, machine and load at its start (``run_facts.py``).
 """
 
 from __future__ import annotations
@@ -368,8 +368,11 @@ def run(args) -> int:
                             "pretrained_selection_loss": pretrained_loss, "parameters": setup.parameters,
                             "held_out_windows": len(held_out) * EVAL_BATCH, "selection_windows": len(setup.final_windows) * EVAL_BATCH}}
 
-        def record(row: dict) -> None:
-            row = row if row.get("from_tuning") else {"benchmark": "compression", **facts(), **shared, **row}
+        def record(run) -> None:
+            """Run ``run`` (a row, or a function making it) and append its row, with the facts of its start."""
+            started = facts()
+            row = run() if callable(run) else run
+            row = row if row.get("from_tuning") else {"benchmark": "compression", **started, **shared, **row}
             done.append(row)
             with args.out.open("a") as file:
                 file.write(json.dumps(row) + "\n")
@@ -383,7 +386,7 @@ def run(args) -> int:
         if "tune" in args.steps:
             for lr, schedule in grid:
                 if not have("tune", baseline_name(lr, schedule), 1):
-                    record(baseline_row(setup, held_out, lr, schedule, 1, "tune"))
+                    record(lambda: baseline_row(setup, held_out, lr, schedule, 1, "tune"))
         if "baseline" in args.steps:
             tuned = tuned_baseline(done)
             for lr, schedule in dict.fromkeys([tuned, UNTUNED]):
@@ -394,7 +397,7 @@ def run(args) -> int:
                     tuning = next((r for r in done if r["step"] == "tune" and r["config"] == name and r["seed"] == seed), None)
                     # the tuning run of seed 1 is that seed's baseline run: the same computation
                     record({**tuning, "step": "baseline", "from_tuning": True} if tuning else
-                           baseline_row(setup, held_out, lr, schedule, seed, "baseline"))
+                           (lambda: baseline_row(setup, held_out, lr, schedule, seed, "baseline")))
         if {"swarm", "reference"} & set(args.steps):
             lab = make_lab()
             try:
@@ -403,12 +406,13 @@ def run(args) -> int:
                     epochs = total // (PEERS * setup.micro_batch * args.local_steps)
                     for seed in args.seeds:
                         if not have("swarm", config, seed):
-                            record(swarm_row(setup, held_out, lab, args.local_steps, args.compression, seed, epochs, "swarm"))
+                            record(lambda: swarm_row(setup, held_out, lab, args.local_steps, args.compression, seed, epochs, "swarm"))
                 if "reference" in args.steps and not any(r["step"] == "reference" for r in done):
                     import dataclasses
 
                     dense = dataclasses.replace(setup, outer_lr=1.0, error_feedback_decay=1.0)
-                    record(swarm_row(dense, held_out, lab, args.reference_local_steps, "none", 1, args.reference_rounds, "reference"))
+                    record(lambda: swarm_row(dense, held_out, lab, args.reference_local_steps, "none", 1, args.reference_rounds,
+                                             "reference"))
             finally:
                 lab.teardown()
     print(report([args.out]))
@@ -484,7 +488,9 @@ def report(paths: list[Path]) -> str:
                      f"{everything:,.0f}", f"{ref_all / everything:,.0f}x" if ref_all else "",
                      f"{payload:,.0f}" if payload else "", f"{ref_payload / payload:,.0f}x" if payload and ref_payload else "",
                      background_kb_s(members)]
-            if tuned_loss and ref_averaging:
+            if tuned_loss and ref_averaging and len(members) < MIN_SEEDS:
+                verdicts.append(f"- {config}: {len(members)} seed(s), a tuning run: not judged (a goal is judged on {MIN_SEEDS} seeds).")
+            elif tuned_loss and ref_averaging:
                 verdicts.append(verdict(config, 100 * (high - tuned_loss[1]) / tuned_loss[1], ref_averaging / averaging,
                                         ref_payload / payload if payload else None))
         elif config == baseline_name(*tuned) if tuned else False:
@@ -499,6 +505,7 @@ def background_kb_s(rows: list[dict]) -> str:
 
 
 GOAL_REDUCTION, GOAL_PENALTY_PCT = 10_000, 2.0
+MIN_SEEDS = 3
 
 
 def verdict(config: str, worst_penalty_pct: float, wire_reduction: float, payload_reduction: float | None) -> str:
