@@ -297,7 +297,7 @@ class RunControl:
         if released or self.holding():
             self._released(name, finished=released and view.state == FINISHED)
             return
-        ended = self.pool.schedule_restart(name, exitcode)
+        ended = self.pool.schedule_restart(name, exitcode, process.spec.plan)
         others_training = any(view.joined for other, view in self.run.workers.items() if other != name)
         words = self.pool.worker_words(name)
         if ended.out_of_memory:

@@ -303,8 +303,11 @@ class WorkerPool:
         del self.processes[name]
         self.listener.worker_exited(name, process, exitcode)
 
-    def schedule_restart(self, name: str, exitcode: int | None) -> WorkerExit:
-        """Count the exit of worker ``name`` and set its restart after its back-off."""
+    def schedule_restart(self, name: str, exitcode: int | None, started_with: WorkerPlan | None = None) -> WorkerExit:
+        """Count the exit of worker ``name`` and set its restart after its back-off.
+
+        ``started_with``: the plan its process was started with; when it ran out of memory before
+        it could report at which micro-batch, its next start halves that one."""
         restarts = self.restarts[name]
         restarts.crashes_in_a_row += 1
         delay = restart_delay_s(restarts.crashes_in_a_row)
@@ -312,6 +315,8 @@ class WorkerPool:
         out_of_memory = restarts.ran_out_of_memory or exitcode == OUT_OF_MEMORY_EXIT_CODE
         if out_of_memory:
             restarts.micro_batch_halvings += 1
+            if not restarts.ran_out_of_memory and started_with is not None and started_with.micro_batch:
+                restarts.out_of_memory_at = (started_with.micro_batch, started_with.grad_accum)
         view = self.run.workers[name]
         view.stopped()
         self.run.states.move(name, view, OOM_BACKOFF if out_of_memory else RESTARTING)
