@@ -54,16 +54,6 @@ METHODS = (
 )
 
 
-
-def repeated_words(event: dict) -> str:
-    """`` (x700 in 84 s)`` for a row of the ``events`` result (or an ``event`` push) that stands for
-    repeats of one event (``count`` > 1, from ``ts`` to ``last_ts``); empty for a single event."""
-    count = event.get("count") or 1
-    if count <= 1:
-        return ""
-    span = max(0.0, (event.get("last_ts") or event.get("ts") or 0) - (event.get("ts") or 0))
-    return f" (x{count} in {span:.0f} s)"
-
 class DaemonError(Exception):
     """The daemon answered with an error.
 
