@@ -6,10 +6,13 @@ prompts, monitoring) and must stay fast. Commands that need more (``daemon``,
 ``tui``, ``export`` and ``monitor`` take their arguments from the module that runs them
 (its ``add_arguments`` and ``run``), imported only when the command is given.
 
-Exit codes: 0 ok (``status``: training), 1 error (``status``: error state),
-2 usage error, 3 no daemon, 5 paused or idle (``status`` only), 141 the
-reader of the output went away (``p2ptrain events | head -1``), as a shell
-reports a command ended by SIGPIPE.
+Replies are read as the protocol's records (``control_types``); one that is
+not what they say is an error in one line naming the field.
+
+Exit codes: 0 ok (``status``: training), 1 error (``status``: error state;
+any command: a malformed reply), 2 usage error, 3 no daemon, 5 paused or idle
+(``status`` only), 141 the reader of the output went away (``p2ptrain events
+| head -1``), as a shell reports a command ended by SIGPIPE.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from p2ptrain.control_types import Status
 from p2ptrain.demo import loopback_config
 from p2ptrain.paths import resolve_paths
 from p2ptrain.protocol import ControlClient, DaemonNotRunning
@@ -76,7 +77,10 @@ class DaemonProcess:
         return ControlClient(str(resolve_paths(self.home).socket), timeout=10)
 
     def status(self) -> dict:
-        return self.client.call("status")
+        """The ``status`` result as the wire has it, checked against its record (``control_types.Status``)."""
+        reply = self.client.call("status")
+        Status.from_dict(reply, "the daemon's status reply")
+        return reply
 
     def wait_until(self, predicate, timeout: float, interval: float = 0.5, what: str = "condition") -> dict:
         """Poll ``status`` until ``predicate(status)`` holds; returns that status."""
