@@ -5,6 +5,8 @@ Newline-delimited JSON over a Unix socket, one object per line, at most
 "params": {}}``; the reply carries the same id and either ``result`` or
 ``error`` (``{"code", "message", "fix"}``). After ``subscribe`` the daemon
 pushes ``{"event": name, "data": ...}`` lines until the client hangs up.
+What the results and pushes hold, and the one codec that checks them, is
+``control_types.py``.
 
 Both sides name their ``PROTOCOL_VERSION``: a request and a reply carry
 ``"protocol"``, and each side refuses the other's when it differs, in one

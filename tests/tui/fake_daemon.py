@@ -187,6 +187,11 @@ class FakeDaemon:
                 self.peers = data["peers"]
             self._publish(event, data)
 
+    def push_unchecked(self, event: str, data) -> None:
+        """Push ``data`` as it is, whatever it is: what a broken daemon, or one of another version, would send."""
+        with self._lock:
+            self._loop.call_soon_threadsafe(self._deliver, encode({"event": event, "data": data}))
+
     def methods_called(self) -> list[str]:
         """The method of every request so far, in order."""
         with self._lock:

@@ -12,6 +12,7 @@ from p2ptrain.tui.daemon_view import EPOCHS, STATUS, STEPS, DaemonView, History
 from p2ptrain.tui.widgets.event_log import EventLog
 from p2ptrain.tui.widgets.peers_table import PeersTable
 from p2ptrain.tui.widgets.swarm_panel import SwarmPanel
+from p2ptrain.tui.widgets.unreachable_panel import UnreachablePanel
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,6 +45,20 @@ async def test_pushed_steps_epochs_events_and_peers_reach_the_screen_without_a_r
         assert app.query_one(SwarmPanel).last_averaging == FROZEN_NOW + 2
         assert len(app.query_one(EventLog).lines) == log_lines + 1
         assert daemon.methods_called() == requests_before, "a pushed update must not lead to a request"
+
+
+@pytest.mark.asyncio
+async def test_a_malformed_push_shows_the_daemon_unwell_in_one_line_naming_the_field(daemon):
+    app = make_app(daemon.paths.home, retry_delays_s=(30.0,))  # no reconnection while the test looks
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.state == "training", what="training")
+        broken = paused_status("battery")
+        broken["local"]["workers"][0]["loss"] = "low"
+        daemon.push_unchecked("status", broken)
+        await wait_until(pilot, lambda: app.view is None, what="the daemon shown as unreachable")
+        reason = app.query_one(UnreachablePanel).reason
+        assert "the status push: local: workers[0]: loss must be a number or null, not 'low'" in reason
+        assert "\n" not in reason
 
 
 @pytest.mark.asyncio
