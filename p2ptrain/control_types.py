@@ -324,7 +324,7 @@ class WorkerStatus(Record):
     __slots__ = tuple(SCHEMA)
 
 
-class Traffic(Record):
+class TrafficStatus(Record):
     """``local.traffic``: bytes per second by kind (sent + received, summed over the workers), and
     ``month_gb`` (that rate over this whole month) and ``month_used_gb`` (counted so far)."""
 
@@ -373,7 +373,7 @@ class LocalStatus(Record):
         "waiting": OPTIONAL_STR,
         "plan": optional(Plan),
         "workers": list_of(WorkerStatus),
-        "traffic": optional(Traffic),
+        "traffic": optional(TrafficStatus),
     }
     __slots__ = tuple(SCHEMA)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from p2ptrain.control_types import Health, LocalStatus, MalformedReply, Plan, RunStatus, Traffic, WorkerStatus
+from p2ptrain.control_types import Health, LocalStatus, MalformedReply, Plan, RunStatus, TrafficStatus, WorkerStatus
 from p2ptrain.daemon.traffic_month import monthly_estimate_gb
 from p2ptrain.daemon.worker_state import JOINING, WorkerState, WorkerStates
 from p2ptrain.peers.net.reachability import RELAYED, UNREACHABLE, fix_for
@@ -185,7 +185,7 @@ class RunView:
                                       "received_bytes_per_s": report.received_bytes_per_s,
                                       "measured_at": report.measured_at}
 
-    def traffic_status(self, month_used_gb: float, moment: datetime) -> Traffic | None:
+    def traffic_status(self, month_used_gb: float, moment: datetime) -> TrafficStatus | None:
         """The status object's ``local.traffic``, summed over the running workers: bytes per second by kind (sent +
         received), ``month_gb`` (that rate over this whole month) and ``month_used_gb`` (counted so far)."""
         measured = [view.traffic for view in self.workers.values() if view.joined and view.traffic]
@@ -194,7 +194,7 @@ class RunView:
         kinds = {kind: sum(traffic["bytes_per_s"].get(kind, 0.0) for traffic in measured)
                  for kind in measured[0]["bytes_per_s"]}
         total = sum(kinds.values())
-        return Traffic(
+        return TrafficStatus(
             bytes_per_s=kinds,
             sent_bytes_per_s=sum(traffic.get("sent_bytes_per_s") or 0.0 for traffic in measured),
             received_bytes_per_s=sum(traffic.get("received_bytes_per_s") or 0.0 for traffic in measured),

@@ -12,7 +12,7 @@ import pytest
 from p2ptrain import cli, control_types
 from p2ptrain.control_types import (
     Ban, Cpu, EventRow, EventsResult, Gpu, GpuProcess, Hardware, Health, JoinResult, LocalStatus, MalformedReply,
-    PeerRow, PeersResult, PeersUpdate, Plan, Push, Ram, Record, RunStatus, Status, Traffic, UnbanResult, WorkerStatus,
+    PeerRow, PeersResult, PeersUpdate, Plan, Push, Ram, Record, RunStatus, Status, TrafficStatus, UnbanResult, WorkerStatus,
     decode_push,
 )
 from p2ptrain.pipe_codec import MalformedMessage
@@ -37,7 +37,7 @@ def training_status() -> Status:
                         grad_accum=4, parameters=800_000, trainable_parameters=800_000, samples_per_second=41.5, loss=2.5,
                         trained_samples=1000, contributed_samples=960, unused_samples={"late": 40}, plan=plan(),
                         workers=[worker],
-                        traffic=Traffic(bytes_per_s={"averaging": 1200.0, "dht": 80}, sent_bytes_per_s=700.0,
+                        traffic=TrafficStatus(bytes_per_s={"averaging": 1200.0, "dht": 80}, sent_bytes_per_s=700.0,
                                         received_bytes_per_s=580.0, month_gb=3.3, month_used_gb=0.25,
                                         measured_at="2026-11-27T03:00:00"))
     hardware = Hardware(gpus=[Gpu(index=0, name="Tesla T4", uuid="GPU-1", memory_total_mib=15360, memory_used_mib=900,

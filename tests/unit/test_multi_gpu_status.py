@@ -4,6 +4,7 @@ worker in ``local.workers``, totals summed; and ``p2ptrain status`` in words."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
 
 from p2ptrain.cli import format_status
 from p2ptrain.control_types import Status, WorkerStatus
@@ -145,3 +146,22 @@ def test_status_says_why_samples_wait_when_rounds_find_no_other_peer():
     assert samples.strip() == f"Samples: 200 trained, 120 used by the run (60%), 80 waiting: {waiting}"
     run.apply_step("gpu0", step(40, 20.0, 2.5, trained=240, contributed=240))
     assert run.local_status().waiting is None  # a round found the others again
+
+
+def test_traffic_is_summed_over_the_workers_into_local_traffic():
+    run = two_workers_training()
+    for name, averaging in (("gpu0", 3000.0), ("gpu1", 1000.0)):
+        run.apply_traffic(name, decode_report({
+            "type": "traffic", "bytes_per_s": {"averaging": averaging, "dht": 100.0}, "sent_bytes_per_s": averaging / 2,
+            "received_bytes_per_s": averaging / 2 + 100.0, "sent_bytes": 1e6, "received_bytes": 1e6, "since": 0.0,
+            "measured_at": "2026-11-15T12:00:00"}))
+
+    traffic = run.traffic_status(0.25, datetime(2026, 11, 15, 12, 0))
+
+    assert traffic.bytes_per_s == {"averaging": 4000.0, "dht": 200.0}
+    assert (traffic.sent_bytes_per_s, traffic.received_bytes_per_s, traffic.month_used_gb) == (2000.0, 2200.0, 0.25)
+    assert traffic.month_gb > 0
+    status = training_status(run)
+    status.local.traffic = traffic
+    assert Status.from_dict(status.to_dict()) == status, "what the daemon sends, the CLI reads back"
+    assert "Traffic: 4.2 KB/s (averaging 4.0, dht 0.2)" in format_status(status)
