@@ -20,7 +20,7 @@ import types
 import typing
 from typing import Any, Literal
 
-from p2ptrain.control_types import MalformedReply, Record
+from p2ptrain.control_types import MalformedReply, Record, shown
 
 
 class MalformedMessage(ValueError):
@@ -130,8 +130,3 @@ def _named(hint: Any) -> str:
     if typing.get_origin(hint) is Literal:
         return "one of " + ", ".join(map(repr, typing.get_args(hint)))
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -32,8 +32,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Literal
 
-from p2ptrain.control_types import PeerRow
-from p2ptrain.pipe_codec import MalformedMessage, Message, shown
+from p2ptrain.control_types import PeerRow, shown
+from p2ptrain.pipe_codec import MalformedMessage, Message
 
 # Exit codes of a worker process the daemon acts on (any other code is a crash).
 FAILED_EXIT_CODE = 1  # a fatal error, reported as ``Error(fatal=True)`` before the exit
