@@ -6,10 +6,13 @@ prompts, monitoring) and must stay fast. Commands that need more (``daemon``,
 ``tui``, ``export`` and ``monitor`` take their arguments from the module that runs them
 (its ``add_arguments`` and ``run``), imported only when the command is given.
 
-Exit codes: 0 ok (``status``: training), 1 error (``status``: error state),
-2 usage error, 3 no daemon, 5 paused or idle (``status`` only), 141 the
-reader of the output went away (``p2ptrain events | head -1``), as a shell
-reports a command ended by SIGPIPE.
+Replies are read as the protocol's records (``control_types``); one that is
+not what they say is an error in one line naming the field.
+
+Exit codes: 0 ok (``status``: training), 1 error (``status``: error state;
+any command: a malformed reply), 2 usage error, 3 no daemon, 5 paused or idle
+(``status`` only), 141 the reader of the output went away (``p2ptrain events
+| head -1``), as a shell reports a command ended by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ import time
 from p2ptrain import __version__
 from p2ptrain.durations import parse_duration
 from p2ptrain.paths import control_socket
-from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning, repeated_words
+from p2ptrain.control_types import (
+    EventsResult, JoinResult, LocalStatus, MalformedReply, PeersResult, Plan, Status, UnbanResult, WorkerStatus,
+)
+from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_DAEMON, EXIT_NOT_TRAINING = 0, 1, 2, 3, 5
 EXIT_OUTPUT_CLOSED = 141
@@ -82,6 +88,12 @@ def _call(args, method: str, **params):
     return _client(args).call(method, **params)
 
 
+def _ask(args, method: str, record: type, **params):
+    """Call ``method`` and read its result as ``record`` (``control_types``); the plain result with it."""
+    result = _call(args, method, **params)
+    return record.from_dict(result, f"the daemon's {method} reply"), result
+
+
 def _print_json(data) -> None:
     print(json.dumps(data, indent=2, sort_keys=False))
 
@@ -102,92 +114,92 @@ def _fmt(value, spec: str = "", missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
-def _device_words(view: dict) -> str:
-    checkpointing = ", gradient checkpointing" if view.get("gradient_checkpointing") else ""
+def _device_words(view: LocalStatus | WorkerStatus) -> str:
+    checkpointing = ", gradient checkpointing" if view.gradient_checkpointing else ""
     return (
-        f"{view.get('device') or '?'}, {view.get('precision') or '?'}, quantization {view.get('quantization') or 'none'}"
-        f"{checkpointing}, micro-batch {_fmt(view.get('micro_batch'))} x {_fmt(view.get('grad_accum'))}"
+        f"{view.device or '?'}, {view.precision or '?'}, quantization {view.quantization or 'none'}"
+        f"{checkpointing}, micro-batch {_fmt(view.micro_batch)} x {_fmt(view.grad_accum)}"
     )
 
 
-def _plan_lines(plan: dict | None) -> list[str]:
+def _plan_lines(plan: Plan | None) -> list[str]:
     """The daemon's hardware plan for the (first) worker: its memory and why, a line per choice."""
     if not plan:
         return []
-    cap = f", allocator capped at {plan['memory_cap_gib']} GiB" if plan.get("memory_cap_gib") else ""
-    head = f"      Plan: ~{plan.get('memory_estimate_gib')} of {plan.get('memory_allowed_gib')} GiB allowed{cap}"
-    return [head, *(f"            - {line}" for line in plan.get("rationale") or [])]
+    cap = f", allocator capped at {plan.memory_cap_gib} GiB" if plan.memory_cap_gib else ""
+    head = f"      Plan: ~{plan.memory_estimate_gib} of {plan.memory_allowed_gib} GiB allowed{cap}"
+    return [head, *(f"            - {line}" for line in plan.rationale)]
 
 
-def _worker_line(worker: dict) -> str:
+def _worker_line(worker: WorkerStatus) -> str:
     """One of several workers (one per GPU): ``local.workers[i]``."""
     return (
-        f"    Worker: {_device_words(worker)}; {worker.get('state') or '?'}, {_fmt(worker.get('samples_per_second'), '.1f')} samples/s,"
-        f" loss {_fmt(worker.get('loss'), '.3f')}, {worker.get('contributed_samples') or 0} samples, peer {worker.get('peer_id') or '-'}"
+        f"    Worker: {_device_words(worker)}; {worker.state or '?'}, {_fmt(worker.samples_per_second, '.1f')} samples/s,"
+        f" loss {_fmt(worker.loss, '.3f')}, {worker.contributed_samples} samples, peer {worker.peer_id or '-'}"
     )
 
 
-def _samples_words(local: dict) -> str:
+def _samples_words(local: LocalStatus) -> str:
     """What share of this peer's work the run used, and why the rest was not (``status.local``)."""
-    trained, used = local.get("trained_samples") or 0, local.get("contributed_samples") or 0
-    unused = {reason: count for reason, count in (local.get("unused_samples") or {}).items() if count}
+    trained, used = local.trained_samples, local.contributed_samples
+    unused = {reason: count for reason, count in local.unused_samples.items() if count}
     words = f"{trained} trained, {used} used by the run ({used / trained:.0%})" if trained else "0 trained"
     if unused:
         reasons = ", ".join(f"{count} {reason.replace('_', ' ')}" for reason, count in unused.items())
         words += f", {sum(unused.values())} not used ({reasons})"
     pending = trained - used - sum(unused.values())
-    if pending > 0 and local.get("waiting"):
-        return words + f", {pending} waiting: {local['waiting']}"
+    if pending > 0 and local.waiting:
+        return words + f", {pending} waiting: {local.waiting}"
     return words + (f", {pending} in the current round" if pending > 0 else "")
 
 
-def format_status(status: dict) -> str:
+def format_status(status: Status) -> str:
     """The human form of ``status``, in the manner of ``systemctl status``."""
-    state = status["state"]
+    state = status.state
     dot = {"training": "●", "paused": "◐", "error": "✗"}.get(state, "○")
-    headline = state + (f" ({status['pause_reason']})" if status.get("pause_reason") else "")
-    since = status.get("since")
+    headline = state + (f" ({status.pause_reason})" if status.pause_reason else "")
+    since = status.since
     lines = [f"{dot} p2ptrain: {headline} since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))}; {_ago(since)}" if since else f"{dot} p2ptrain: {headline}"]
-    if status.get("paused_until"):
-        lines.append(f"   Resumes: {time.strftime('%H:%M:%S', time.localtime(status['paused_until']))} (timed pause)")
-    run = status.get("run")
+    if status.paused_until:
+        lines.append(f"   Resumes: {time.strftime('%H:%M:%S', time.localtime(status.paused_until))} (timed pause)")
+    run = status.run
     if run:
-        eta = f", next epoch in ~{run['eta_next_epoch_s']:.0f}s" if run.get("eta_next_epoch_s") is not None else ""
-        lines.append(f"       Run: {run['id']} ({run.get('mode') or '?'}, model {run.get('model') or '?'}), {run.get('num_peers', 0)} peers")
-        lines.append(f"     Epoch: {run.get('epoch', 0)}, {run.get('samples_accumulated', 0)}/{_fmt(run.get('target_batch_size'))} samples{eta}")
-    local = status.get("local")
+        eta = f", next epoch in ~{run.eta_next_epoch_s:.0f}s" if run.eta_next_epoch_s is not None else ""
+        lines.append(f"       Run: {run.id} ({run.mode or '?'}, model {run.model or '?'}), {run.num_peers} peers")
+        lines.append(f"     Epoch: {run.epoch}, {run.samples_accumulated}/{_fmt(run.target_batch_size)} samples{eta}")
+    local = status.local
     if local:
-        workers = local.get("workers") or []
-        lines.append(f"      Peer: {local.get('nickname') or '?'} {local.get('peer_id') or ''} ({local.get('reachability') or 'unknown'})")
+        workers = local.workers
+        lines.append(f"      Peer: {local.nickname or '?'} {local.peer_id or ''} ({local.reachability or 'unknown'})")
         if len(workers) > 1:
             lines.extend(_worker_line(worker) for worker in workers)
         else:
             lines.append(f"    Device: {_device_words(local)}")
-        lines.extend(_plan_lines(local.get("plan")))
+        lines.extend(_plan_lines(local.plan))
         total = " in all" if len(workers) > 1 else ""
         lines.append(
-            f"  Training: {_fmt(local.get('samples_per_second'), '.1f')} samples/s{total}, loss {_fmt(local.get('loss'), '.3f')},"
-            f" {local.get('contributed_samples', 0)} samples contributed{total}"
+            f"  Training: {_fmt(local.samples_per_second, '.1f')} samples/s{total}, loss {_fmt(local.loss, '.3f')},"
+            f" {local.contributed_samples} samples contributed{total}"
         )
-        if local.get("trained_samples"):
+        if local.trained_samples:
             lines.append(f"   Samples: {_samples_words(local)}" + (" (all workers)" if total else ""))
-        traffic = local.get("traffic")
+        traffic = local.traffic
         if traffic:
-            kinds = ", ".join(f"{kind} {rate / 1000:.1f}" for kind, rate in traffic["bytes_per_s"].items() if rate >= 50)
-            lines.append(f"   Traffic: {sum(traffic['bytes_per_s'].values()) / 1000:.1f} KB/s ({kinds or 'idle'}),"
-                         f" ~{traffic['month_gb']:.1f} GB a month at this rate, {traffic['month_used_gb']:.2f} GB this month")
-        for address in (local.get("addresses") or [])[:2]:
+            kinds = ", ".join(f"{kind} {rate / 1000:.1f}" for kind, rate in traffic.bytes_per_s.items() if rate >= 50)
+            lines.append(f"   Traffic: {sum(traffic.bytes_per_s.values()) / 1000:.1f} KB/s ({kinds or 'idle'}),"
+                         f" ~{traffic.month_gb:.1f} GB a month at this rate, {traffic.month_used_gb:.2f} GB this month")
+        for address in local.addresses[:2]:
             lines.append(f"   Address: {address}")
-    for health in status.get("health") or []:
-        mark = "✗" if health.get("level") == "error" else "!"
-        fix = f" — fix: {health['fix']}" if health.get("fix") else ""
-        lines.append(f"    Health: {mark} {health.get('message')}{fix}")
+    for health in status.health:
+        mark = "✗" if health.level == "error" else "!"
+        fix = f" — fix: {health.fix}" if health.fix else ""
+        lines.append(f"    Health: {mark} {health.message}{fix}")
     return "\n".join(lines)
 
 
 def cmd_status(args) -> int:
     try:
-        status = _call(args, "status")
+        status, reply = _ask(args, "status", Status)
     except DaemonNotRunning as error:
         if args.json:
             _print_json({"state": "stopped", "socket": error.socket_path, "fix": _start_hint(args.home)})
@@ -195,10 +207,10 @@ def cmd_status(args) -> int:
             print(error.one_line(_start_hint(args.home)))
         return EXIT_NO_DAEMON
     if args.json:
-        _print_json(status)
+        _print_json(reply)  # as the daemon sent it: a newer daemon's fields included
     else:
         print(format_status(status))
-    state = status.get("state")
+    state = status.state
     if state in ("training", "finishing", "joining"):
         return EXIT_OK
     return EXIT_ERROR if state == "error" else EXIT_NOT_TRAINING
@@ -266,10 +278,10 @@ def cmd_join(args) -> int:
     if args.new_run:
         params["new_run"] = True
         params["manifest"] = _manifest_options(args)
-    status = _call(args, "join", **params)
-    for warning in status.get("warnings") or []:
+    status, _ = _ask(args, "join", JoinResult, **params)
+    for warning in status.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"joining run {run!r}: {status['state']}")
+    print(f"joining run {run!r}: {status.state}")
     return EXIT_OK
 
 
@@ -278,15 +290,15 @@ def cmd_join(args) -> int:
 RELEASE_TIMEOUT_S = 300.0
 
 
-def _released(status: dict, method: str) -> bool:
+def _released(status: Status, method: str) -> bool:
     """Whether the workers have let go of their devices after ``pause`` (every worker process ended) or ``leave``."""
     if method == "leave":
-        return status["state"] in ("idle", "error")
-    workers = (status.get("local") or {}).get("workers") or []
-    return status["state"] != "paused" or all(worker.get("state") in ("paused", "finished") for worker in workers)
+        return status.state in ("idle", "error")
+    workers = status.local.workers if status.local else []
+    return status.state != "paused" or all(worker.state in ("paused", "finished") for worker in workers)
 
 
-def _wait_until_released(args, method: str, status: dict) -> dict | None:
+def _wait_until_released(args, method: str, status: Status) -> Status | None:
     """Poll ``status`` until the workers have let go of their devices; None after ``RELEASE_TIMEOUT_S``."""
     if _released(status, method):
         return status
@@ -294,7 +306,7 @@ def _wait_until_released(args, method: str, status: dict) -> dict | None:
     deadline = time.monotonic() + RELEASE_TIMEOUT_S
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        status = _call(args, "status")
+        status, _ = _ask(args, "status", Status)
         if _released(status, method):
             return status
     return None
@@ -305,67 +317,67 @@ def _verb(method: str, done: str):
         params = {}
         if method == "pause" and args.for_:
             params["for_s"] = args.for_
-        status = _call(args, method, **params)
+        status, _ = _ask(args, method, Status, **params)
         if method in ("pause", "leave") and not args.no_wait:
             status = _wait_until_released(args, method, status)
             if status is None:
                 print(f"p2ptrain {method}: the worker still holds its device after {RELEASE_TIMEOUT_S:.0f} s; "
                       "see p2ptrain events and the daemon log", file=sys.stderr)
                 return EXIT_ERROR
-        until = f" until {time.strftime('%H:%M', time.localtime(status['paused_until']))}" if status.get("paused_until") else ""
-        print(f"{done}{until}; now {status['state']}" + (f" ({status['pause_reason']})" if status.get("pause_reason") else ""))
+        until = f" until {time.strftime('%H:%M', time.localtime(status.paused_until))}" if status.paused_until else ""
+        print(f"{done}{until}; now {status.state}" + (f" ({status.pause_reason})" if status.pause_reason else ""))
         return EXIT_OK
 
     return command
 
 
 def cmd_peers(args) -> int:
-    result = _call(args, "peers")
+    result, reply = _ask(args, "peers", PeersResult)
     if args.json:
-        _print_json(result)
+        _print_json(reply)
         return EXIT_OK
-    if not result.get("peers"):
-        print(f"no peers seen{' in run ' + result['run_id'] if result.get('run_id') else ' (not in a run)'}")
+    if not result.peers:
+        print(f"no peers seen{' in run ' + result.run_id if result.run_id else ' (not in a run)'}")
         _print_bans(result)
         return EXIT_OK
     header = f"{'NICKNAME':<16} {'PEER':<14} {'DEVICE':<14} {'SAMPLES/S':>9} {'EPOCH':>5} {'LOSS':>7}  REACH     NOTE"
     print(header)
-    for peer in result["peers"]:
-        note = ("you " if peer.get("is_local") else "") + ("" if peer.get("compatible", True) else "INCOMPATIBLE")
-        note += " BANNED" if peer.get("banned") else ""
+    for peer in result.peers:
+        note = ("you " if peer.is_local else "") + ("" if peer.compatible else "INCOMPATIBLE")
+        note += " BANNED" if peer.banned else ""
         print(
-            f"{(peer.get('nickname') or '?')[:16]:<16} {(peer.get('peer_id') or '?')[-12:]:<14} {(peer.get('device') or '?')[:14]:<14}"
-            f" {_fmt(peer.get('samples_per_second'), '.1f'):>9} {_fmt(peer.get('epoch')):>5} {_fmt(peer.get('loss'), '.3f'):>7}"
-            f"  {(peer.get('reachability') or '?'):<9} {note}"
+            f"{(peer.nickname or '?')[:16]:<16} {(peer.peer_id or '?')[-12:]:<14} {(peer.device or '?')[:14]:<14}"
+            f" {_fmt(peer.samples_per_second, '.1f'):>9} {_fmt(peer.epoch):>5} {_fmt(peer.loss, '.3f'):>7}"
+            f"  {(peer.reachability or '?'):<9} {note}"
         )
     _print_bans(result)
     return EXIT_OK
 
 
-def _print_bans(result: dict) -> None:
+def _print_bans(result: PeersResult) -> None:
     """The peers this machine banned in the run (``peers`` result's ``bans``), if any."""
-    for ban in result.get("bans") or []:
-        banned_at = time.strftime("%Y-%m-%d %H:%M", time.localtime(ban["banned_at"]))
-        print(f"banned {ban['peer_id']} since {banned_at} ({ban.get('reason') or '?'}); lift with: p2ptrain unban {ban['peer_id']}")
+    for ban in result.bans:
+        banned_at = time.strftime("%Y-%m-%d %H:%M", time.localtime(ban.banned_at))
+        print(f"banned {ban.peer_id} since {banned_at} ({ban.reason or '?'}); lift with: p2ptrain unban {ban.peer_id}")
 
 
 def cmd_unban(args) -> int:
     if (args.peer is None) == (not args.all):
         raise UsageError("give one peer id (p2ptrain peers lists the banned ones) or --all, e.g. p2ptrain unban 12D3KooW...")
-    result = _call(args, "unban", **({"all": True} if args.all else {"peer": args.peer}))
-    lifted = result["unbanned"]
-    print(f"lifted the ban of {', '.join(lifted) if lifted else 'nobody'}; {len(result['bans'])} still banned")
+    result, _ = _ask(args, "unban", UnbanResult, **({"all": True} if args.all else {"peer": args.peer}))
+    lifted = result.unbanned
+    print(f"lifted the ban of {', '.join(lifted) if lifted else 'nobody'}; {len(result.bans)} still banned")
     return EXIT_OK
 
 
 def cmd_events(args) -> int:
-    result = _call(args, "events", limit=args.limit)
+    result, reply = _ask(args, "events", EventsResult, limit=args.limit)
     if args.json:
-        _print_json(result)
+        _print_json(reply)
         return EXIT_OK
-    for event in result["events"]:
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(event['ts']))}  {event['kind']:<16} {event['message']}"
-              f"{repeated_words(event)}")
+    for event in result.events:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(event.ts))}  {event.kind:<16} {event.message}"
+              f"{event.repeated_words()}")
     return EXIT_OK
 
 
@@ -598,6 +610,10 @@ def _run(argv: list[str]) -> int:
     except DaemonError as error:
         print(f"p2ptrain {args.command}: {error.one_line()}", file=sys.stderr)
         return EXIT_USAGE if error.code in ("bad-request", "unknown-method") else EXIT_ERROR
+    except MalformedReply as error:
+        print(f"p2ptrain {args.command}: the daemon's reply is not what this p2ptrain reads: {error} (restart the daemon "
+              "so that it runs the p2ptrain installed now, or use the p2ptrain it was started from)", file=sys.stderr)
+        return EXIT_ERROR
     except TimeoutError:
         print(f"p2ptrain {args.command}: the daemon did not answer within {args.timeout:.0f} s; see its log (journalctl -u p2ptrain)", file=sys.stderr)
         return EXIT_ERROR

@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from p2ptrain.control_types import MalformedReply, Status
 from p2ptrain.paths import resolve_paths
 from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
 
@@ -69,13 +70,13 @@ class DemoPeer:
                 start_new_session=True,
             )
 
-    def wait_for(self, predicate, timeout_s: float, what: str) -> dict:
+    def wait_for(self, predicate, timeout_s: float, what: str) -> Status:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"{self.nickname}'s daemon exited ({self.process.returncode}); see {self.log_path}")
             try:
-                status = self.client.call("status")
+                status = Status.from_dict(self.client.call("status"), f"{self.nickname}'s status")
                 if predicate(status):
                     return status
             except (DaemonNotRunning, OSError):
@@ -112,15 +113,15 @@ def _progress_line(peers: list[DemoPeer]) -> str:
     parts = []
     for peer in peers:
         try:
-            status = peer.client.call("status")
-        except (DaemonNotRunning, DaemonError, OSError):
+            status = Status.from_dict(peer.client.call("status"), f"{peer.nickname}'s status")
+        except (DaemonNotRunning, DaemonError, OSError, MalformedReply):
             parts.append(f"{peer.nickname}: down")
             continue
-        run, local = status.get("run") or {}, status.get("local") or {}
-        loss = local.get("loss")
-        speed = local.get("samples_per_second")
+        run, local = status.run, status.local
+        loss = local.loss if local else None
+        speed = local.samples_per_second if local else None
         parts.append(
-            f"{peer.nickname}: {status['state']} epoch {run.get('epoch', 0)}"
+            f"{peer.nickname}: {status.state} epoch {run.epoch if run else 0}"
             + (f" loss {loss:.3f}" if loss is not None else "")
             + (f" {speed:.0f} samples/s" if speed else "")
         )
@@ -166,8 +167,8 @@ def run_demo(peers: int = 3, mode: str = "sync", base_dir: str | None = None, du
         first = swarm[0]
         first.wait_for(lambda status: True, 60, "the daemon to start")
         first.client.call("join", run=RUN_NAME, new_run=True, manifest={"mode": mode, **DEMO_MANIFEST})
-        status = first.wait_for(lambda status: (status.get("local") or {}).get("addresses"), 300, "the run to be created")
-        address = status["local"]["addresses"][0]
+        status = first.wait_for(lambda status: status.local and status.local.addresses, 300, "the run to be created")
+        address = status.local.addresses[0]
         print(f"run {RUN_NAME!r} ({mode}) created by peer0 at {address}", flush=True)
         for peer in swarm[1:]:
             peer.wait_for(lambda status: True, 60, "the daemon to start")

@@ -4,7 +4,8 @@
 gives plain dicts, lists and scalars (what a pipe or a spawned process's
 arguments carry best); ``from_dict`` rebuilds the dataclass and checks each
 field against its annotation (``str``, ``int``, ``float``, ``bool``, ``dict``,
-``list[...]``, ``X | None``, ``Literal[...]`` and nested messages), so what
+``list[...]``, ``X | None``, ``Literal[...]``, nested messages and the control
+protocol's records, ``control_types.Record``, such as ``PeerRow``), so what
 the other process sent is either exactly the message or a ``MalformedMessage``
 naming the field, in one line.
 
@@ -19,6 +20,8 @@ import types
 import typing
 from typing import Any, Literal
 
+from p2ptrain.control_types import MalformedReply, Record, shown
+
 
 class MalformedMessage(ValueError):
     """A dict that is not the message it claims to be; ``str()`` says what is wrong, in one line."""
@@ -28,8 +31,8 @@ class Message:
     """Base of the pipe's dataclasses: ``to_dict`` and a type-checked ``from_dict``."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The message as plain dicts, lists and scalars (nested messages included)."""
-        return dataclasses.asdict(self)
+        """The message as plain dicts, lists and scalars (nested messages and records included)."""
+        return {field.name: _plain(getattr(self, field.name)) for field in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, data: Any, where: str = ""):
@@ -44,6 +47,16 @@ class Message:
                 default, has a key that is no field, or a field has the wrong type.
         """
         return _from_dict(cls, data, where or cls.__name__)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (Message, Record)):
+        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
 
 
 # ----- checking types --------------------------------------------------------------
@@ -92,6 +105,11 @@ def _checked(value: Any, hint: Any, where: str) -> Any:
             return {key: _checked(element, item, f"{where}.{key}") for key, element in value.items()}
     elif isinstance(hint, type) and issubclass(hint, Message):
         return _from_dict(hint, value, where)
+    elif isinstance(hint, type) and issubclass(hint, Record):
+        try:
+            return hint.from_dict(value, where)
+        except MalformedReply as error:
+            raise MalformedMessage(str(error)) from None
     elif hint is Any:
         return value
     elif hint is type(None):
@@ -112,8 +130,3 @@ def _named(hint: Any) -> str:
     if typing.get_origin(hint) is Literal:
         return "one of " + ", ".join(map(repr, typing.get_args(hint)))
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

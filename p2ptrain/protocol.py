@@ -5,6 +5,8 @@ Newline-delimited JSON over a Unix socket, one object per line, at most
 "params": {}}``; the reply carries the same id and either ``result`` or
 ``error`` (``{"code", "message", "fix"}``). After ``subscribe`` the daemon
 pushes ``{"event": name, "data": ...}`` lines until the client hangs up.
+What the results and pushes hold, and the one codec that checks them, is
+``control_types.py``.
 
 Both sides name their ``PROTOCOL_VERSION``: a request and a reply carry
 ``"protocol"``, and each side refuses the other's when it differs, in one
@@ -53,16 +55,6 @@ METHODS = (
     "subscribe",
 )
 
-
-
-def repeated_words(event: dict) -> str:
-    """`` (x700 in 84 s)`` for a row of the ``events`` result (or an ``event`` push) that stands for
-    repeats of one event (``count`` > 1, from ``ts`` to ``last_ts``); empty for a single event."""
-    count = event.get("count") or 1
-    if count <= 1:
-        return ""
-    span = max(0.0, (event.get("last_ts") or event.get("ts") or 0) - (event.get("ts") or 0))
-    return f" (x{count} in {span:.0f} s)"
 
 class DaemonError(Exception):
     """The daemon answered with an error.

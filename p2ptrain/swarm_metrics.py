@@ -4,7 +4,7 @@ A run's numbers are the ``run`` object of ``status`` (``id``, ``mode``,
 ``model``, ``manifest_hash``, ``epoch``, ``samples_accumulated``,
 ``target_batch_size``, ``eta_next_epoch_s``, ``num_peers``, ``last_epoch_at``;
 the monitor adds ``samples_per_second``), a peer's are a ``PeerRow`` as a dict
-(``worker_pipe.PeerRow``): the same names whoever serves them, so one
+(``control_types.PeerRow``): the same names whoever serves them, so one
 dashboard reads both. Every sample carries ``run`` (and ``peer``, the peer
 id); the rest of a peer's description is in ``p2ptrain_peer_info``.
 """

@@ -19,8 +19,9 @@ senders may leave it out); to add a kind, add a ``Report`` subclass with its
 ``kind=`` and a handler in the daemon's table (``daemon/reports.py``;
 ``tests/unit/test_worker_pipe.py`` fails while one is missing).
 
-``PeerRow`` is one peer of a swarm as every part sees it: the worker's swarm
-view, the daemon's run view, the ``peers`` table of the database and the
+``PeerRow`` (defined with the control protocol's records, ``control_types.py``,
+and imported here) is one peer of a swarm as every part sees it: the worker's
+swarm view, the daemon's run view, the ``peers`` table of the database and the
 ``peers`` result of the control protocol.
 
 Stdlib only: the daemon imports it without torch or hivemind.
@@ -31,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Literal
 
-from p2ptrain.pipe_codec import MalformedMessage, Message, shown
+from p2ptrain.control_types import PeerRow, shown
+from p2ptrain.pipe_codec import MalformedMessage, Message
 
 # Exit codes of a worker process the daemon acts on (any other code is a crash).
 FAILED_EXIT_CODE = 1  # a fatal error, reported as ``Error(fatal=True)`` before the exit
@@ -241,49 +243,6 @@ class SampleTotals(Message):
     trained_samples: int = 0
     contributed_samples: int = 0
     unused_samples: UnusedSamples = dataclasses.field(default_factory=UnusedSamples)
-
-
-# ----- one peer of the swarm ------------------------------------------------------
-
-
-@dataclasses.dataclass
-class PeerRow(Message):
-    """One peer of a run, as this machine sees it (the ``peers`` result of the control protocol).
-
-    All but the last four come from the peer's signed metrics record
-    (``peers/swarm/records.py``: ``LocalMetrics``); a peer seen only in hivemind's
-    progress records has None where it says nothing.
-
-    Attributes:
-        last_group: peers in its last averaging round, itself included (0 before its first, or in a
-            run of manifest format 4 or older, whose records do not say).
-        bans: the peer ids it refuses to average with.
-        compatible: it trains with our manifest (its ``manifest_hash``), so we average with it.
-        last_seen: Unix (DHT) time of its latest record.
-        is_local: one of this machine's own workers (the daemon sets it).
-        banned: this machine banned it from its rounds (the daemon sets it; ``peers/robust/trust.py``).
-    """
-
-    peer_id: str
-    nickname: str | None = None
-    device: str | None = None
-    precision: str | None = None
-    quantization: str | None = None
-    micro_batch: int | None = None
-    samples_per_second: float | None = None
-    loss: float | None = None
-    epoch: int | None = None
-    trained_samples: int | None = None
-    contributed_samples: int | None = None
-    manifest_hash: str | None = None
-    compatible: bool | None = None
-    reachability: str | None = None
-    version: str | None = None
-    last_group: int | None = None
-    bans: list[str] = dataclasses.field(default_factory=list)
-    last_seen: float | None = None
-    is_local: bool = False
-    banned: bool = False
 
 
 @dataclasses.dataclass

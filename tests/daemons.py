@@ -6,6 +6,7 @@ and everything it started, even after SIGKILLing the daemon itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from p2ptrain.control_types import Status
 from p2ptrain.demo import loopback_config
 from p2ptrain.paths import resolve_paths
 from p2ptrain.protocol import ControlClient, DaemonNotRunning
@@ -76,7 +78,10 @@ class DaemonProcess:
         return ControlClient(str(resolve_paths(self.home).socket), timeout=10)
 
     def status(self) -> dict:
-        return self.client.call("status")
+        """The ``status`` result as the wire has it, checked against its record (``control_types.Status``)."""
+        reply = self.client.call("status")
+        Status.from_dict(reply, "the daemon's status reply")
+        return reply
 
     def wait_until(self, predicate, timeout: float, interval: float = 0.5, what: str = "condition") -> dict:
         """Poll ``status`` until ``predicate(status)`` holds; returns that status."""
@@ -171,6 +176,29 @@ def start_daemon(home: Path, env: dict | None = None, wait: bool = True, log_lev
     if wait:
         daemon.wait_until(lambda status: True, timeout=30, interval=0.1, what="the daemon to answer")
     return daemon
+
+
+@contextlib.contextmanager
+def local_swarm(root: Path, run: str, run_options: list[str], names: tuple[str, ...] = ("a", "b", "c"),
+                configure=write_local_config):
+    """Daemons on 127.0.0.1 in one run, for a module's swarm fixture: one per name (``root / name``, its config
+    written by ``configure(home)``), the first creates ``run`` with ``run_options`` (``join --new-run`` options),
+    the others join it through the first one's address. Yields ``(daemons, address)``; all are stopped after."""
+    daemons = []
+    try:
+        for name in names:
+            configure(root / name)
+            daemons.append(start_daemon(root / name))
+        created = cli(daemons[0].home, "join", "--new-run", run, *run_options)
+        assert created.returncode == 0, created.stderr
+        status = daemons[0].wait_until(lambda s: (s.get("local") or {}).get("addresses"), 180, what=f"{names[0]} to publish its run")
+        address = status["local"]["addresses"][0]
+        for daemon in daemons[1:]:
+            joined = cli(daemon.home, "join", run, "--peers", address)
+            assert joined.returncode == 0, joined.stderr
+        yield daemons, address
+    finally:
+        stop_all(daemons)
 
 
 def raw_exchange(socket_path, payload: bytes, timeout: float = 10) -> list[dict]:

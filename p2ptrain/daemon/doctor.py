@@ -19,6 +19,7 @@ import os
 import re
 from pathlib import Path
 
+from p2ptrain.control_types import Status
 from p2ptrain.daemon.hardware_probe import DEVICE_GROUPS_FIX, HardwareFacts, nvidia_device_files, probe
 from p2ptrain.daemon.model_facts import ModelFactsError, model_facts
 from p2ptrain.daemon.plan import PlanError, PlanPolicy, make_plan
@@ -181,14 +182,8 @@ def _daemon_pid(home: str | None) -> int | None:
 
 def _listening_port(home: str | None) -> int | None:
     """The TCP port this home's daemon listens on, when it runs and is in a run."""
-    from p2ptrain.paths import control_socket
-    from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
-
-    try:
-        local = ControlClient(str(control_socket(home)), timeout=2).call("status").get("local") or {}
-    except (DaemonError, DaemonNotRunning, OSError, ValueError):
-        return None
-    for address in local.get("addresses") or []:
+    local = _daemon_status(home, 2).local
+    for address in local.addresses if local else []:
         match = re.search(r"/tcp/(\d+)", address)
         if match:
             return int(match.group(1))
@@ -197,16 +192,11 @@ def _listening_port(home: str | None) -> int | None:
 
 def check_reachability(home: str | None, config) -> dict:
     """What peers of the run measured when they dialed this peer back (asked from the running daemon)."""
-    from p2ptrain.paths import resolve_paths
     from p2ptrain.peers.net.reachability import fix_for
-    from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
 
-    try:
-        local = ControlClient(str(resolve_paths(home).socket), timeout=5).call("status").get("local") or {}
-    except (DaemonNotRunning, DaemonError, OSError):
-        local = {}
-    reachability = local.get("reachability")
-    addresses = local.get("addresses") or []
+    local = _daemon_status(home, 5).local
+    reachability = local.reachability if local else None
+    addresses = local.addresses if local else []
     if not reachability:
         return check("reachability", True, "measured when the daemon is in a run (peers dial it back): join a run, "
                      "then run p2ptrain doctor again", level="info")
@@ -266,7 +256,7 @@ def diagnose(home: str | None, model: str | None) -> dict:
     plans = None if model else _run_plans(home)
     if not plans:
         plans = _device_plans(hardware, model or "tiny", _plan_policy(config))
-    return {"hardware": {**hardware.to_status(), "health": hardware.health}, "plan": plans[0], "plans": plans,
+    return {"hardware": {**hardware.to_status().to_dict(), "health": hardware.health}, "plan": plans[0], "plans": plans,
             "checks": checks}
 
 
@@ -286,16 +276,20 @@ def _device_plans(hardware: HardwareFacts, model: str, policy: PlanPolicy) -> li
 
 def _run_plans(home: str | None) -> list[dict]:
     """The running daemon's plan for each worker of its run, as made (empty outside a run or without a daemon)."""
+    status = _daemon_status(home, 2)
+    workers = status.local.workers if status.local else []
+    return [{**worker.plan.to_dict(), "device": worker.device, "run": status.run_id} for worker in workers if worker.plan]
+
+
+def _daemon_status(home: str | None, timeout: float) -> Status:
+    """The running daemon's status; one of no run and no worker when no daemon answers (properly)."""
     from p2ptrain.paths import control_socket
     from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
 
     try:
-        status = ControlClient(str(control_socket(home)), timeout=2).call("status")
-    except (DaemonError, DaemonNotRunning, OSError, ValueError):
-        return []
-    run_id = (status.get("run") or {}).get("id")
-    workers = (status.get("local") or {}).get("workers") or []
-    return [{**worker["plan"], "device": worker.get("device"), "run": run_id} for worker in workers if worker.get("plan")]
+        return Status.from_dict(ControlClient(str(control_socket(home)), timeout=timeout).call("status"), "the daemon's status")
+    except (DaemonError, DaemonNotRunning, OSError, ValueError):  # MalformedReply is a ValueError
+        return Status(protocol=0, version="", state="stopped", started_at=0.0)
 
 
 def _print_report(report: dict) -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from p2ptrain.control_types import EventRow
+
 # a repeat within this many seconds of the last occurrence joins the row
 BURST_GAP_S = 30.0
 # a growing row is written (database, subscribers) at most this often
@@ -44,10 +46,10 @@ class Burst:
     logged_at: float = 0.0
     closed: bool = False
 
-    def row(self) -> dict:
+    def row(self) -> EventRow:
         """The row as the ``events`` table and the ``event`` push carry it."""
-        return {"ts": self.ts, "kind": self.kind, "message": self.message, "data": self.data,
-                "count": self.count, "last_ts": self.last_ts}
+        return EventRow(ts=self.ts, kind=self.kind, message=self.message, data=self.data, count=self.count,
+                        last_ts=self.last_ts)
 
 
 class EventBursts:

@@ -13,7 +13,7 @@ import time
 
 from p2ptrain.daemon.event_bursts import Burst, EventBursts
 from p2ptrain.daemon.server import Broadcaster
-from p2ptrain.protocol import repeated_words
+from p2ptrain.control_types import Push
 from p2ptrain.storage.database import Database
 
 log = logging.getLogger(__name__)
@@ -50,13 +50,12 @@ class EventLog:
         now = time.time()
         for burst in self.bursts.due(now, final):
             self.db.update_event(burst.ts, burst.kind, burst.count, burst.last_ts, burst.message, burst.data)
-            self.broadcaster.publish("event", burst.row())
+            self.broadcaster.publish(Push.EVENT, burst.row().to_dict())
             if burst.closed or now - burst.logged_at >= LOG_INTERVAL_S:
                 burst.logged_at = now
-                log.info("%s: %s%s", burst.kind, burst.message, repeated_words(burst.row()))
+                log.info("%s: %s%s", burst.kind, burst.message, burst.row().repeated_words())
 
     def _write(self, burst: Burst) -> None:
         log.info("%s: %s", burst.kind, burst.message)
-        row = burst.row()
         self.db.record_event(burst.kind, burst.message, burst.data, ts=burst.ts, count=burst.count, last_ts=burst.last_ts)
-        self.broadcaster.publish("event", row)
+        self.broadcaster.publish(Push.EVENT, burst.row().to_dict())

@@ -18,6 +18,7 @@ from typing import Callable
 
 import psutil
 
+from p2ptrain.control_types import Cpu, Gpu, GpuProcess, Hardware, Ram
 from p2ptrain.daemon.plan import DeviceFacts
 
 logger = logging.getLogger(__name__)
@@ -76,15 +77,16 @@ class HardwareFacts:
     nvml_version: str | None = None
     driver_version: str | None = None
 
-    def to_status(self) -> dict:
-        """The status object's `hardware` (docs/design.md): {gpus: [...], cpu: {...}, ram: {...}, driver_version}."""
+    def to_status(self) -> Hardware:
+        """The status object's `hardware` (`control_types.Hardware`): gpus, cpu, ram, driver_version."""
         gpus = []
         for gpu in self.gpus:
             entry = asdict(gpu)
             entry["compute_capability"] = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}"
-            gpus.append(entry)
-        return {"gpus": gpus, "cpu": asdict(self.cpu), "ram": asdict(self.ram),
-                "driver_version": self.driver_version}
+            entry["processes"] = [GpuProcess(**process) for process in gpu.processes]
+            gpus.append(Gpu(**entry))
+        return Hardware(gpus=gpus, cpu=Cpu(**asdict(self.cpu)), ram=Ram(**asdict(self.ram)),
+                        driver_version=self.driver_version)
 
     def devices(self) -> list[DeviceFacts]:
         """Each GPU as plan input, then the CPU (always last, the fallback)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
+from p2ptrain.control_types import Hardware, Health
 from p2ptrain.daemon.hardware_probe import HardwareFacts, probe
 
 
@@ -34,9 +35,9 @@ class HardwareView:
         except Exception:
             log.exception("hardware probe failed")
 
-    def status(self) -> dict | None:
+    def status(self) -> Hardware | None:
         self.refresh_if_due()
         return self._facts.to_status() if self._facts else None
 
-    def health(self) -> list[dict]:
-        return list(self._facts.health) if self._facts else []
+    def health(self) -> list[Health]:
+        return [Health(**line) for line in self._facts.health] if self._facts else []

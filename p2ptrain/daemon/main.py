@@ -114,7 +114,7 @@ async def _serve(paths: Paths, config: Config, database: Database) -> int:
     metrics = None
     if config.metrics.listen:
         try:
-            metrics = await serve_metrics(config.metrics.listen, daemon.status, methods.peers)
+            metrics = await serve_metrics(config.metrics.listen, lambda: daemon.status().to_dict(), methods.peers)
         except ListenError as error:
             await server.stop()
             database.close()

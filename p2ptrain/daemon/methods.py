@@ -1,8 +1,9 @@
 """The control protocol's methods: check the params, then ask the collaborator that knows.
 
-Each method takes the request's ``params`` dict and returns the ``result``;
-bad params raise ``RequestError`` with a one-line message and fix. The
-method table is in DEVELOPERS.md; ``ControlMethods.handlers`` is the server's.
+Each method takes the request's ``params`` dict and returns the ``result``,
+a record of ``control_types`` as a dict (``to_dict``) where the protocol
+types it; bad params raise ``RequestError`` with a one-line message and fix.
+The method table is in DEVELOPERS.md; ``ControlMethods.handlers`` is the server's.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Callable
 
 from p2ptrain import protocol
 from p2ptrain.config import ConfigError, config_as_dict
+from p2ptrain.control_types import Ban, EventRow, EventsResult, JoinResult, PeerRow, PeersResult, Status, UnbanResult
 from p2ptrain.daemon.config_file import ConfigFile
 from p2ptrain.daemon.event_log import EventLog
 from p2ptrain.daemon.run_control import RunControl
@@ -58,7 +60,7 @@ class ControlMethods:
     """The protocol's methods, bound to one daemon's collaborators.
 
     Args:
-        status: builds the status object (docs/design.md, "Control protocol").
+        status: builds the status object (``control_types.Status``).
         control: the state machine the verbs go to.
         run: the run view (the live peer table).
         db: the database the history methods read.
@@ -66,7 +68,7 @@ class ControlMethods:
         event_log: where config changes are recorded.
     """
 
-    def __init__(self, status: Callable[[], dict], control: RunControl, run: RunView, db: Database, config: ConfigFile, event_log: EventLog):
+    def __init__(self, status: Callable[[], Status], control: RunControl, run: RunView, db: Database, config: ConfigFile, event_log: EventLog):
         self._status, self.control, self.run, self.db, self.config, self.event_log = status, control, run, db, config, event_log
 
     def handlers(self) -> dict[str, Handler]:
@@ -88,16 +90,17 @@ class ControlMethods:
         }
 
     async def status(self, params: dict) -> dict:
-        return self._status()
+        return self._status().to_dict()
 
     async def peers(self, params: dict) -> dict:
         run_id = self.run.run_id
-        rows = [row.to_dict() for row in self.run.peers]
+        rows = self.run.peers
         if not rows and run_id:
-            rows = queries.peers_table(self.db, run_id)
-        bans = banned_peers(self.db, run_id)
-        banned = {ban["peer_id"] for ban in bans}
-        return {"run_id": run_id, "peers": [{**row, "banned": row.get("peer_id") in banned} for row in rows], "bans": bans}
+            rows = [PeerRow.from_dict(row, "a row of the peers table") for row in queries.peers_table(self.db, run_id)]
+        bans = [Ban(**ban) for ban in banned_peers(self.db, run_id)]
+        banned = {ban.peer_id for ban in bans}
+        peers = [row.replace(banned=row.peer_id in banned) for row in rows]
+        return PeersResult(run_id=run_id, peers=peers, bans=bans).to_dict()
 
     async def metrics(self, params: dict) -> dict:
         since = _number(params, "since")
@@ -110,7 +113,8 @@ class ControlMethods:
 
     async def events(self, params: dict) -> dict:
         since = _number(params, "since")
-        return {"events": queries.events_since(self.db, since=since, limit=_limit(params, 200))}
+        rows = queries.events_since(self.db, since=since, limit=_limit(params, 200))
+        return EventsResult(events=[EventRow.from_dict(row, "a row of the events table") for row in rows]).to_dict()
 
     async def join(self, params: dict) -> dict:
         run_id = _string(params, "run", required=True)
@@ -145,24 +149,24 @@ class ControlMethods:
                 f"pass --peers MULTIADDR (a peer's local.addresses), or create it: p2ptrain join --new-run {run_id}",
             )
         self.control.join({"run_id": run_id, "initial_peers": initial_peers, "new_run": new_run, "manifest": manifest})
-        return {**self._status(), "warnings": warnings}
+        return JoinResult(**{name: getattr(self._status(), name) for name in Status.SCHEMA}, warnings=warnings).to_dict()
 
     async def pause(self, params: dict) -> dict:
         for_s = _number(params, "for_s", minimum=1)
         self.control.pause("user", for_s=for_s)
-        return self._status()
+        return self._status().to_dict()
 
     async def resume(self, params: dict) -> dict:
         self.control.resume()
-        return self._status()
+        return self._status().to_dict()
 
     async def finish(self, params: dict) -> dict:
         self.control.finish()
-        return self._status()
+        return self._status().to_dict()
 
     async def leave(self, params: dict) -> dict:
         self.control.leave()
-        return self._status()
+        return self._status().to_dict()
 
     async def unban(self, params: dict) -> dict:
         peer_id = _string(params, "peer")
@@ -174,7 +178,7 @@ class ControlMethods:
                        'send {"peer": "12D3Koo..."} or {"all": true} (p2ptrain peers lists the banned peers)')
         lifted = self.control.unban(None if everyone else [peer_id])
         run_id = self.run.run_id
-        return {"run_id": run_id, "unbanned": lifted, "bans": banned_peers(self.db, run_id)}
+        return UnbanResult(run_id=run_id, unbanned=lifted, bans=[Ban(**ban) for ban in banned_peers(self.db, run_id)]).to_dict()
 
     async def config_get(self, params: dict) -> dict:
         data: Any = config_as_dict(self.config.config)

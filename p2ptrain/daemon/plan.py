@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from p2ptrain import control_types
 from p2ptrain.daemon.memory import GIB, MIB, MemoryEstimate, estimate_memory, format_gib, format_parameters
 from p2ptrain.daemon.model_facts import ModelFacts
 from p2ptrain.peers.compression.ladder import ROUND_UPLOAD_S, allowed_rungs, choose_rung
@@ -151,6 +152,10 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "samples_per_step": self.samples_per_step}
+
+    def to_status(self) -> control_types.Plan:
+        """The plan as ``status`` shows it (``local.plan``, ``workers[].plan``)."""
+        return control_types.Plan(**self.to_dict())
 
     @classmethod
     def from_dict(cls, data: dict) -> Plan:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+from p2ptrain.control_types import Health, PeersUpdate, Push
 from p2ptrain.daemon.event_log import EventLog
 from p2ptrain.daemon.run_control import RunControl
 from p2ptrain.daemon.run_view import RunView
@@ -114,7 +115,7 @@ class WorkerReports:
         self.db.record_step(
             self.run.run_id, report.epoch, report.loss, report.samples, report.samples_per_second, ts=report.ts, worker=name
         )
-        self.broadcaster.publish("step", {**encode(report), "worker": name})
+        self.broadcaster.publish(Push.STEP, {**encode(report), "worker": name})
 
     def epoch(self, name: str, report: Epoch) -> None:
         self.run.apply_epoch(report)
@@ -129,12 +130,12 @@ class WorkerReports:
             report.loss,
             report.val_loss,
         )
-        self.broadcaster.publish("epoch", {**encode(report), "worker": name})
+        self.broadcaster.publish(Push.EPOCH, {**encode(report), "worker": name})
 
     def swarm(self, name: str, report: Swarm) -> None:
         peers = self.run.apply_swarm(report)
         self.db.record_peers(self.run.run_id, peers)
-        self.broadcaster.publish("peers", {"run_id": self.run.run_id, "peers": [peer.to_dict() for peer in peers]})
+        self.broadcaster.publish(Push.PEERS, PeersUpdate(run_id=self.run.run_id, peers=peers).to_dict())
 
     def event(self, name: str, report: Event) -> None:
         data = {**report.data, "worker": name} if len(self.pool.slots) > 1 else report.data
@@ -161,7 +162,7 @@ class WorkerReports:
         if report.fatal:
             self.control.worker_failed(message, report.fix)
         else:
-            self.run.warnings.append({"level": "warning", "message": message, "fix": report.fix})
+            self.run.warnings.append(Health(level="warning", message=message, fix=report.fix))
 
     def left(self, name: str, report: Left) -> None:
         self.events.record("left", f"left run {self.run.run_id!r}{self.pool.worker_words(name)}", {"worker": name})

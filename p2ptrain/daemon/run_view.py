@@ -15,10 +15,11 @@ while it is paused.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
+from p2ptrain.control_types import Health, LocalStatus, MalformedReply, Plan, RunStatus, TrafficStatus, WorkerStatus
 from p2ptrain.daemon.traffic_month import monthly_estimate_gb
 from p2ptrain.daemon.worker_state import JOINING, WorkerState, WorkerStates
 from p2ptrain.peers.net.reachability import RELAYED, UNREACHABLE, fix_for
@@ -31,22 +32,6 @@ LOCAL_FIELDS = tuple(
     if report_field.name not in ("manifest", "manifest_hash", "port_moves", "trained_samples", "contributed_samples", "unused_samples")
 )
 
-WORKER_FIELDS = (
-    "device",
-    "peer_id",
-    "precision",
-    "quantization",
-    "gradient_checkpointing",
-    "micro_batch",
-    "grad_accum",
-    "samples_per_second",
-    "loss",
-    "trained_samples",
-    "contributed_samples",
-    "unused_samples",
-    "state",
-    "plan",
-)
 UNUSED_REASONS = tuple(reason.name for reason in fields(UnusedSamples))
 # what status.local shows of the plan until the worker has joined and says what it confirmed
 PLANNED_FIELDS = ("precision", "quantization", "gradient_checkpointing", "micro_batch", "grad_accum")
@@ -67,7 +52,7 @@ class WorkerView:
             an adopted average or optimizer step, and what never will, by reason.
             The worker restores them from its checkpoint, so they survive restarts;
             the largest reported is kept, so they survive a restart that lost its checkpoint.
-        plan: the daemon's hardware plan for it (``daemon/plan.py: Plan.to_dict``, with its
+        plan: the daemon's hardware plan for it (``daemon/plan.py: Plan.to_status``, with its
             rationale), from when it was made: before the worker starts, or once a joining
             worker read the run's manifest. Until the worker joins, ``status`` shows the plan's
             precision, quantization and micro-batch; then what the worker confirmed.
@@ -86,7 +71,7 @@ class WorkerView:
     unused_samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNUSED_REASONS, 0))
     port_moves: list[PortMove] = field(default_factory=list)
     traffic: dict[str, Any] = field(default_factory=dict)
-    plan: dict[str, Any] | None = None
+    plan: Plan | None = None
     waiting: str | None = None
 
     def apply_joined(self, report: Joined) -> None:
@@ -122,8 +107,9 @@ class WorkerView:
         self.samples_per_second = None
         self.waiting = None
 
-    def status(self) -> dict:
-        planned = {name: self.plan[name] for name in PLANNED_FIELDS} if self.plan else {}
+    def shown(self) -> dict[str, Any]:
+        """What ``status`` shows of this worker, by field name (``control_types.LocalStatus``'s names)."""
+        planned = {name: getattr(self.plan, name) for name in PLANNED_FIELDS} if self.plan else {}
         return {
             **planned,
             **self.local,
@@ -135,8 +121,12 @@ class WorkerView:
             "contributed_samples": self.contributed_samples,
             "unused_samples": dict(self.unused_samples),
             "waiting": self.waiting,
-            "state": self.state,
         }
+
+    def status(self) -> WorkerStatus:
+        """This worker as ``status.local.workers`` shows it."""
+        shown = self.shown()
+        return WorkerStatus(state=self.state, **{name: shown.get(name) for name in WorkerStatus.SCHEMA if name != "state"})
 
 
 @dataclass
@@ -159,7 +149,7 @@ class RunView:
     last_epoch_at: float | None = None
     reported_at: float | None = None
     peers: list[PeerRow] = field(default_factory=list)
-    warnings: list[dict] = field(default_factory=list)
+    warnings: list[Health] = field(default_factory=list)
     banned: set[str] = field(default_factory=set)  # peer ids this machine banned in this run (storage/bans.py)
     divergence: str | None = None  # the last ``diverged`` event's message: what the health line says while paused for it
     # the only writer of the workers' states (worker_state.py); kept by ``reset``, with its listener
@@ -195,7 +185,7 @@ class RunView:
                                       "received_bytes_per_s": report.received_bytes_per_s,
                                       "measured_at": report.measured_at}
 
-    def traffic_status(self, month_used_gb: float, moment: datetime) -> dict | None:
+    def traffic_status(self, month_used_gb: float, moment: datetime) -> TrafficStatus | None:
         """The status object's ``local.traffic``, summed over the running workers: bytes per second by kind (sent +
         received), ``month_gb`` (that rate over this whole month) and ``month_used_gb`` (counted so far)."""
         measured = [view.traffic for view in self.workers.values() if view.joined and view.traffic]
@@ -204,14 +194,14 @@ class RunView:
         kinds = {kind: sum(traffic["bytes_per_s"].get(kind, 0.0) for traffic in measured)
                  for kind in measured[0]["bytes_per_s"]}
         total = sum(kinds.values())
-        return {
-            "bytes_per_s": kinds,
-            "sent_bytes_per_s": sum(traffic.get("sent_bytes_per_s") or 0.0 for traffic in measured),
-            "received_bytes_per_s": sum(traffic.get("received_bytes_per_s") or 0.0 for traffic in measured),
-            "month_gb": monthly_estimate_gb(total, moment),
-            "month_used_gb": month_used_gb,
-            "measured_at": measured[0].get("measured_at"),
-        }
+        return TrafficStatus(
+            bytes_per_s=kinds,
+            sent_bytes_per_s=sum(traffic.get("sent_bytes_per_s") or 0.0 for traffic in measured),
+            received_bytes_per_s=sum(traffic.get("received_bytes_per_s") or 0.0 for traffic in measured),
+            month_gb=monthly_estimate_gb(total, moment),
+            month_used_gb=month_used_gb,
+            measured_at=measured[0].get("measured_at"),
+        )
 
     def apply_step(self, name: str, report: Step) -> None:
         self.workers[name].apply_step(report)
@@ -232,7 +222,7 @@ class RunView:
         self.num_peers = report.num_peers
         now = self.reported_at = time.time()
         own_ids = {view.local.get("peer_id") for view in self.workers.values() if view.local}
-        self.peers = [replace(row, last_seen=row.last_seen or now, is_local=row.peer_id in own_ids, banned=row.peer_id in self.banned)
+        self.peers = [row.replace(last_seen=row.last_seen or now, is_local=row.peer_id in own_ids, banned=row.peer_id in self.banned)
                       for row in report.peers]
         return self.peers
 
@@ -241,22 +231,22 @@ class RunView:
         """None while a worker is in the swarm; else when a worker last reported what is shown (paused: none runs)."""
         return None if self.joined else self.reported_at
 
-    def run_status(self) -> dict:
-        return {
-            "id": self.run_id,
-            "mode": self.manifest.get("mode"),
-            "model": self.manifest.get("model"),
-            "manifest_hash": self.manifest_hash,
-            "epoch": self.epoch,
-            "samples_accumulated": self.samples_accumulated,
-            "target_batch_size": self.target_batch_size,
-            "eta_next_epoch_s": self.eta_next_epoch_s if self.joined else None,
-            "num_peers": self.num_peers,
-            "last_epoch_at": self.last_epoch_at,
-            "as_of": self.as_of,
-        }
+    def run_status(self) -> RunStatus:
+        return RunStatus(
+            id=self.run_id,
+            mode=self.manifest.get("mode"),
+            model=self.manifest.get("model"),
+            manifest_hash=self.manifest_hash,
+            epoch=self.epoch,
+            samples_accumulated=self.samples_accumulated,
+            target_batch_size=self.target_batch_size,
+            eta_next_epoch_s=self.eta_next_epoch_s if self.joined else None,
+            num_peers=self.num_peers,
+            last_epoch_at=self.last_epoch_at,
+            as_of=self.as_of,
+        )
 
-    def local_status(self) -> dict | None:
+    def local_status(self) -> LocalStatus | None:
         """The status object's ``local``: the first joined worker's view (or, with none joined, as
         while paused, the first that ever joined: its last numbers), with ``workers``
         (every worker's view) and, when there are several, ``samples_per_second``,
@@ -268,21 +258,21 @@ class RunView:
         if first is None:
             return None
         views = list(self.workers.values())
-        local = first.status()
-        del local["state"]  # the daemon's state is status["state"]
-        local["workers"] = [{name: view.status().get(name) for name in WORKER_FIELDS} for view in views]
+        shown = first.shown()
+        local = LocalStatus(**{name: shown[name] for name in LocalStatus.SCHEMA if name in shown},
+                            workers=[view.status() for view in views])
         if len(views) > 1:
             rates = [view.samples_per_second for view in views if view.samples_per_second is not None]
-            local["samples_per_second"] = sum(rates) if rates else None
-            local["trained_samples"] = sum(view.trained_samples for view in views)
-            local["contributed_samples"] = sum(view.contributed_samples for view in views)
-            local["unused_samples"] = {reason: sum(view.unused_samples[reason] for view in views) for reason in UNUSED_REASONS}
+            local.samples_per_second = sum(rates) if rates else None
+            local.trained_samples = sum(view.trained_samples for view in views)
+            local.contributed_samples = sum(view.contributed_samples for view in views)
+            local.unused_samples = {reason: sum(view.unused_samples[reason] for view in views) for reason in UNUSED_REASONS}
         return local
 
-    def port_health(self) -> list[dict]:
+    def port_health(self) -> list[Health]:
         """A warning per configured port that was taken, so a worker listens elsewhere."""
         return [
-            {"level": "warning", "message": move.message, "fix": move.fix}
+            Health(level="warning", message=move.message, fix=move.fix)
             for view in self.workers.values()
             if view.joined
             for move in view.port_moves
@@ -297,7 +287,7 @@ class RunView:
             "peers": [peer.to_dict() for peer in self.peers],
             "workers": {name: {"device": view.device, "local": view.local, "loss": view.loss, "trained_samples": view.trained_samples,
                                "contributed_samples": view.contributed_samples, "unused_samples": view.unused_samples,
-                               "plan": view.plan}
+                               "plan": view.plan.to_dict() if view.plan else None}
                         for name, view in self.workers.items()},
         }
 
@@ -308,13 +298,13 @@ class RunView:
         self.peers = [PeerRow.from_dict(row) for row in snapshot["peers"]]
         for name, worker in snapshot["workers"].items():
             view = self.worker(name, worker["device"])
-            view.local, view.loss, view.plan = worker["local"], worker["loss"], worker.get("plan")
+            view.local, view.loss, view.plan = worker["local"], worker["loss"], _saved_plan(worker.get("plan"))
             self.states.move(name, view, state)
             view.trained_samples = worker.get("trained_samples", worker["contributed_samples"])
             view.contributed_samples = worker["contributed_samples"]
             view.unused_samples.update(worker.get("unused_samples") or {})
 
-    def reachability_health(self, host_maddrs: list[str], announce_maddrs: list[str]) -> list[dict]:
+    def reachability_health(self, host_maddrs: list[str], announce_maddrs: list[str]) -> list[Health]:
         """A warning with its fix when peers could not dial the first joined worker directly
         (``dht.host_maddrs`` and ``dht.announce_maddrs`` from the config name the port)."""
         local = next((view.local for view in self.workers.values() if view.joined), None)
@@ -328,4 +318,12 @@ class RunView:
         }[reachability]
         if local.get("averaging_client"):
             message += "; it averages as a client (sends its share, never reduces)"
-        return [{"level": "warning", "message": message, "fix": fix}]
+        return [Health(level="warning", message=message, fix=fix)]
+
+
+def _saved_plan(saved: dict | None) -> Plan | None:
+    """A plan of a saved paused view; None when there is none, or it was saved by a version with another plan."""
+    try:
+        return Plan.from_dict(saved, "the saved plan") if saved else None
+    except MalformedReply:
+        return None

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from p2ptrain import protocol
+from p2ptrain.control_types import Push
 from p2ptrain.protocol import MAX_LINE_BYTES, encode, error_reply
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class Broadcaster:
     """Fans pushed events out to every subscribed connection.
 
     Args:
-        snapshot: returns the full state sent first to a new subscriber.
+        snapshot: returns the full state sent first to a new subscriber (the status, as a dict).
     """
 
     def __init__(self, snapshot: Callable[[], dict]):
@@ -66,7 +67,7 @@ class Broadcaster:
         queue: asyncio.Queue = asyncio.Queue(SUBSCRIBER_QUEUE + 1)
         self._queues.add(queue)
         try:
-            writer.write(encode({"event": "snapshot", "data": self._snapshot()}))
+            writer.write(encode({"event": Push.SNAPSHOT, "data": self._snapshot()}))
             await writer.drain()
             while (message := await queue.get()) is not None:
                 writer.write(message)

@@ -29,6 +29,7 @@ import time
 from datetime import datetime
 
 from p2ptrain import __version__, protocol
+from p2ptrain.control_types import Health, LocalStatus, Push, Status
 from p2ptrain.config import Config
 from p2ptrain.daemon import state as states
 from p2ptrain.daemon.config_file import ConfigFile
@@ -72,8 +73,8 @@ class Daemon:
         self.config = ConfigFile(paths.config_file, config)
         self.traffic_month = MonthlyTraffic(lambda: database.get_setting(TRAFFIC_MONTH_KEY),
                                             lambda value: database.set_setting(TRAFFIC_MONTH_KEY, value))
-        self.broadcaster = Broadcaster(self.status)
-        self._published_status: dict | None = None
+        self.broadcaster = Broadcaster(lambda: self.status().to_dict())
+        self._published_status: Status | None = None
         self.events = EventLog(database, self.broadcaster)
         self.run = RunView()
         self.hardware = HardwareView()
@@ -163,7 +164,7 @@ class Daemon:
         status = self.status()
         if status != self._published_status:
             self._published_status = status
-            self.broadcaster.publish("status", status)
+            self.broadcaster.publish(Push.STATUS, status.to_dict())
 
     def one_line_status(self) -> str:
         state = self.control.lifecycle.state
@@ -173,44 +174,44 @@ class Daemon:
             return f"{state} in {self.run.run_id}, epoch {self.run.epoch}, {self.run.num_peers} peers"
         return state
 
-    def health(self) -> list[dict]:
+    def health(self) -> list[Health]:
         lines = list(self.run.warnings[-5:]) + self.hardware.health()
         if self.control.lifecycle.error:
-            lines.insert(0, {"level": "error", **self.control.lifecycle.error})
+            lines.insert(0, Health(level="error", **self.control.lifecycle.error))
         if self.db.last_write_error:
-            lines.append(
-                {"level": "error", "message": f"cannot write the database: {self.db.last_write_error}", "fix": f"free disk space or fix permissions of {self.paths.database}"}
-            )
+            lines.append(Health(level="error", message=f"cannot write the database: {self.db.last_write_error}",
+                                fix=f"free disk space or fix permissions of {self.paths.database}"))
         if self.control.desired.run is not None:
             lines.extend(self.pool.crash_health())
         lines.extend(self.run.port_health())
         dht = self.config.config.dht
         lines.extend(self.run.reachability_health(dht.host_maddrs, dht.announce_maddrs))
         if self.control.lifecycle.pause_reason == "diverged":
-            lines.append({"level": "error", "message": self.run.divergence or "training diverged again and again: paused",
-                          "fix": DIVERGED_FIX})
+            lines.append(Health(level="error", message=self.run.divergence or "training diverged again and again: paused",
+                                fix=DIVERGED_FIX))
         if self.control.lifecycle.pause_reason == "traffic-budget" and self.policy.detail:
-            lines.append({"level": "warning", "message": self.policy.detail,
-                          "fix": "raise it (p2ptrain config set policy.max_monthly_traffic_gb GB) or wait for next month"})
+            lines.append(Health(level="warning", message=self.policy.detail,
+                                fix="raise it (p2ptrain config set policy.max_monthly_traffic_gb GB) or wait for next month"))
         return lines
 
-    def _local_status(self) -> dict | None:
+    def _local_status(self) -> LocalStatus | None:
         local = self.run.local_status()
         if local is not None:
-            local["traffic"] = self.run.traffic_status(self.traffic_month.used_gb(), datetime.now())
+            local.traffic = self.run.traffic_status(self.traffic_month.used_gb(), datetime.now())
         return local
 
-    def status(self) -> dict:
-        return {
-            "protocol": protocol.PROTOCOL_VERSION,
-            "version": __version__,
-            "state": self.control.lifecycle.state,
-            "pause_reason": self.control.lifecycle.pause_reason,
-            "since": self.control.lifecycle.since,
-            "paused_until": self.control.desired.pause_until,
-            "started_at": self.started_at,
-            "run": self.run.run_status() if self.run.run_id else None,
-            "local": self._local_status(),
-            "hardware": self.hardware.status(),
-            "health": self.health(),
-        }
+    def status(self) -> Status:
+        """The status object (``control_types.Status``; the ``status`` result is its ``to_dict()``)."""
+        return Status(
+            protocol=protocol.PROTOCOL_VERSION,
+            version=__version__,
+            state=self.control.lifecycle.state,
+            pause_reason=self.control.lifecycle.pause_reason,
+            since=self.control.lifecycle.since,
+            paused_until=self.control.desired.pause_until,
+            started_at=self.started_at,
+            run=self.run.run_status() if self.run.run_id else None,
+            local=self._local_status(),
+            hardware=self.hardware.status(),
+            health=self.health(),
+        )

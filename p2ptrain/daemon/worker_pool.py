@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from p2ptrain.control_types import Health
 from p2ptrain.daemon.config_file import ConfigFile
 from p2ptrain.daemon.event_log import EventLog
 from p2ptrain.daemon.model_facts import ModelFactsError
@@ -227,7 +228,7 @@ class WorkerPool:
                                       f"{restarts.out_of_memory_at[0]} ({restarts.micro_batch_halvings} time(s))"])
         for line in plan.rationale:
             log.info("plan %s: %s", slot.name, line)
-        self.run.worker(slot.name, slot.device_label).plan = plan.to_dict()
+        self.run.worker(slot.name, slot.device_label).plan = plan.to_status()
         checkpointing = ", gradient checkpointing" if plan.gradient_checkpointing else ""
         self.events.record(
             "planned", f"plan for {slot.name} ({slot.device.name}): {plan.precision}, quantization {plan.quantization}"
@@ -322,15 +323,15 @@ class WorkerPool:
         self.run.states.move(name, view, OOM_BACKOFF if out_of_memory else RESTARTING)
         return WorkerExit(out_of_memory, delay, restarts)
 
-    def crash_health(self) -> list[dict]:
+    def crash_health(self) -> list[Health]:
         """A line per worker that crashed, from the crash until it is back in the swarm (not only until its restart begins)."""
         lines = []
         for name, restarts in self.restarts.items():
             view = self.run.workers.get(name)
             if restarts.crashes_in_a_row and not (view and view.joined):
-                lines.append(
-                    {"level": "warning", "message": f"training worker{self.worker_words(name)} crashed {restarts.crashes_in_a_row} time(s) in a row; restarting", "fix": "see p2ptrain events and the daemon log"}
-                )
+                lines.append(Health(level="warning", message=f"training worker{self.worker_words(name)} crashed "
+                                    f"{restarts.crashes_in_a_row} time(s) in a row; restarting",
+                                    fix="see p2ptrain events and the daemon log"))
         return lines
 
     async def stop_all(self, timeout_s: float) -> None:

@@ -13,7 +13,6 @@ Bounds, since anyone may publish records in a run: each series keeps its last
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict
 
 from p2ptrain.worker_pipe import PeerRow, Swarm
 
@@ -71,7 +70,7 @@ class RunHistory:
         self.read_at = at
 
     def _add_peer(self, row: PeerRow, at: float) -> None:
-        fields = asdict(row)
+        fields = row.to_dict()
         del fields["is_local"], fields["banned"]  # the monitor is no peer of the run, and bans nobody
         known = self.peers.get(row.peer_id)
         self.peers[row.peer_id] = {**fields, "present": True, "first_seen": known["first_seen"] if known else at}

@@ -26,6 +26,7 @@ from textual.containers import Grid
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer
 
+from p2ptrain.control_types import Push, Status
 from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
 from p2ptrain.tui.connection import DaemonTarget, find_daemon, start_daemon
 from p2ptrain.tui.daemon_view import EPOCHS, EVENTS, PEERS, STATUS, STEPS, DaemonView
@@ -151,7 +152,7 @@ class P2PTrainApp(App):
     @property
     def state(self) -> str | None:
         """The daemon's state as last pushed (None while it is unreachable)."""
-        return self.view.status.get("state") if self.view else None
+        return self.view.status.state if self.view else None
 
     def _client(self) -> ControlClient:
         return ControlClient(str(self.target.socket), timeout=self.request_timeout_s)
@@ -162,7 +163,7 @@ class P2PTrainApp(App):
         if self._exiting:
             return
         if self.view is None:
-            if message.event not in ("snapshot", "status") or not isinstance(message.data, dict):
+            if message.event not in (Push.SNAPSHOT, Push.STATUS) or not isinstance(message.data, Status):
                 return
             self.view = DaemonView(message.data)
             self._changed.update(self._show_part)
@@ -170,7 +171,8 @@ class P2PTrainApp(App):
             self._dashboard(ContentSwitcher).current = "dashboard"
             self._load_charts_after_this_frame()
             return
-        shown_state = (self._dashboard(StatusHeader).status or {}).get("state")
+        shown = self._dashboard(StatusHeader).status
+        shown_state = shown.state if shown else None
         self._changed.update(self.view.apply(message.event, message.data))
         if self.state != shown_state:
             self._redraw()  # a pause, a resume, an error: at once
@@ -210,13 +212,13 @@ class P2PTrainApp(App):
     def _show_status(self) -> None:
         status = self.view.status
         header = self._dashboard(StatusHeader)
-        if (header.status or {}).get("state") != status.get("state"):
+        if (header.status.state if header.status else None) != status.state:
             self.refresh_bindings()  # p: Pause or Resume
         header.status = status
-        self._dashboard(SwarmPanel).run = status.get("run")
+        self._dashboard(SwarmPanel).run = status.run
         hardware = self._dashboard(HardwarePanel)
-        hardware.local = status.get("local")
-        hardware.hardware = status.get("hardware")
+        hardware.local = status.local
+        hardware.hardware = status.hardware
 
     def _show_peers(self) -> None:
         self._dashboard(PeersTable).peers = self.view.peers
@@ -371,8 +373,8 @@ class P2PTrainApp(App):
         """The hardware plan of each worker, with the reason for each choice."""
         from p2ptrain.tui.screens.plan_screen import PlanScreen
 
-        local = (self.view.status.get("local") if self.view else None) or {}
-        self.push_screen(PlanScreen(local.get("workers") or []))
+        local = self.view.status.local if self.view else None
+        self.push_screen(PlanScreen(local.workers if local else []))
 
     def action_help(self) -> None:
         # The help's Markdown widget imports markdown-it and pygments: only when asked for.

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from p2ptrain.control_types import EventRow, PeerRow, PeersUpdate, Push, Status
+
 # Enough for the charts and the log of the widest terminal.
 MAX_STEPS = 2000
 MAX_EPOCHS = 200
@@ -26,51 +28,46 @@ class History:
 
     Args:
         run_id: the run the peers, steps and epochs belong to (None: not in a run).
-        peers: PeerRow dicts of the run.
+        peers: the run's peers.
         steps: rows of the ``steps`` table, oldest first.
         epochs: rows of the ``epochs`` table, oldest first.
         events: rows of the ``events`` table, oldest first.
     """
 
     run_id: str | None = None
-    peers: list = field(default_factory=list)
-    steps: list = field(default_factory=list)
-    epochs: list = field(default_factory=list)
-    events: list = field(default_factory=list)
-
-
-def run_id_of(status: dict | None) -> str | None:
-    """The id of the run a ``status`` result is in, or None."""
-    return ((status or {}).get("run") or {}).get("id")
+    peers: list[PeerRow] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+    epochs: list[dict] = field(default_factory=list)
+    events: list[EventRow] = field(default_factory=list)
 
 
 class DaemonView:
     """The daemon as the dashboard shows it.
 
     Args:
-        status: the daemon's ``status`` result (the status object of
-            docs/design.md), e.g. the snapshot a subscription starts with.
+        status: the daemon's status, e.g. the snapshot a subscription starts with.
     """
 
-    def __init__(self, status: dict) -> None:
+    def __init__(self, status: Status) -> None:
         self.status = status
-        self.peers: tuple = ()
-        self.steps: deque = deque(maxlen=MAX_STEPS)
+        self.peers: tuple[PeerRow, ...] = ()
+        self.steps: deque[dict] = deque(maxlen=MAX_STEPS)
         self.epochs: list[dict] = []
-        self.events: deque = deque(maxlen=MAX_EVENTS)
-        # What each pushed event changes; kinds not listed (a newer daemon's) are ignored.
+        self.events: deque[EventRow] = deque(maxlen=MAX_EVENTS)
+        # What each push changes, with the type its data has (``control_types.decode_push``); pushes not
+        # listed (a newer daemon's) are ignored.
         self._handlers = {
-            "snapshot": self._take_status,
-            "status": self._take_status,
-            "peers": self._take_peers,
-            "step": self._add_step,
-            "epoch": self._add_epoch,
-            "event": self._add_event,
+            Push.SNAPSHOT: (Status, self._take_status),
+            Push.STATUS: (Status, self._take_status),
+            Push.PEERS: (PeersUpdate, self._take_peers),
+            Push.STEP: (dict, self._add_step),
+            Push.EPOCH: (dict, self._add_epoch),
+            Push.EVENT: (EventRow, self._add_event),
         }
 
     @property
     def run_id(self) -> str | None:
-        return run_id_of(self.status)
+        return self.status.run_id
 
     @property
     def last_averaging(self) -> float | None:
@@ -89,14 +86,15 @@ class DaemonView:
         return EVERYTHING
 
     def apply(self, event: str, data) -> frozenset[str]:
-        """Take one pushed update (``{"event", "data"}`` of ``subscribe``); returns the parts it changed."""
-        handler = self._handlers.get(event)
-        if handler is None or not isinstance(data, dict):
+        """Take one pushed update (``{"event", "data"}`` of ``subscribe``, its data decoded by
+        ``control_types.decode_push``); returns the parts it changed."""
+        kind, handler = self._handlers.get(event, (None, None))
+        if handler is None or not isinstance(data, kind):
             return frozenset()
         return handler(data)
 
-    def _take_status(self, status: dict) -> frozenset[str]:
-        if run_id_of(status) == self.run_id:
+    def _take_status(self, status: Status) -> frozenset[str]:
+        if status.run_id == self.run_id:
             self.status = status
             return frozenset({STATUS})
         # Another run (or none): its history comes from the feed; the old run's is not shown meanwhile.
@@ -106,10 +104,10 @@ class DaemonView:
         self.epochs.clear()
         return frozenset({STATUS, PEERS, STEPS, EPOCHS})
 
-    def _take_peers(self, data: dict) -> frozenset[str]:
-        if data.get("run_id") != self.run_id:
+    def _take_peers(self, data: PeersUpdate) -> frozenset[str]:
+        if data.run_id != self.run_id:
             return frozenset()
-        self.peers = tuple(data.get("peers") or ())
+        self.peers = tuple(data.peers)
         return frozenset({PEERS})
 
     def _add_step(self, step: dict) -> frozenset[str]:
@@ -130,13 +128,13 @@ class DaemonView:
         del self.epochs[:-MAX_EPOCHS]
         return frozenset({EPOCHS})
 
-    def _add_event(self, event: dict) -> frozenset[str]:
+    def _add_event(self, event: EventRow) -> frozenset[str]:
         # a row of repeats comes again with its new count: the same ts and kind (daemon/event_bursts.py)
         for index, shown in enumerate(self.events):
-            if (shown.get("ts"), shown.get("kind")) == (event.get("ts"), event.get("kind")):
+            if (shown.ts, shown.kind) == (event.ts, event.kind):
                 self.events[index] = event
                 return frozenset({EVENTS})
-        if self.events and (event.get("ts") or 0) <= (self.events[-1].get("ts") or 0):
+        if self.events and event.ts <= self.events[-1].ts:
             return frozenset()
         self.events.append(event)
         return frozenset({EVENTS})

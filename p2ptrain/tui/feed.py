@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 from textual.message import Message
 
+from p2ptrain.control_types import EventsResult, PeersResult, Push, Record, decode_push
 from p2ptrain.protocol import ControlClient, DaemonError, DaemonNotRunning
-from p2ptrain.tui.daemon_view import MAX_EPOCHS, MAX_EVENTS, MAX_STEPS, History, run_id_of
+from p2ptrain.tui.daemon_view import MAX_EPOCHS, MAX_EVENTS, MAX_STEPS, History
 from p2ptrain.tui.messages import DaemonPushed, DaemonUnreachable, HistoryLoaded
 
 # Seconds between attempts while no daemon answers: quick at first (it may be
@@ -27,14 +28,18 @@ from p2ptrain.tui.messages import DaemonPushed, DaemonUnreachable, HistoryLoaded
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 5.0)
 
 
-def _rows(client: ControlClient, method: str, key: str, **params) -> list[dict]:
-    """A history method's rows; an older or busy daemon that lacks it yields none."""
+def _rows(client: ControlClient, method: str, key: str, result: type[Record] | None = None, **params) -> list:
+    """A history method's rows (read as ``result``, a record, when the protocol types it); an older or busy
+    daemon that lacks the method yields none. A malformed reply raises ``MalformedReply``."""
     try:
-        return client.call(method, **{name: value for name, value in params.items() if value is not None})[key]
+        reply = client.call(method, **{name: value for name, value in params.items() if value is not None})
     except DaemonError as error:
         if error.code == "permission-denied":
             raise
         return []
+    if result is not None:
+        return getattr(result.from_dict(reply, f"the daemon's {method} reply"), key)
+    return reply[key]
 
 
 def fetch_history(client: ControlClient, run_id: str | None) -> History:
@@ -47,10 +52,10 @@ def fetch_history(client: ControlClient, run_id: str | None) -> History:
     """
     return History(
         run_id=run_id,
-        peers=_rows(client, "peers", "peers") if run_id else [],
+        peers=_rows(client, "peers", "peers", PeersResult) if run_id else [],
         steps=_rows(client, "metrics", "steps", run_id=run_id, limit=MAX_STEPS),
         epochs=_rows(client, "epochs", "epochs", run_id=run_id, limit=MAX_EPOCHS),
-        events=_rows(client, "events", "events", limit=MAX_EVENTS),
+        events=_rows(client, "events", "events", EventsResult, limit=MAX_EVENTS),
     )
 
 
@@ -94,7 +99,8 @@ class DaemonFeed:
                 delay = self._retry_delays_s[-1]
                 reason = error.one_line()
             except (OSError, ValueError) as error:
-                # A timeout, a reset connection or a garbled line: the daemon is there but unwell.
+                # A timeout, a reset connection, a garbled line or a reply that is not what the protocol
+                # says (``MalformedReply``): the daemon is there but unwell, or another version.
                 reason = f"the daemon did not answer properly: {error}"
             if self._stopped.is_set():
                 return
@@ -109,12 +115,12 @@ class DaemonFeed:
         for message in self._client.subscribe():
             if self._stopped.is_set():
                 return  # stopped while the subscription was being opened, before close() could reach it
-            event, data = message["event"], message.get("data")
+            event, data = message["event"], decode_push(message["event"], message.get("data"))
             self._post(DaemonPushed(event, data))
-            if event == "snapshot":
+            if event == Push.SNAPSHOT:
                 self._failures = 0
-            if event == "snapshot" or (event == "status" and run_id_of(data) != run_id):
-                run_id = run_id_of(data)
+            if event == Push.SNAPSHOT or (event == Push.STATUS and data.run_id != run_id):
+                run_id = data.run_id
                 self._post(HistoryLoaded(fetch_history(self._client, run_id)))
 
     def retry_now(self) -> None:

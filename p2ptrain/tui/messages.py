@@ -13,9 +13,10 @@ class DaemonPushed(Message):
     """The daemon pushed an update (its ``subscribe`` stream).
 
     Args:
-        event: what kind: ``snapshot`` (the status, first on every
+        event: what kind (``control_types.Push``): ``snapshot`` (the status, first on every
             subscription), ``status``, ``step``, ``epoch``, ``event`` or ``peers``.
-        data: what the daemon sent with it (DEVELOPERS.md, ``subscribe``).
+        data: what the daemon sent with it, as its record (``control_types.decode_push``:
+            ``Status``, ``EventRow``, ``PeersUpdate``; a step or epoch row as a dict).
     """
 
     def __init__(self, event: str, data: Any) -> None:

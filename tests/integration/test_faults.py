@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from daemons import cli, start_daemon, still_running, stop_all, write_local_config
+from daemons import cli, local_swarm, start_daemon, still_running, write_local_config
 from p2ptrain.paths import resolve_paths
 from p2ptrain.processes import group_members
 from p2ptrain.storage import queries
@@ -129,26 +129,13 @@ def test_a_worker_out_of_memory_is_restarted_with_half_the_micro_batch(daemons):
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults")
-    started = []
-    try:
-        for name in ("a", "b", "c"):
-            configure(root / name)
-            started.append(start_daemon(root / name))
-        a, b, c = started
-        assert cli(a.home, "join", "--new-run", "faults", *SYNC_RUN).returncode == 0
-        address = a.wait_until(lambda s: (s.get("local") or {}).get("addresses"), 180, what="A to publish its run")["local"]["addresses"][0]
-        for daemon in (b, c):
-            joined = cli(daemon.home, "join", "faults", "--peers", address)
-            assert joined.returncode == 0, joined.stderr
+    with local_swarm(tmp_path_factory.mktemp("faults"), "faults", SYNC_RUN, configure=configure) as (started, _):
         for daemon in started:
             daemon.wait_until(
                 lambda s: s["state"] == "training" and (s.get("run") or {}).get("num_peers") == 3 and s["run"]["epoch"] >= 1,
                 300, what="three peers training at epoch >= 1",
             )
         yield started
-    finally:
-        stop_all(started)
 
 
 @pytest.mark.timeout(240)

@@ -31,7 +31,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from browser import chromium, page_dom, screenshot
-from daemons import (P2PTRAIN, child_environment, cli, processes_marked, start_daemon, still_running, stop_all, wait_for,
+from daemons import (P2PTRAIN, child_environment, local_swarm, processes_marked, still_running, wait_for,
                      write_local_config)
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
@@ -100,26 +100,17 @@ class Monitor:
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
     """Three daemons training one sync run; the first also serves its own /metrics."""
-    root = tmp_path_factory.mktemp("monitored")
-    daemons = []
     metrics_port = free_port()
-    try:
-        for index, name in enumerate(NICKNAMES):
-            write_local_config(root / name)
-            if index == 0:
-                with open(root / name / "config.toml", "a") as config:
-                    config.write(f'[metrics]\nlisten = "127.0.0.1:{metrics_port}"\n')
-            daemons.append(start_daemon(root / name))
-        created = cli(daemons[0].home, "join", "--new-run", RUN, "--mode", "sync", "--target-batch-size", "128", "--micro-batch", "8")
-        assert created.returncode == 0, created.stderr
-        status = daemons[0].wait_until(lambda s: (s.get("local") or {}).get("addresses"), 180, what="the run to be published")
-        address = status["local"]["addresses"][0]
-        for daemon in daemons[1:]:
-            joined = cli(daemon.home, "join", RUN, "--peers", address)
-            assert joined.returncode == 0, joined.stderr
+
+    def configure(home: Path) -> None:
+        write_local_config(home)
+        if home.name == NICKNAMES[0]:
+            with open(home / "config.toml", "a") as config:
+                config.write(f'[metrics]\nlisten = "127.0.0.1:{metrics_port}"\n')
+
+    run_options = ["--mode", "sync", "--target-batch-size", "128", "--micro-batch", "8"]
+    with local_swarm(tmp_path_factory.mktemp("monitored"), RUN, run_options, NICKNAMES, configure) as (daemons, address):
         yield daemons, address, f"http://127.0.0.1:{metrics_port}/metrics"
-    finally:
-        stop_all(daemons)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from daemons import cli, start_daemon, still_running, stop_all, write_local_config
+from daemons import cli, local_swarm, start_daemon, still_running
 from p2ptrain.paths import resolve_paths
 
 pytestmark = [pytest.mark.swarm]
@@ -61,23 +61,8 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def sync_swarm(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sync")
-    daemons = []
-    try:
-        for name in ("a", "b", "c"):
-            write_local_config(root / name)
-            daemons.append(start_daemon(root / name))
-        a, b, c = daemons
-        created = cli(a.home, "join", "--new-run", "cli-sync", *SYNC_RUN)
-        assert created.returncode == 0, created.stderr
-        status = a.wait_until(lambda s: (s.get("local") or {}).get("addresses"), 180, what="A to publish its run")
-        address = status["local"]["addresses"][0]
-        for daemon in (b, c):
-            joined = cli(daemon.home, "join", "cli-sync", "--peers", address)
-            assert joined.returncode == 0, joined.stderr
+    with local_swarm(tmp_path_factory.mktemp("sync"), "cli-sync", SYNC_RUN) as (daemons, address):
         yield daemons, address
-    finally:
-        stop_all(daemons)
 
 
 @pytest.mark.timeout(600)

@@ -3,7 +3,10 @@
 It speaks the real control protocol (``p2ptrain.protocol``: newline-delimited
 JSON on a real Unix socket at ``resolve_paths(home).socket``) from an asyncio
 server in a background thread, serves the canned state of ``fake_data`` (fixed
-timestamps, so snapshots never change), applies the control verbs with the
+timestamps, so snapshots never change) through the protocol's records
+(``p2ptrain.control_types``: what the fake serves is read back with the codec
+the daemon's clients use, so canned data the schema refuses fails the test
+that serves it), applies the control verbs with the
 real daemon's rules and error messages, pushes every change to subscribers as
 the real daemon does, and records every request it received.
 ``test_tui_fake_contract.py`` drives it and a real daemon through the same
@@ -45,6 +48,7 @@ from fake_data import (  # noqa: E402
     training_status,
 )
 
+from p2ptrain.control_types import EventsResult, JoinResult, PeersResult, Push, Record, Status, decode_push, plain  # noqa: E402
 from p2ptrain.paths import resolve_paths  # noqa: E402
 from p2ptrain.protocol import (  # noqa: E402
     BAD_REQUEST,
@@ -74,6 +78,11 @@ def _bad(message: str, fix: str) -> RequestError:
     return RequestError(BAD_REQUEST, message, fix)
 
 
+def _typed(record: type[Record], data: dict) -> dict:
+    """``data`` as the real daemon sends it: read as ``record`` (checked), written back with every field."""
+    return record.from_dict(data, f"the fake daemon's {record.__name__}").to_dict()
+
+
 def _number(params: dict, name: str, minimum: float) -> float | None:
     """An optional number param, checked as the real daemon checks it (``daemon/methods.py``)."""
     value = params.get(name)
@@ -98,7 +107,7 @@ class FakeDaemon:
     def __init__(self, home: str | os.PathLike, status: dict | None = None, steps: list[dict] | None = None) -> None:
         self.paths = resolve_paths(home)
         self.socket_path = self.paths.socket
-        self.status = status if status is not None else training_status()
+        self.status = _typed(Status, status if status is not None else training_status())
         self.peers = sample_peers()
         self.steps = steps if steps is not None else sample_steps()
         self.epochs = sample_epochs()
@@ -171,12 +180,17 @@ class FakeDaemon:
     def push(self, event: str, data: dict) -> None:
         """Push ``{"event", "data"}`` to every subscriber and keep it in the history it belongs to."""
         with self._lock:
-            history = {"step": self.steps, "epoch": self.epochs, "event": self.events}.get(event)
+            history = {Push.STEP: self.steps, Push.EPOCH: self.epochs, Push.EVENT: self.events}.get(event)
             if history is not None:
                 history.append(data)
-            if event == "peers":
+            if event == Push.PEERS:
                 self.peers = data["peers"]
             self._publish(event, data)
+
+    def push_unchecked(self, event: str, data) -> None:
+        """Push ``data`` as it is, whatever it is: what a broken daemon, or one of another version, would send."""
+        with self._lock:
+            self._loop.call_soon_threadsafe(self._deliver, encode({"event": event, "data": data}))
 
     def methods_called(self) -> list[str]:
         """The method of every request so far, in order."""
@@ -190,10 +204,11 @@ class FakeDaemon:
     # ----- the server --------------------------------------------------------------------
 
     def _set_status(self, status: dict) -> None:
-        self.status = status
-        self._publish("status", status)
+        self.status = _typed(Status, status)
+        self._publish(Push.STATUS, self.status)
 
     def _publish(self, event: str, data) -> None:
+        data = plain(decode_push(event, data))  # checked as the TUI's feed reads it
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._deliver, encode({"event": event, "data": data}))
 
@@ -206,7 +221,7 @@ class FakeDaemon:
         ts = max(event["ts"] for event in self.events) + 1 if self.events else FROZEN_NOW
         event = {"ts": ts, "kind": kind, "message": message, "data": data, "count": 1, "last_ts": ts}
         self.events.append(event)
-        self._publish("event", event)
+        self._publish(Push.EVENT, event)
 
     async def _close_connections(self) -> None:
         self._server.close()
@@ -254,7 +269,7 @@ class FakeDaemon:
         queue: asyncio.Queue = asyncio.Queue()
         with self._lock:
             # The snapshot and the queue in one step: no change falls between them.
-            snapshot = encode({"event": "snapshot", "data": self.status})
+            snapshot = encode({"event": Push.SNAPSHOT, "data": self.status})
             self._subscribers.add(queue)
         try:
             writer.write(snapshot)
@@ -285,7 +300,7 @@ class FakeDaemon:
 
     def _peers(self, params: dict) -> dict:
         run = self.status.get("run") or {}
-        return {"run_id": run.get("id"), "peers": self.peers if run else [], "bans": []}
+        return _typed(PeersResult, {"run_id": run.get("id"), "peers": self.peers if run else [], "bans": []})
 
     def _metrics(self, params: dict) -> dict:
         since = params.get("since") or 0
@@ -298,7 +313,7 @@ class FakeDaemon:
     def _events(self, params: dict) -> dict:
         since = params.get("since") or 0
         rows = [row for row in self.events if row["ts"] > since]
-        return {"events": rows[-int(params.get("limit") or 200):]}
+        return _typed(EventsResult, {"events": rows[-int(params.get("limit") or 200):]})
 
     def _require_in_run(self, verb: str) -> None:
         if self.status["state"] not in IN_RUN:
@@ -318,7 +333,7 @@ class FakeDaemon:
             raise RequestError(INVALID_STATE, f"already in run {self.status['run']['id']!r} ({state})", "leave it first: p2ptrain leave")
         self._record_event("join", f"joining run {run_id!r}", {"new_run": bool(params.get("new_run"))})
         self._set_status(joining_status(run_id, planned=bool(params.get("new_run"))))
-        return {**self.status, "warnings": []}
+        return _typed(JoinResult, {**self.status, "warnings": []})
 
     def _pause(self, params: dict) -> dict:
         for_s = _number(params, "for_s", minimum=1)

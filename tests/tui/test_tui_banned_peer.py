@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from textual.app import App, ComposeResult
 
+from p2ptrain.control_types import PeerRow
 from p2ptrain.tui.widgets.peers_table import PeersTable
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
@@ -20,8 +21,8 @@ async def test_a_banned_peer_is_flagged_in_the_peers_table():
     async with app.run_test(size=(120, 20)) as pilot:
         table = app.query_one(PeersTable)
         table.peers = (
-            {"peer_id": "12D3KooWHonest", "nickname": "honest-owl", "banned": False},
-            {"peer_id": "12D3KooWRogue", "nickname": "rogue-rat", "banned": True},
+            PeerRow(peer_id="12D3KooWHonest", nickname="honest-owl", banned=False),
+            PeerRow(peer_id="12D3KooWRogue", nickname="rogue-rat", banned=True),
         )
         await pilot.pause()
         names = [table.get_row_at(index)[0] for index in range(table.row_count)]

@@ -76,7 +76,7 @@ async def test_first_the_status_then_the_history_fetched_once(daemon):
         await wait_until(pilot, lambda: len(messages) >= 2, what="the status and the history")
         await pilot.pause(1.0)
     first, second = messages[:2]
-    assert isinstance(first, DaemonPushed) and (first.event, first.data["state"]) == ("snapshot", "training")
+    assert isinstance(first, DaemonPushed) and (first.event, first.data.state) == ("snapshot", "training")
     assert isinstance(second, HistoryLoaded)
     assert len(second.history.events) == len(daemon.events) and len(second.history.steps) == len(daemon.steps)
     # One subscription, the history once, and nothing polled: no status request at all.
@@ -262,7 +262,7 @@ async def test_i_shows_the_hardware_plan_and_why(daemon):
 
     app = make_app(daemon.paths.home)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_until(pilot, lambda: app.view is not None and app.view.status.get("local"), what="the status")
+        await wait_until(pilot, lambda: app.view is not None and app.view.status.local, what="the status")
         await pilot.pause(0.1)
         assert "plan: ~0.7 of 20.2 GiB allowed · i why" in plain_text(app.query_one(HardwarePanel))
         await pilot.press("i")

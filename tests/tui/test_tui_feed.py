@@ -7,10 +7,12 @@ from conftest import make_app, wait_until
 from fake_daemon import FakeDaemon
 from fake_data import FROZEN_NOW, RUN_ID, idle_status, joining_status, paused_status, sample_peers, training_status
 
+from p2ptrain.control_types import PeerRow, Status
 from p2ptrain.tui.daemon_view import EPOCHS, STATUS, STEPS, DaemonView, History
 from p2ptrain.tui.widgets.event_log import EventLog
 from p2ptrain.tui.widgets.peers_table import PeersTable
 from p2ptrain.tui.widgets.swarm_panel import SwarmPanel
+from p2ptrain.tui.widgets.unreachable_panel import UnreachablePanel
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,13 +48,27 @@ async def test_pushed_steps_epochs_events_and_peers_reach_the_screen_without_a_r
 
 
 @pytest.mark.asyncio
+async def test_a_malformed_push_shows_the_daemon_unwell_in_one_line_naming_the_field(daemon):
+    app = make_app(daemon.paths.home, retry_delays_s=(30.0,))  # no reconnection while the test looks
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.state == "training", what="training")
+        broken = paused_status("battery")
+        broken["local"]["workers"][0]["loss"] = "low"
+        daemon.push_unchecked("status", broken)
+        await wait_until(pilot, lambda: app.view is None, what="the daemon shown as unreachable")
+        reason = app.query_one(UnreachablePanel).reason
+        assert "the status push: local: workers[0]: loss must be a number or null, not 'low'" in reason
+        assert "\n" not in reason
+
+
+@pytest.mark.asyncio
 async def test_a_state_change_pushed_by_the_daemon_shows_at_once(daemon):
     app = make_app(daemon.paths.home)
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.state == "training", what="training")
         daemon.set_status(paused_status("battery"))
         await wait_until(pilot, lambda: app.state == "paused", what="the pushed pause on screen")
-        assert app.view.status["pause_reason"] == "battery"
+        assert app.view.status.pause_reason == "battery"
     assert "status" not in daemon.methods_called()
 
 
@@ -87,7 +103,7 @@ async def test_another_run_brings_its_own_history(tmp_path):
 
 
 def test_a_step_pushed_while_the_history_was_fetched_is_kept_once():
-    view = DaemonView(training_status())
+    view = DaemonView(Status.from_dict(training_status()))
     first, second = ({"ts": FROZEN_NOW + offset, "loss": 3.0} for offset in (1, 2))
     assert view.apply("step", first) == {STEPS}
     view.load(History(run_id=RUN_ID, steps=[first, second]))
@@ -96,7 +112,7 @@ def test_a_step_pushed_while_the_history_was_fetched_is_kept_once():
 
 
 def test_a_step_of_one_worker_is_kept_after_another_workers_newer_one():
-    view = DaemonView(training_status())
+    view = DaemonView(Status.from_dict(training_status()))
     newer = {"ts": FROZEN_NOW + 2, "loss": 3.0, "worker": "gpu1"}
     older = {"ts": FROZEN_NOW + 1, "loss": 2.9, "worker": "gpu0"}
     assert view.apply("step", newer) == {STEPS}
@@ -106,16 +122,16 @@ def test_a_step_of_one_worker_is_kept_after_another_workers_newer_one():
 
 
 def test_each_worker_reports_an_epoch_and_the_view_keeps_one_row_per_epoch():
-    view = DaemonView(training_status())
+    view = DaemonView(Status.from_dict(training_status()))
     for worker in ("gpu0", "gpu1"):
         assert view.apply("epoch", {"epoch": 7, "ended_at": FROZEN_NOW, "duration_s": 60.0, "worker": worker}) == {EPOCHS}
     assert [row["epoch"] for row in view.epochs] == [7] and view.last_averaging == FROZEN_NOW
 
 
 def test_a_status_of_another_run_clears_the_old_runs_history():
-    view = DaemonView(training_status())
-    view.load(History(run_id=RUN_ID, peers=sample_peers(), steps=[{"ts": FROZEN_NOW, "loss": 3.0}]))
-    assert STATUS in view.apply("status", joining_status("next-run"))
+    view = DaemonView(Status.from_dict(training_status()))
+    view.load(History(run_id=RUN_ID, peers=[PeerRow.from_dict(row) for row in sample_peers()], steps=[{"ts": FROZEN_NOW, "loss": 3.0}]))
+    assert STATUS in view.apply("status", Status.from_dict(joining_status("next-run")))
     assert (view.peers, list(view.steps), view.epochs) == ((), [], [])
     assert view.apply("made-up-kind", {}) == frozenset()
 
@@ -136,4 +152,4 @@ async def test_a_row_of_repeated_events_is_one_line_whose_count_grows(daemon):
         daemon.push("event", {**flood, "count": 700, "last_ts": FROZEN_NOW + 87})
         await wait_until(pilot, lambda: "(x700 in 84 s)" in log.lines[-1].text, what="the grown count")
         assert len(log.lines) == lines_before + 1
-        assert [event["count"] for event in app.view.events if event["kind"] == "non-finite"] == [700]
+        assert [event.count for event in app.view.events if event.kind == "non-finite"] == [700]

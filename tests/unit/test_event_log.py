@@ -30,8 +30,8 @@ def test_a_flood_of_700_events_in_84_seconds_is_one_row_written_every_few_second
     assert all(later - earlier >= 5 for (earlier, _), (later, _) in zip(written, written[1:]))
     [final] = bursts.due(1000.0 + 84 + 31)  # 30 s without a repeat: the row closes with every occurrence
     assert (final.count, final.closed, final.data) == (700, True, {"batch": 699})
-    assert final.row() == {"ts": 1000.0, "kind": "non-finite", "message": NON_FINITE, "data": {"batch": 699},
-                           "count": 700, "last_ts": final.last_ts}
+    assert final.row().to_dict() == {"ts": 1000.0, "kind": "non-finite", "message": NON_FINITE, "data": {"batch": 699},
+                                     "count": 700, "last_ts": final.last_ts}
     assert bursts.due(2000.0) == []
     # after the gap, the same event opens a new row
     assert bursts.add("non-finite", NON_FINITE, None, 2000.0) is not None

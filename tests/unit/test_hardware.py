@@ -8,6 +8,7 @@ import pynvml
 import pytest
 
 from fake_nvml import FakeNvml, card
+from p2ptrain.control_types import Hardware
 from p2ptrain.daemon.hardware_probe import probe, select_gpus
 
 
@@ -16,15 +17,14 @@ def test_probe_reports_each_gpu_in_the_status_shape():
                      card("Tesla T4", 15360, 0, (7, 5), fan=None)])
     facts = probe(nvml=nvml)
     status = facts.to_status()
-    first, second = status["gpus"]
-    assert {"index", "name", "memory_total_mib", "memory_used_mib", "utilization_pct", "temperature_c", "power_w",
-            "power_limit_w"} <= set(first)
-    assert (first["memory_total_mib"], first["memory_used_mib"], first["memory_free_mib"]) == (24564, 1200, 23364)
-    assert (first["power_w"], first["power_limit_w"], first["compute_capability"]) == (123.456, 450.0, "8.9")
-    assert second["fan_pct"] is None and second["name"] == "Tesla T4"
-    ours = next(process for process in first["processes"] if process["pid"] == os.getpid())
-    assert ours["used_memory_mib"] == 900 and ours["kinds"] == ["compute"]
-    assert status["cpu"]["cores_logical"] >= 1 and status["ram"]["total_mib"] > 0
+    first, second = status.gpus
+    assert (first.memory_total_mib, first.memory_used_mib, first.memory_free_mib) == (24564, 1200, 23364)
+    assert (first.power_w, first.power_limit_w, first.compute_capability) == (123.456, 450.0, "8.9")
+    assert second.fan_pct is None and second.name == "Tesla T4"
+    ours = next(process for process in first.processes if process.pid == os.getpid())
+    assert ours.used_memory_mib == 900 and ours.kinds == ["compute"]
+    assert status.cpu.cores_logical >= 1 and status.ram.total_mib > 0
+    assert Hardware.from_dict(status.to_dict()) == status, "what the daemon sends, a client reads back"
     assert facts.health == [] and nvml.shutdowns == 1
 
 

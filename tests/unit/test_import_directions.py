@@ -19,14 +19,14 @@ PACKAGE_DIR = Path(p2ptrain.__file__).parent
 
 HEAVY = {"torch", "hivemind", "transformers", "peft", "bitsandbytes"}
 # Modules that import nothing of p2ptrain but each other: anything may use them.
-LEAVES = {"config", "paths", "protocol", "worker_pipe", "pipe_codec", "multiaddr", "processes", "durations",
+LEAVES = {"config", "paths", "protocol", "control_types", "worker_pipe", "pipe_codec", "multiaddr", "processes", "durations",
           "openmetrics", "swarm_metrics", "http_endpoint"}
 # Every part of p2ptrain (a subpackage or a top-level module), so a new one must be placed here.
 PARTS = LEAVES | {"p2ptrain", "cli", "tui", "daemon", "peers", "storage", "service", "demo", "monitor"}
 # What each part must never import.
 FORBIDDEN = {
     # the CLI and TUI start fast; the pipe module is what the daemon and the worker share
-    **dict.fromkeys(("cli", "tui", "protocol", "paths", "durations", "worker_pipe", "pipe_codec"),
+    **dict.fromkeys(("cli", "tui", "protocol", "control_types", "paths", "durations", "worker_pipe", "pipe_codec"),
                     HEAVY | {"peers", "storage", "daemon", "monitor"}),
     "peers": {"daemon", "tui", "monitor"},
     "storage": {"peers", "daemon", "tui", "monitor"},

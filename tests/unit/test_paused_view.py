@@ -34,29 +34,29 @@ def test_a_joined_worker_shows_its_checkpointed_total_at_once():
                             "trained_samples": 5100, "contributed_samples": 5000, "unused_samples": {"late": 100, "failed_round": 0, "rejected": 0}})
     run.apply_joined("cpu", joined)
     local = run.local_status()
-    assert (local["trained_samples"], local["contributed_samples"], local["unused_samples"]["late"]) == (5100, 5000, 100), \
+    assert (local.trained_samples, local.contributed_samples, local.unused_samples["late"]) == (5100, 5000, 100), \
         "not 0 until the first step report"
     run.apply_step("cpu", step(16, 3.0, 2.0, trained=5116, contributed=5016, late=100))
-    assert run.local_status()["contributed_samples"] == 5016
+    assert run.local_status().contributed_samples == 5016
 
 
 def test_a_paused_run_shows_its_last_numbers_marked_with_when_the_swarm_was_seen():
     run = training_view()
     live = run.run_status()
-    assert live["as_of"] is None and live["eta_next_epoch_s"] == 12.0
+    assert live.as_of is None and live.eta_next_epoch_s == 12.0
 
     run.workers["gpu0"].stopped()
     run.states.move("gpu0", run.workers["gpu0"], "paused")
 
     paused = run.run_status()
-    assert paused["as_of"] == run.reported_at is not None
-    assert paused["eta_next_epoch_s"] is None, "no estimate without a worker"
-    assert (paused["epoch"], paused["num_peers"]) == (7, 2)
+    assert paused.as_of == run.reported_at is not None
+    assert paused.eta_next_epoch_s is None, "no estimate without a worker"
+    assert (paused.epoch, paused.num_peers) == (7, 2)
     local = run.local_status()
-    assert local["peer_id"] == "QmMine"
-    assert (local["trained_samples"], local["contributed_samples"], local["unused_samples"]["late"]) == (980, 960, 20)
-    assert local["samples_per_second"] is None
-    assert local["workers"][0]["state"] == "paused"
+    assert local.peer_id == "QmMine"
+    assert (local.trained_samples, local.contributed_samples, local.unused_samples["late"]) == (980, 960, 20)
+    assert local.samples_per_second is None
+    assert local.workers[0].state == "paused"
     assert [peer.peer_id for peer in run.peers] == ["QmMine", "QmOther"]
 
 

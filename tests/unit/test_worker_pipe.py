@@ -161,7 +161,7 @@ def test_the_daemon_serves_every_protocol_method_but_subscribe_from_its_table():
 
 
 def test_a_peer_row_holds_every_field_of_a_metrics_record_and_of_the_peers_table():
-    row_fields = {field.name for field in dataclasses.fields(PeerRow)}
+    row_fields = set(PeerRow.SCHEMA)
     assert set(LocalMetrics.model_fields) - {"time"} <= row_fields, "add the metrics record's new field to PeerRow"
     assert set(PEER_COLUMNS) <= row_fields, "add the peers table's new column to PeerRow"
 

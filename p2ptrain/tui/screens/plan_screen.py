@@ -8,21 +8,23 @@ from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from p2ptrain.control_types import WorkerStatus
 
-def plan_text(workers: list[dict]) -> str:
+
+def plan_text(workers: list[WorkerStatus]) -> str:
     """A block per worker: device, what it trains with, its memory, then the plan's rationale."""
     blocks = []
     for worker in workers:
-        plan = worker.get("plan")
+        plan = worker.plan
         if not plan:
             continue
-        quantization = "" if plan["quantization"] == "none" else f", {plan['quantization']}"
-        checkpointing = ", gradient checkpointing" if plan.get("gradient_checkpointing") else ""
-        cap = f", allocator capped at {plan['memory_cap_gib']} GiB" if plan.get("memory_cap_gib") else ""
-        lines = [f"[b]{escape(str(worker.get('device')))}[/b] {escape(plan.get('device_name') or '')}",
-                 f"{plan['precision']}{quantization}{checkpointing}, micro-batch {plan['micro_batch']} x {plan['grad_accum']}",
-                 f"~{plan['memory_estimate_gib']} of {plan['memory_allowed_gib']} GiB allowed{cap}"]
-        lines += [f"  • {escape(line)}" for line in plan.get("rationale") or []]
+        quantization = "" if plan.quantization == "none" else f", {plan.quantization}"
+        checkpointing = ", gradient checkpointing" if plan.gradient_checkpointing else ""
+        cap = f", allocator capped at {plan.memory_cap_gib} GiB" if plan.memory_cap_gib else ""
+        lines = [f"[b]{escape(str(worker.device))}[/b] {escape(plan.device_name or '')}",
+                 f"{plan.precision}{quantization}{checkpointing}, micro-batch {plan.micro_batch} x {plan.grad_accum}",
+                 f"~{plan.memory_estimate_gib} of {plan.memory_allowed_gib} GiB allowed{cap}"]
+        lines += [f"  • {escape(line)}" for line in plan.rationale]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) or "No plan yet: the daemon plans each worker once it knows the run's manifest."
 
@@ -33,7 +35,7 @@ class PlanScreen(ModalScreen[None]):
     AUTO_FOCUS = "#plan-dialog"
     BINDINGS = [("escape", "close", "Close"), ("i", "close", "Close"), ("q", "close", "Close")]
 
-    def __init__(self, workers: list[dict]):
+    def __init__(self, workers: list[WorkerStatus]):
         """``workers``: ``status.local.workers``, each with its ``plan``."""
         super().__init__()
         self.plans = workers

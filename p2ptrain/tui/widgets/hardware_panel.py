@@ -6,6 +6,7 @@ from textual.markup import escape
 from textual.reactive import var
 from textual.widgets import Static
 
+from p2ptrain.control_types import Cpu, Gpu, Hardware, LocalStatus, Plan
 from p2ptrain.tui.formatting import format_count, format_number
 from p2ptrain.tui.widgets import show_text
 
@@ -38,15 +39,15 @@ def percent(part: float | None, whole: float | None) -> float | None:
     return None if part is None or not whole else 100.0 * part / whole
 
 
-def gpu_lines(gpu: dict) -> list[str]:
+def gpu_lines(gpu: Gpu) -> list[str]:
     """Two lines for one GPU: its name, then utilization, memory, temperature, power and fan."""
-    memory_used = gpu.get("memory_used_mib")
-    memory_total = gpu.get("memory_total_mib")
+    memory_used = gpu.memory_used_mib
+    memory_total = gpu.memory_total_mib
     memory_pct = percent(memory_used, memory_total)
-    power_pct = percent(gpu.get("power_w"), gpu.get("power_limit_w"))
-    utilization = gpu.get("utilization_pct")
-    temperature = gpu.get("temperature_c")
-    fan = gpu.get("fan_pct")
+    power_pct = percent(gpu.power_w, gpu.power_limit_w)
+    utilization = gpu.utilization_pct
+    temperature = gpu.temperature_c
+    fan = gpu.fan_pct
     cells = [
         "util " + coloured(f"{format_number(utilization, 0)}%", utilization, UTILIZATION_THRESHOLDS),
         "mem "
@@ -56,54 +57,52 @@ def gpu_lines(gpu: dict) -> list[str]:
         "temp " + coloured(f"{format_number(temperature, 0)}°C", temperature, TEMPERATURE_THRESHOLDS),
         "power "
         + coloured(
-            f"{format_number(gpu.get('power_w'), 0)}/{format_number(gpu.get('power_limit_w'), 0)} W",
+            f"{format_number(gpu.power_w, 0)}/{format_number(gpu.power_limit_w, 0)} W",
             power_pct,
             POWER_THRESHOLDS,
         ),
         "fan " + (coloured(f"{format_number(fan, 0)}%", fan, FAN_THRESHOLDS) if fan is not None else "n/a"),
     ]
-    return [f"[b]GPU {gpu.get('index', '?')}[/b] {escape(str(gpu.get('name', '')))}", "  " + "  ".join(cells)]
+    return [f"[b]GPU {gpu.index}[/b] {escape(gpu.name)}", "  " + "  ".join(cells)]
 
 
-def describe_cpu(cpu: object) -> str:
+def describe_cpu(cpu: Cpu) -> str:
     """The daemon's CPU facts (``hardware.cpu``: model, cores_physical, cores_logical) in one line."""
-    if isinstance(cpu, dict):
-        name = cpu.get("model") or "CPU"
-        cores, threads = cpu.get("cores_physical"), cpu.get("cores_logical")
-        if cores and threads and threads != cores:
-            return f"{name} ({cores} cores, {threads} threads)"
-        return f"{name} ({cores} cores)" if cores else str(name)
-    return str(cpu)
+    name = cpu.model or "CPU"
+    cores, threads = cpu.cores_physical, cpu.cores_logical
+    if cores and threads and threads != cores:
+        return f"{name} ({cores} cores, {threads} threads)"
+    return f"{name} ({cores} cores)" if cores else name
 
 
-def plan_lines(plan: dict | None) -> list[str]:
+def plan_lines(plan: Plan | None) -> list[str]:
     """The daemon's hardware plan in one line: its memory (``i`` shows why it chose what it did)."""
     if not plan:
         return []
-    return [f"plan: ~{format_number(plan.get('memory_estimate_gib'), 1)} of "
-            f"{format_number(plan.get('memory_allowed_gib'), 1)} GiB allowed · [b]i[/b] why"]
+    return [f"plan: ~{format_number(plan.memory_estimate_gib, 1)} of "
+            f"{format_number(plan.memory_allowed_gib, 1)} GiB allowed · [b]i[/b] why"]
 
 
-def local_lines(local: dict) -> list[str]:
+def local_lines(local: LocalStatus) -> list[str]:
     """What this machine contributes to the run."""
-    quantization = local.get("quantization")
-    precision = local.get("precision") or "?"
+    quantization = local.quantization
+    precision = local.precision or "?"
     if quantization and quantization != "none":
         precision += f" + {quantization}"
-    if local.get("gradient_checkpointing"):
+    if local.gradient_checkpointing:
         precision += " + gradient checkpointing"
+    micro_batch = "—" if local.micro_batch is None else local.micro_batch
     lines = [
-        f"{escape(str(local.get('device', '?')))} · {precision} · micro-batch {local.get('micro_batch', '—')}"
-        f" × {local.get('grad_accum', 1)}",
-        *plan_lines(local.get("plan")),
-        f"{format_number(local.get('samples_per_second'), 1)} samples/s · loss {format_number(local.get('loss'), 3)}"
-        f" · contributed {format_count(local.get('contributed_samples'))} samples",
+        f"{escape(local.device)} · {precision} · micro-batch {micro_batch} × {local.grad_accum or 1}",
+        *plan_lines(local.plan),
+        f"{format_number(local.samples_per_second, 1)} samples/s · loss {format_number(local.loss, 3)}"
+        f" · contributed {format_count(local.contributed_samples)} samples",
     ]
-    trained = local.get("trained_samples")
+    trained = local.trained_samples
     if trained:
         # what share of this machine's work the run used, and why the rest was not
-        used = local.get("contributed_samples") or 0
-        unused = [f"{format_count(count)} {reason.replace('_', ' ')}" for reason, count in (local.get("unused_samples") or {}).items() if count]
+        used = local.contributed_samples
+        unused = [f"{format_count(count)} {reason.replace('_', ' ')}" for reason, count in local.unused_samples.items() if count]
         lines.append(f"used {format_count(used)} of {format_count(trained)} trained ({used / trained:.0%})"
                      + (f" · not used: {', '.join(unused)}" if unused else ""))
     return lines
@@ -114,17 +113,16 @@ class HardwarePanel(Static):
 
     BORDER_TITLE = "This machine"
 
-    local: var[dict | None] = var(None)
-    hardware: var[dict | None] = var(None)
+    local: var[LocalStatus | None] = var(None)
+    hardware: var[Hardware | None] = var(None)
 
     def _refresh_view(self) -> None:
         lines = local_lines(self.local) if self.local else ["not training"]
-        hardware = self.hardware or {}
-        gpus = hardware.get("gpus") or []
+        gpus = self.hardware.gpus if self.hardware else []
         for gpu in gpus:
             lines += gpu_lines(gpu)
         if not gpus:
-            cpu = hardware.get("cpu")
+            cpu = self.hardware.cpu if self.hardware else None
             lines.append(f"no NVIDIA GPU · {escape(describe_cpu(cpu))}" if cpu else "no NVIDIA GPU")
         show_text(self, "\n".join(lines))
 

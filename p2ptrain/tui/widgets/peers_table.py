@@ -6,6 +6,7 @@ from rich.cells import cell_len
 from textual.reactive import var
 from textual.widgets import DataTable
 
+from p2ptrain.control_types import PeerRow
 from p2ptrain.tui.formatting import format_age, format_number
 from p2ptrain.tui.widgets.status_header import short_peer_id
 
@@ -13,22 +14,22 @@ from p2ptrain.tui.widgets.status_header import short_peer_id
 COLUMNS = ("Peer", "Samples/s", "Epoch", "Loss", "Link", "Last seen", "Device", "Precision", "Batch")
 
 
-def peer_name(peer: dict) -> str:
+def peer_name(peer: PeerRow) -> str:
     """Nickname (or short id), starred for this machine, flagged when incompatible or banned."""
-    name = peer.get("nickname") or short_peer_id(peer.get("peer_id"))
-    if peer.get("is_local"):
+    name = peer.nickname or short_peer_id(peer.peer_id)
+    if peer.is_local:
         name = f"★ {name}"
-    if peer.get("compatible") is False:
+    if peer.compatible is False:
         name = f"{name} ⚠ incompatible"
-    if peer.get("banned"):
+    if peer.banned:
         name = f"{name} ⛔ banned"
     return name
 
 
-def precision_text(peer: dict) -> str:
+def precision_text(peer: PeerRow) -> str:
     """``bf16``, or ``bf16/nf4`` when the base model is quantized."""
-    precision = peer.get("precision") or "?"
-    quantization = peer.get("quantization")
+    precision = peer.precision or "?"
+    quantization = peer.quantization
     return f"{precision}/{quantization}" if quantization and quantization != "none" else precision
 
 
@@ -37,7 +38,7 @@ class PeersTable(DataTable):
 
     BORDER_TITLE = "Peers"
 
-    peers: var[tuple] = var(())
+    peers: var[tuple[PeerRow, ...]] = var(())
     now: var[float] = var(0.0)
 
     def __init__(self, **kwargs) -> None:
@@ -46,21 +47,21 @@ class PeersTable(DataTable):
     def on_mount(self) -> None:
         self._refresh_rows()
 
-    def _last_seen(self, peer: dict) -> str:
-        return "now" if peer.get("is_local") else format_age(peer.get("last_seen"), self.now)
+    def _last_seen(self, peer: PeerRow) -> str:
+        return "now" if peer.is_local else format_age(peer.last_seen, self.now)
 
-    def _cells(self, peer: dict) -> tuple[str, ...]:
+    def _cells(self, peer: PeerRow) -> tuple[str, ...]:
         """A peer's row, in the order of ``COLUMNS``."""
         return (
             peer_name(peer),
-            format_number(peer.get("samples_per_second"), 1),
-            str(peer.get("epoch", "—")),
-            format_number(peer.get("loss"), 3),
-            peer.get("reachability") or "?",
+            format_number(peer.samples_per_second, 1),
+            "—" if peer.epoch is None else str(peer.epoch),
+            format_number(peer.loss, 3),
+            peer.reachability or "?",
             self._last_seen(peer),
-            peer.get("device") or "?",
+            peer.device or "?",
             precision_text(peer),
-            str(peer.get("micro_batch") or "—"),
+            str(peer.micro_batch or "—"),
         )
 
     def _refresh_rows(self) -> None:
@@ -71,13 +72,13 @@ class PeersTable(DataTable):
         widths (narrower than the rows beneath it) until something else changes.
         """
         selected_row = self.cursor_row
-        ordered = sorted(self.peers, key=lambda peer: (not peer.get("is_local"), peer.get("nickname") or ""))
+        ordered = sorted(self.peers, key=lambda peer: (not peer.is_local, peer.nickname or ""))
         rows = [self._cells(peer) for peer in ordered]
         self.clear(columns=True)
         for index, label in enumerate(COLUMNS):
             self.add_column(label, width=max([cell_len(label)] + [cell_len(row[index]) for row in rows]), key=label)
         for peer, cells in zip(ordered, rows):
-            self.add_row(*cells, key=peer.get("peer_id"))
+            self.add_row(*cells, key=peer.peer_id)
         if ordered:
             self.move_cursor(row=min(selected_row, len(ordered) - 1))
         self.border_subtitle = f"{len(ordered)} peers" if ordered else "no peers"
@@ -88,7 +89,7 @@ class PeersTable(DataTable):
         width = self.columns["Last seen"].width
         for peer in self.peers:
             age = self._last_seen(peer)
-            key = peer.get("peer_id")
+            key = peer.peer_id
             if cell_len(age) > width:
                 self._refresh_rows()
                 return

@@ -8,6 +8,7 @@ from textual.reactive import var
 from textual.widget import Widget
 from textual.widgets import Label
 
+from p2ptrain.control_types import Status
 from p2ptrain.tui.formatting import format_duration
 from p2ptrain.tui.widgets import show_text
 
@@ -35,37 +36,37 @@ def short_peer_id(peer_id: str | None) -> str:
     return peer_id if len(peer_id) <= 12 else f"…{peer_id[-10:]}"
 
 
-def describe_reason(status: dict, now: float) -> str:
+def describe_reason(status: Status, now: float) -> str:
     """One line on why the daemon is not training (or what it is doing)."""
-    state = status.get("state")
+    state = status.state
     if state == "paused":
-        reason = status.get("pause_reason") or "user"
+        reason = status.pause_reason or "user"
         words = PAUSE_REASONS.get(reason, reason)
-        until = status.get("paused_until")
+        until = status.paused_until
         if until:
             words += f" · resumes in {format_duration(until - now)}"
         return f"Paused: {words} · press p to resume"
     if state == "error":
-        problems = [entry for entry in status.get("health") or [] if entry.get("level") == "error"]
+        problems = [entry for entry in status.health if entry.level == "error"]
         if problems:
             first = problems[0]
-            return f"Error: {first.get('message', '')} · fix: {first.get('fix', '')}"
+            return f"Error: {first.message} · fix: {first.fix}"
         return "Error: see the event log"
     if state == "idle":
         return "Not in a run · press j to join one"
     if state == "finishing":
         return "Finishing the current epoch, then pausing"
-    warnings = [entry for entry in status.get("health") or [] if entry.get("level") == "warning"]
+    warnings = [entry for entry in status.health if entry.level == "warning"]
     if not warnings:
         return ""
-    fix = f" · fix: {warnings[0]['fix']}" if warnings[0].get("fix") else ""
-    return f"Warning: {warnings[0].get('message', '')}{fix}"
+    fix = f" · fix: {warnings[0].fix}" if warnings[0].fix else ""
+    return f"Warning: {warnings[0].message}{fix}"
 
 
 class StatusHeader(Widget):
     """The daemon's state, pause reason, run name, peer id and uptime."""
 
-    status: var[dict | None] = var(None)
+    status: var[Status | None] = var(None)
     now: var[float] = var(0.0)
     connection: var[str] = var(CONNECTING)
 
@@ -89,28 +90,27 @@ class StatusHeader(Widget):
             show_text(reason, self.connection)
             reason.display = True
             return
-        state = status.get("state", "?")
+        state = status.state
         self._show_state_class(state)
         show_text(state_label, f" {state.upper()} ")
-        run = status.get("run") or {}
-        local = status.get("local") or {}
+        run, local = status.run, status.local
         parts = []
-        if run.get("id"):
-            parts.append(f"run [b]{run['id']}[/b] ({run.get('mode', '?')}, {run.get('model', '?')})")
-        if local.get("peer_id"):
-            nickname = f" {local['nickname']}" if local.get("nickname") else ""
+        if run:
+            parts.append(f"run [b]{run.id}[/b] ({run.mode}, {run.model})")
+        if local and local.peer_id:
+            nickname = f" {local.nickname}" if local.nickname else ""
             # how peers reach this one, when it is not plainly direct (a health warning says what to do)
-            reach = local.get("reachability")
+            reach = local.reachability
             reach = f" ({reach})" if reach in ("relayed", "unreachable") else ""
-            parts.append(f"peer {short_peer_id(local['peer_id'])}{nickname}{reach}")
-        traffic = local.get("traffic")
+            parts.append(f"peer {short_peer_id(local.peer_id)}{nickname}{reach}")
+        traffic = local.traffic if local else None
         if traffic:
-            rate = sum(traffic["bytes_per_s"].values())
-            parts.append(f"net {rate / 1000:.1f} KB/s (~{traffic['month_gb']:.0f} GB/month)")
-        if status.get("since"):
-            parts.append(f"{state} for {format_duration(self.now - status['since'])}")
-        if status.get("started_at"):
-            parts.append(f"up {format_duration(self.now - status['started_at'])}")
+            rate = sum(traffic.bytes_per_s.values())
+            parts.append(f"net {rate / 1000:.1f} KB/s (~{traffic.month_gb:.0f} GB/month)")
+        if status.since:
+            parts.append(f"{state} for {format_duration(self.now - status.since)}")
+        if status.started_at:
+            parts.append(f"up {format_duration(self.now - status.started_at)}")
         show_text(details, " · ".join(parts))
         reason_text = describe_reason(status, self.now)
         show_text(reason, reason_text)

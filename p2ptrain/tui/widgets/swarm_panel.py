@@ -8,6 +8,7 @@ from textual.widget import Widget
 from textual.content import Content
 from textual.widgets import Label
 
+from p2ptrain.control_types import RunStatus
 from p2ptrain.tui.formatting import format_age, format_count, format_duration
 from p2ptrain.tui.widgets import show_text
 
@@ -36,7 +37,7 @@ class SwarmPanel(Widget):
 
     BORDER_TITLE = "Swarm"
 
-    run: var[dict | None] = var(None)
+    run: var[RunStatus | None] = var(None)
     last_averaging: var[float | None] = var(None)
     now: var[float] = var(0.0)
 
@@ -55,17 +56,17 @@ class SwarmPanel(Widget):
             progress.fraction = None
             show_text(facts, f"last averaging {format_age(self.last_averaging, self.now)}")
             return
-        accumulated = run.get("samples_accumulated") or 0
-        target = run.get("target_batch_size") or 0
-        show_text(epoch, f"Epoch [b]{run.get('epoch', 0)}[/b] · samples {format_count(accumulated)} / {format_count(target)}")
+        accumulated = run.samples_accumulated
+        target = run.target_batch_size or 0
+        show_text(epoch, f"Epoch [b]{run.epoch}[/b] · samples {format_count(accumulated)} / {format_count(target)}")
         progress.fraction = min(1.0, accumulated / target) if target else None
         # A paused daemon shows the run as its worker last reported it (``as_of``), not a live estimate.
-        as_of = run.get("as_of")
-        timing = f"as of {format_age(as_of, self.now)}" if as_of else f"next epoch in {format_duration(run.get('eta_next_epoch_s'))}"
+        as_of = run.as_of
+        timing = f"as of {format_age(as_of, self.now)}" if as_of else f"next epoch in {format_duration(run.eta_next_epoch_s)}"
         show_text(
             facts,
             f"{timing} · "
-            f"{run.get('num_peers', 0)} peers · "
+            f"{run.num_peers} peers · "
             f"last averaging {format_age(self.last_averaging, self.now)}"
         )
 
