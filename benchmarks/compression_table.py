@@ -1,6 +1,6 @@
 """The compression table a reviewer can accept (issue 27): wire bytes first, held-out loss, a tuned baseline, seeds.
 
-    nice -n 5 .venv/bin/python benchmarks/compression_table.py --cache-dir /work/conv-cache \\
+    nice -n 5 .venv/bin/python benchmarks/compression_table.py --cache-dir CACHE \\
         --out benchmarks/compression_<date>.jsonl              # needs root (network namespaces)
     .venv/bin/python benchmarks/compression_table.py --report benchmarks/compression_<date>.jsonl
 
