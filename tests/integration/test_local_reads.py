@@ -8,7 +8,7 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from metered_peers import loopback_dhts, sent_and_received
-from p2ptrain.peers.net.local_reads import FULL_COPY_AFTER_S, read_record, store_record
+from p2ptrain.peers.net.local_reads import FULL_COPY_AFTER_S, HOLDERS_MEMORY_S, read_record, store_record
 from p2ptrain.peers.net.dht import own_public_key
 from p2ptrain.peers.swarm.records import METRICS_EXPIRATION_S, LocalMetrics, metrics_key
 from p2ptrain.peers.swarm.run_records import publish_metrics, read_metrics
@@ -91,6 +91,13 @@ async def _searches(dht, node) -> int:
     return node.p2ptrain_test_finds[0]
 
 
+async def _expire_holders(dht, node):
+    """Run in a DHT process: what ``local_reads`` remembers of every key's holders, made older than
+    ``HOLDERS_MEMORY_S`` (moved back, not waited for)."""
+    node.p2ptrain_holders = {key_id: (until - HOLDERS_MEMORY_S, found)
+                             for key_id, (until, found) in node.p2ptrain_holders.items()}
+
+
 async def _node_id(dht, node):
     return int(node.node_id), len(node.protocol.routing_table.uid_to_peer_id), node.num_replicas
 
@@ -146,7 +153,7 @@ async def _stored_samples(dht, node, key, subkey):
 
 
 @pytest.mark.timeout(240)
-def test_when_a_remembered_holder_leaves_the_store_reaches_the_next_nearest_and_searches_again(tmp_path, meter):
+def test_a_store_reaches_the_next_nearest_when_a_holder_left_and_searches_again_after_it_or_a_while(tmp_path, meter):
     from hivemind.dht.routing import DHTID
 
     key = "local-run_progress"
@@ -185,3 +192,8 @@ def test_when_a_remembered_holder_leaves_the_store_reaches_the_next_nearest_and_
         assert store(4)
         assert peers[writer].run_coroutine(_searches) == again
         assert [stored_at(index) for index in holders[1:] + [successor]] == [4] * 5
+
+        peers[writer].run_coroutine(_expire_holders)
+        assert store(5)  # what a search found is trusted for HOLDERS_MEMORY_S only
+        assert peers[writer].run_coroutine(_searches) > again
+        assert [stored_at(index) for index in holders[1:] + [successor]] == [5] * 5
