@@ -98,7 +98,8 @@ async def _expire_holders(dht, node):
                              for key_id, (until, found) in node.p2ptrain_holders.items()}
 
 
-async def _node_id(dht, node):
+async def _node_facts(dht, node):
+    """Run in a DHT process: its node id, how many nodes its routing table knows, its num_replicas."""
     return int(node.node_id), len(node.protocol.routing_table.uid_to_peer_id), node.num_replicas
 
 
@@ -108,7 +109,7 @@ def test_past_five_peers_stores_search_for_the_holders_once_and_still_reach_them
 
     key, stores = "local-run_progress", 30
     with loopback_dhts(tmp_path, 8) as peers:
-        nodes = [peers[index].run_coroutine(_node_id) for index in range(len(peers))]
+        nodes = [peers[index].run_coroutine(_node_facts) for index in range(len(peers))]
         key_id = DHTID.generate(source=key)
         holders = sorted(range(len(peers)), key=lambda index: key_id.xor_distance(nodes[index][0]))[:5]
         writer = next(index for index in range(len(peers)) if index not in holders)  # stores to others only
@@ -158,7 +159,7 @@ def test_a_store_reaches_the_next_nearest_when_a_holder_left_and_searches_again_
 
     key = "local-run_progress"
     with loopback_dhts(tmp_path, 8) as peers:
-        nodes = [dht.run_coroutine(_node_id) for dht in peers]
+        nodes = [dht.run_coroutine(_node_facts) for dht in peers]
         key_id = DHTID.generate(source=key)
         nearest = sorted(range(len(peers)), key=lambda index: key_id.xor_distance(nodes[index][0]))
         writer = nearest[-1]  # no holder: every copy it makes is a request
