@@ -2,11 +2,13 @@
 between real hivemind DHT peers on 127.0.0.1 (``tests/metered_peers.py``).
 """
 
+import functools
+
 import pytest
 from hivemind.utils import get_dht_time
 
 from metered_peers import loopback_dhts, sent_and_received
-from p2ptrain.peers.net.local_reads import FULL_COPY_AFTER_S
+from p2ptrain.peers.net.local_reads import FULL_COPY_AFTER_S, HOLDERS_MEMORY_S, read_record, store_record
 from p2ptrain.peers.net.dht import own_public_key
 from p2ptrain.peers.swarm.records import METRICS_EXPIRATION_S, LocalMetrics, metrics_key
 from p2ptrain.peers.swarm.run_records import publish_metrics, read_metrics
@@ -72,3 +74,127 @@ def test_a_record_goes_straight_to_every_peer_without_searching_for_them(three_p
     searched = sent_and_received(meter, "metrics") - before
     print(f"one record stored to 2 peers: {direct:.0f} B straight, {searched:.0f} B with hivemind's search")
     assert 0 < direct < searched / 2
+
+
+async def _count_searches(dht, node):
+    """Run in a DHT process: count its ``rpc_find`` calls from now on (``_searches`` reads the count)."""
+    calls, call_find = [0], node.protocol.call_find
+
+    async def counted(*args, **kwargs):
+        calls[0] += 1
+        return await call_find(*args, **kwargs)
+
+    node.protocol.call_find, node.p2ptrain_test_finds = counted, calls
+
+
+async def _searches(dht, node) -> int:
+    return node.p2ptrain_test_finds[0]
+
+
+async def _expire_holders(dht, node):
+    """Run in a DHT process: what ``local_reads`` remembers of every key's holders, made older than
+    ``HOLDERS_MEMORY_S`` (moved back, not waited for)."""
+    node.p2ptrain_holders = {key_id: (until - HOLDERS_MEMORY_S, found)
+                             for key_id, (until, found) in node.p2ptrain_holders.items()}
+
+
+async def _node_facts(dht, node):
+    """Run in a DHT process: its node id, how many nodes its routing table knows, its num_replicas."""
+    return int(node.node_id), len(node.protocol.routing_table.uid_to_peer_id), node.num_replicas
+
+
+@pytest.mark.timeout(240)
+def test_past_five_peers_stores_search_for_the_holders_once_and_still_reach_them(tmp_path, meter):
+    from hivemind.dht.routing import DHTID
+
+    key, stores = "local-run_progress", 30
+    with loopback_dhts(tmp_path, 8) as peers:
+        nodes = [peers[index].run_coroutine(_node_facts) for index in range(len(peers))]
+        key_id = DHTID.generate(source=key)
+        holders = sorted(range(len(peers)), key=lambda index: key_id.xor_distance(nodes[index][0]))[:5]
+        writer = next(index for index in range(len(peers)) if index not in holders)  # stores to others only
+        assert nodes[writer][1] >= nodes[writer][2], "the writer must know more nodes than num_replicas"
+        readers = [peers[index] for index in holders]
+        for reader in readers:
+            a_minute_in_the_swarm(reader)
+        peers[writer].run_coroutine(_count_searches)
+        subkey = own_public_key(peers[writer])
+
+        for samples in range(1, stores + 1):
+            record = {"peer_id": peers[writer].peer_id.to_base58(), "samples_accumulated": samples,
+                      "time": get_dht_time()}
+            assert store_record(peers[writer], key, subkey, record, get_dht_time() + 60)
+            # every true holder's own copy has it at once: a holder reads without asking
+            reader = readers[samples % len(readers)]
+            found = read_record(reader, key)
+            assert found is not None and found.value[subkey].value["samples_accumulated"] == samples
+        # a peer that is no holder asks the network, and gets the latest too
+        other = next(dht for index, dht in enumerate(peers) if index not in holders and index != writer)
+        assert read_record(other, key).value[subkey].value["samples_accumulated"] == stores
+
+        searches = peers[writer].run_coroutine(_searches)
+        print(f"{stores} stores from a node that knows {nodes[writer][1]} others: {searches} rpc_find calls")
+        # one search visits each of the 7 other nodes at most once; hivemind's store searched at every store
+        assert searches <= len(peers) - 1
+
+
+async def _stored_samples(dht, node, key, subkey):
+    """Run in a DHT process: ``samples_accumulated`` of ``subkey``'s record in this node's own storage
+    (not its cache, not the network), None when it holds none."""
+    from hivemind.dht.routing import DHTID
+    from hivemind.dht.validation import DHTRecord
+
+    key_id, protocol = DHTID.generate(source=key), node.protocol
+    item = protocol.storage.get(key_id)
+    entry = item.value.get(subkey) if item is not None else None
+    if entry is None:
+        return None
+    record = DHTRecord(key_id.to_bytes(), protocol.serializer.dumps(subkey), entry.value, entry.expiration_time)
+    return protocol.serializer.loads(protocol.record_validator.strip_value(record))["samples_accumulated"]
+
+
+@pytest.mark.timeout(240)
+def test_a_store_reaches_the_next_nearest_when_a_holder_left_and_searches_again_after_it_or_a_while(tmp_path, meter):
+    from hivemind.dht.routing import DHTID
+
+    key = "local-run_progress"
+    with loopback_dhts(tmp_path, 8) as peers:
+        nodes = [dht.run_coroutine(_node_facts) for dht in peers]
+        key_id = DHTID.generate(source=key)
+        nearest = sorted(range(len(peers)), key=lambda index: key_id.xor_distance(nodes[index][0]))
+        writer = nearest[-1]  # no holder: every copy it makes is a request
+        others = [index for index in nearest if index != writer]
+        holders, successor = others[:5], others[5]
+        peers[writer].run_coroutine(_count_searches)
+        subkey = own_public_key(peers[writer])
+
+        def store(samples):
+            record = {"peer_id": peers[writer].peer_id.to_base58(), "samples_accumulated": samples,
+                      "time": get_dht_time()}
+            return store_record(peers[writer], key, subkey, record, get_dht_time() + 60)
+
+        def stored_at(index):
+            return peers[index].run_coroutine(functools.partial(_stored_samples, key=key, subkey=subkey))
+
+        assert store(1)
+        searched = peers[writer].run_coroutine(_searches)
+        assert searched > 0
+        assert [stored_at(index) for index in holders] == [1] * 5
+        assert stored_at(successor) is None  # only the nearest hold it
+
+        peers[holders[0]].shutdown()
+        assert store(2)
+        assert [stored_at(index) for index in holders[1:] + [successor]] == [2] * 5  # still five holders
+        assert peers[writer].run_coroutine(_searches) == searched  # that store used what it remembered
+
+        assert store(3)  # ... and the next one searches again
+        again = peers[writer].run_coroutine(_searches)
+        assert again > searched
+        assert store(4)
+        assert peers[writer].run_coroutine(_searches) == again
+        assert [stored_at(index) for index in holders[1:] + [successor]] == [4] * 5
+
+        peers[writer].run_coroutine(_expire_holders)
+        assert store(5)  # what a search found is trusted for HOLDERS_MEMORY_S only
+        assert peers[writer].run_coroutine(_searches) > again
+        assert [stored_at(index) for index in holders[1:] + [successor]] == [5] * 5

@@ -24,10 +24,24 @@ nearest nodes with ``rpc_find`` requests, and each answer carries the key's
 whole value (every peer's record) though the store needs only the nodes. With
 progress stored about once a step, those searches were the largest part of a
 peer's background in the lab (1-2 a second, ~3.8 KB each, and as much again
-answering the others'). :func:`store_record` skips the search when this node
-knows fewer other serving nodes than ``num_replicas``: the nodes a search would
-find are then every node it knows, so the record goes to each of them (and
-into its own storage) directly. In a larger swarm it stores as hivemind does.
+answering the others'; at 8 peers 3-4 a second, 23-28 KB/s, issue 25).
+:func:`store_record` sends the signed record straight to the holders with
+``rpc_store`` (and into this node's own storage when it is one of them), and
+searches for them rarely and cheaply:
+
+- while this node knows fewer other serving nodes than ``num_replicas``, the
+  nodes a search would find are every node it knows: no search at all;
+- past that, it remembers the nearest nodes a search found for the key for
+  :data:`HOLDERS_MEMORY_S` and stores to the ``num_replicas`` nearest of them
+  that answer (with any nearer node its routing table has learned of since);
+  it searches again when the memory expires or after a remembered holder did
+  not answer a store (that store goes on to the next nearest nodes found, as
+  hivemind's does). The search asks for the key's id with its lowest bit
+  flipped: XOR order is the same for any two node ids that differ above that
+  bit, so it finds the same nearest nodes, but no node stores a record under
+  that id, so its answers carry node lists, not the run's records.
+
+A client-mode node stores as hivemind does.
 
 :class:`LocalFirstDHT` gives hivemind's ProgressTracker the same reads and stores.
 """
@@ -46,6 +60,11 @@ from p2ptrain.peers.net.traffic import counted_as_key
 # every ``progress.REPORT_PERIOD_S`` while training and every 30 s (hivemind's metadata_expiration / 2)
 # otherwise, metrics every ``training_worker.METRICS_INTERVAL_S``
 FULL_COPY_AFTER_S = 60.0
+# how long a key's holders found by a search are stored to without searching again. A node that joins
+# among them is found by the first store after the memory expires: a peer storing at least every 30 s
+# (see above) reaches it within 30 + 30 s of its joining, so its copy is complete by FULL_COPY_AFTER_S,
+# as read_record assumes. One search a key per 30 s replaces one a store (3-4 a second at 8 peers).
+HOLDERS_MEMORY_S = 30.0
 
 
 def _why_not_every_record(node, key_id) -> str | None:
@@ -98,15 +117,81 @@ def read_record(dht, key: str, return_future: bool = False):
                              return_future=return_future)
 
 
+async def _search_holders(node, key_id) -> dict:
+    """Run in the DHT process: the nodes nearest to ``key_id``, nearest first (this one included, up
+    to a k-bucket: a holder that does not answer has a successor), found by a search whose answers
+    carry no record (see the module docstring)."""
+    from hivemind.dht.routing import DHTID
+
+    twin = DHTID(int(key_id) ^ 1)  # the same nearest nodes, and nobody's record under it
+    found = await node.find_nearest_nodes([twin], k_nearest=node.protocol.bucket_size, exclude_self=False)
+    return found[twin]
+
+
+async def _holder_candidates(node, key_id) -> list:
+    """Run in the DHT process: ``(node id, peer id)`` of the nodes nearest to ``key_id``, nearest first:
+    those the last search found (searching when it is older than ``HOLDERS_MEMORY_S`` or was
+    forgotten), with any node the routing table has learned of since, less the nodes that did not
+    answer lately (hivemind's blacklist)."""
+    memory = getattr(node, "p2ptrain_holders", None)
+    if memory is None:
+        memory = node.p2ptrain_holders = {}  # key_id -> (monotonic time until which it holds, nodes found)
+    remembered = memory.get(key_id)
+    if remembered is None or remembered[0] <= time.monotonic():
+        searches = getattr(node, "p2ptrain_holder_searches", None)
+        if searches is None:
+            searches = node.p2ptrain_holder_searches = {}
+        search = searches.get(key_id)
+        if search is None:  # stores of one key at once share one search
+            search = searches[key_id] = asyncio.ensure_future(_search_holders(node, key_id))
+            search.add_done_callback(lambda _: searches.pop(key_id, None))
+        found = await asyncio.shield(search)
+        remembered = (time.monotonic() + HOLDERS_MEMORY_S, found)
+        if len(found) > node.num_replicas:  # a short answer (the search failed somewhere) is not kept
+            memory[key_id] = remembered
+    candidates = dict(remembered[1])
+    candidates.update(node.protocol.routing_table.get_nearest_neighbors(key_id, k=node.protocol.bucket_size,
+                                                                        exclude=node.node_id))
+    return [(node_id, candidates[node_id]) for node_id in sorted(candidates, key=key_id.xor_distance)
+            if candidates[node_id] not in node.blacklist]
+
+
+def _forget_holders(node, key_id) -> None:
+    """Search for ``key_id``'s holders again at the next store."""
+    getattr(node, "p2ptrain_holders", {}).pop(key_id, None)
+
+
+async def _store_to(node, holders: list, key_id, subkey, record, expiration_time: float) -> tuple[bool, list]:
+    """Run in the DHT process: ``record`` into each holder's storage (this node's directly);
+    whether one stored it, and the holders that answered."""
+    protocol, stored, answered, others = node.protocol, False, [], []
+    for node_id, peer_id in holders:
+        if node_id == node.node_id:
+            stored = bool(protocol.storage.store(key_id, record.value, expiration_time, subkey=subkey)) or stored
+            answered.append(node_id)
+        else:
+            others.append((node_id, peer_id))
+    answers = await asyncio.gather(*(
+        protocol.call_store(peer_id, keys=[key_id], values=[record.value], expiration_time=[expiration_time],
+                            subkeys=[subkey])
+        for _, peer_id in others))
+    for (node_id, peer_id), answer in zip(others, answers):
+        if answer is None:  # hivemind dropped it from the routing table; searches skip it a while
+            node.blacklist.register_failure(peer_id)
+        else:
+            answered.append(node_id)
+            stored = stored or bool(answer[0])
+    return stored, answered
+
+
 async def _store(dht, node, key: str, subkey, value, expiration_time: float) -> bool:
-    """Run in the DHT process: store straight to every known node when they are all the holders."""
+    """Run in the DHT process: store straight to the key's holders (see the module docstring)."""
     from hivemind.dht.routing import DHTID
     from hivemind.dht.validation import DHTRecord
 
     key_id, protocol = DHTID.generate(source=key), node.protocol
     with counted_as_key(key):
-        holders = protocol.routing_table.get_nearest_neighbors(key_id, k=node.num_replicas, exclude=node.node_id)
-        if protocol.client_mode or len(holders) >= node.num_replicas:
+        if protocol.client_mode:
             return await node.store(key, value, expiration_time, subkey=subkey)
         record = DHTRecord(key_id.to_bytes(), protocol.serializer.dumps(subkey), protocol.serializer.dumps(value),
                            expiration_time)
@@ -114,17 +199,25 @@ async def _store(dht, node, key: str, subkey, value, expiration_time: float) -> 
             record = dataclasses.replace(record, value=protocol.record_validator.sign_value(record))
             if not protocol.record_validator.validate(record):
                 return False
-        stored = protocol.storage.store(key_id, record.value, expiration_time, subkey=subkey)
-        answers = await asyncio.gather(*(
-            protocol.call_store(peer_id, keys=[key_id], values=[record.value], expiration_time=[expiration_time],
-                                subkeys=[subkey])
-            for _, peer_id in holders))
-        return bool(stored) or any(answer and answer[0] for answer in answers)
+        known = protocol.routing_table.get_nearest_neighbors(key_id, k=node.num_replicas, exclude=node.node_id)
+        if len(known) < node.num_replicas:  # every node it knows is a holder
+            return (await _store_to(node, [(node.node_id, node.peer_id), *known], key_id, subkey, record,
+                                    expiration_time))[0]
+        candidates = await _holder_candidates(node, key_id)
+        stored, answered = False, 0
+        while answered < node.num_replicas and candidates:  # as hivemind: the nearest that answer
+            wanted = node.num_replicas - answered
+            holders, candidates = candidates[:wanted], candidates[wanted:]
+            stored_now, answering = await _store_to(node, holders, key_id, subkey, record, expiration_time)
+            stored, answered = stored or stored_now, answered + len(answering)
+            if len(answering) < len(holders):  # a holder left: the holders may have changed
+                _forget_holders(node, key_id)
+        return stored
 
 
 def store_record(dht, key: str, subkey, value, expiration_time: float, return_future: bool = False):
-    """``dht.store(key, value, expiration_time, subkey=subkey)``, without the search for the holders
-    when this node knows them all (see the module docstring); returns whether a node stored it.
+    """``dht.store(key, value, expiration_time, subkey=subkey)``, without a search for the holders
+    at each store (see the module docstring); returns whether a node stored it.
 
     Args:
         dht: a running hivemind DHT.
