@@ -145,16 +145,16 @@ def measure(peers: int, options, root: Path) -> dict:
 def report(path: Path) -> str:
     """The scale table of a ``--json`` file: a row per N, in the file's order."""
     rows = read_rows(path)
-    lines = ["| peers | join to first used sample, mean / worst | epochs in the window | epoch duration, mean ± spread | "
+    lines = ["| peers | commit | join to first used sample, mean / worst | epochs in the window | epoch duration, mean ± spread | "
              "rounds taken ÷ epochs, lowest peer | used ÷ trained, lowest peer | line KB/s per peer training, mean / worst | "
              "background KB/s per peer (all but averaging), mean / worst | 1-min load |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         shares = [share for share in row["round_share"].values() if share is not None]
         used = [value for value in row["used_over_trained"].values() if value is not None]
         duration = row["epoch_duration_s"]
         lines.append(
-            f"| {row['peers']} | {row['join']['mean']:.0f} s / {row['join']['worst']:.0f} s | {row['epochs']} in {row['train_s']:.0f} s | "
+            f"| {row['peers']} | {row.get('commit', '?')[:7]} | {row['join']['mean']:.0f} s / {row['join']['worst']:.0f} s | {row['epochs']} in {row['train_s']:.0f} s | "
             + (f"{duration['mean']:.1f} ± {duration['stdev']:.1f} s" if duration else "–") + " | "
             + (f"{min(shares):.0%}" if shares else "–") + " | " + (f"{min(used):.0%}" if used else "–") + " | "
             f"{row['line_bytes_per_s_per_peer']['mean'] / 1000:.0f} / {row['line_bytes_per_s_per_peer']['worst'] / 1000:.0f} | "
