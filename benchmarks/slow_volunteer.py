@@ -51,9 +51,12 @@ def status_of(home: Path) -> dict:
 
 
 def averaged_rounds(home: Path) -> int:
+    """Rounds the daemon's worker averaged in with another peer: its ``averaged`` events, each row
+    counting the repeats it stands for (``count``: the daemon folds repeats of one event into a row)."""
     done = cli(home, "events", "--json", "--limit", "100000")
     events = json.loads(done.stdout)["events"]
-    return sum(1 for event in events if event["kind"] == "averaged" and (event.get("data") or {}).get("peers", 0) >= 2)
+    return sum(event.get("count") or 1 for event in events
+               if event["kind"] == "averaged" and (event.get("data") or {}).get("peers", 0) >= 2)
 
 
 def measure(args, temp: Path) -> dict:
