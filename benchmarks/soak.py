@@ -186,12 +186,14 @@ def database_counts(home: Path) -> dict:
         with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as connection:
             counts["epoch"] = connection.execute("SELECT max(epoch) FROM steps").fetchone()[0]
             counts["epochs"] = connection.execute("SELECT count(*) FROM epochs").fetchone()[0]
-            for kind, data in connection.execute("SELECT kind, data FROM events WHERE kind IN ('averaged', 'state-downloaded')"):
+            # a row stands for ``count`` repeats of its event (the daemon folds repeats since issue 24)
+            for kind, data, repeats in connection.execute(
+                    "SELECT kind, data, coalesce(count, 1) FROM events WHERE kind IN ('averaged', 'state-downloaded')"):
                 if kind == "state-downloaded":
-                    counts["downloads"] += 1
+                    counts["downloads"] += repeats
                 else:
-                    counts["rounds"] += 1
-                    counts["averaged"] += (json.loads(data or "{}").get("peers") or 0) >= 2
+                    counts["rounds"] += repeats
+                    counts["averaged"] += repeats * ((json.loads(data or "{}").get("peers") or 0) >= 2)
     except sqlite3.Error:
         pass
     return counts
