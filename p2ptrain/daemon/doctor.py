@@ -210,7 +210,7 @@ def check_reachability(home: str | None, config) -> dict:
                   dht.announce_maddrs if dht else [], addresses)
     message = {"relayed": "peers reach this one only through a relay",
                "unreachable": "peers of the run cannot dial this one (behind NAT or a firewall)"}[reachability]
-    if local.get("averaging_client"):
+    if local.averaging_client:
         message += "; it averages as a client (sends its share, never reduces)"
     return check("reachability", False, message, fix, level="warning")
 
