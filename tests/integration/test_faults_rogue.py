@@ -12,7 +12,9 @@ costs nothing):
   rounds as it takes the honest peers to ban it; then it keeps trying, in vain;
 - ``sign-flipped``: its own honest update (it trains the model itself) times -50;
 - ``constant``: every value 1.0;
-- ``stale``: the average it got back from its first round, sent again round after round;
+- ``stale``: the swarm's average from its first round (where it tagged along with
+  weight 0), sent again round after round: as close to the swarm as an old
+  average is, so only the replay gives it away;
 - ``huge-weight``: an honest update claiming a billion samples;
 - ``nan``: NaN.
 
@@ -91,6 +93,8 @@ def attack(name, kind, tensors, frozen):
             tensor.copy_(update)
     if name == "huge-weight":
         return 1e9
+    if name == "stale":
+        return 0.0  # its first round: it tags along for the swarm's average, which it then replays
     return 1.0 if kind == "parameters" else 32.0
 
 def join_rounds(phase, name, averager, prefix, kind, stop):
@@ -105,7 +109,9 @@ def join_rounds(phase, name, averager, prefix, kind, stop):
         if group and len(group) >= 2:
             if not frozen:
                 with averager.get_tensors() as tensors:
-                    frozen.extend(tensor.detach().clone() for tensor in tensors)
+                    average = [tensor.detach().clone() for tensor in tensors]
+                if all(torch.isfinite(tensor).all() for tensor in average) and any(tensor.any() for tensor in average):
+                    frozen.extend(average)  # (a round of peers that all tagged along averages nothing)
             print(json.dumps({"phase": phase, "prefix": prefix, "group": len(group), "time": time.time()}), flush=True)
 
 current = None
