@@ -121,6 +121,8 @@ class RobustPartReducer(TensorPartReducer):
         self.pieces: dict[int, tuple[torch.Tensor, float]] = {}
         self.suspects: dict[int, Suspect] = {}
         self.ratios: dict[int, float] = {}  # the largest distance / clip radius of each sender, over the parts
+        self.weights: dict[int, float] = {}  # the weight each sender claimed (the log says, beside the suspects)
+        self.named_parts: list[str] = []  # where a sender was named: part, elements, each piece's norm (the log says)
         self.largest_weight = 0.0  # the largest weight counted in any part (robust_reduce.bad_result)
         self.replay_samples: dict[int, dict[int, float]] = {}  # to remember once the round succeeded
         self.combine_seconds = 0.0  # what the robust combination costs this round (the log says)
@@ -185,6 +187,11 @@ class RobustPartReducer(TensorPartReducer):
         for sender, suspect in aggregate.suspects.items():
             if self.sender_ids[sender] not in self.judge.banned:
                 self.suspects[sender] = worse_suspect(self.suspects.get(sender), suspect)
+        self.weights.update({sender: weight for sender, (_, weight) in self.pieces.items()})
+        if aggregate.suspects and len(self.named_parts) < 3:
+            norms = ", ".join(f"{sender}: {float(piece.float().norm()):.3g}" for sender, (piece, _) in sorted(self.pieces.items()))
+            self.named_parts.append(f"part {self.current_part_index} ({self.part_shapes[self.current_part_index].numel()} "
+                                    f"values; norms by sender {norms})")
         for sender, ratio in aggregate.ratios.items():
             self.ratios[sender] = max(ratio, self.ratios.get(sender, 0.0))
         self.largest_weight = max(self.largest_weight, aggregate.largest_weight)
@@ -308,9 +315,13 @@ class RobustAllReduceRunner(AllReduceRunner):
                     for sender, suspect in self.tensor_part_reducer.suspects.items()]
         suspects += [{"peer_id": peer.to_base58(), "reason": suspect.reason, "ratio": suspect.ratio, "role": "reducer"}
                      for peer, suspect in self.reducer_suspects.items()]
-        ratios = {self.sender_peer_ids[sender].to_base58()[-6:]: round(ratio, 2) for sender, ratio in self.tensor_part_reducer.ratios.items()}
-        logger.info("Robust round of %d (%s, %.3f s combining): largest distance / clip radius by sender %s, named %s",
-                    self.group_size, "done" if succeeded else "failed", self.tensor_part_reducer.combine_seconds, ratios,
-                    suspects or "nobody")
+        reducer = self.tensor_part_reducer
+        ratios = {self.sender_peer_ids[sender].to_base58()[-6:]: round(ratio, 2) for sender, ratio in reducer.ratios.items()}
+        weights = {f"{sender} {self.sender_peer_ids[sender].to_base58()[-6:]}": weight for sender, weight in sorted(reducer.weights.items())}
+        # a round that names someone is worth a line in a default log: an honest peer named is a bug to explain
+        logger.log(logging.WARNING if suspects else logging.INFO,
+                   "Robust round of %d (%s, %.3f s combining): largest distance / clip radius by sender %s, weights by sender %s "
+                   "(we are %s), named %s%s", self.group_size, "done" if succeeded else "failed", reducer.combine_seconds, ratios,
+                   weights, reducer.own, suspects or "nobody", f" in {'; '.join(reducer.named_parts)}" if reducer.named_parts else "")
         self.judge.report({"time": time.time(), "group": self.group_id.hex()[:12], "senders": len(self.sender_peer_ids),
                            "suspects": suspects, "ratios": ratios})
