@@ -185,6 +185,31 @@ def test_a_rogue_among_two_peers_is_left_out_by_the_reducer_it_sends_to():
     assert near.suspects == {} and torch.allclose(near.result, honest[0] * 1.25)
 
 
+def test_between_two_peers_a_gradient_near_zero_is_judged_by_the_whole_gradients_scale():
+    """Where our own gradient of one tensor passes near zero, the other peer's honest (or one or two
+    epochs stale) gradient of it is many times that tensor's norm (26 measured): judged against the
+    whole gradient's root mean square, it is averaged; a flip of a gradient of the usual size is
+    still left out, and our own check of a reducer's result follows the same floor."""
+    generator = torch.Generator().manual_seed(21)
+    own_rms = 1e-3  # the whole gradient's scale, per value
+    own = torch.randn(SIZE, generator=generator) * own_rms / 30  # this tensor's own gradient, near zero now
+    other = torch.randn(SIZE, generator=generator) * own_rms * 0.6  # the other peer's, of the usual size
+    assert float((other - own).norm()) > 10 * float(own.norm())  # past far_from_own x our piece's norm
+    unfloored = robust_aggregate({0: own, 1: other}, {0: 32.0, 1: 32.0}, own=0, options=UPDATES)
+    assert unfloored.suspects[1].reason == FAR_FROM_OWN  # (own_rms unknown: the old check)
+    floored = robust_aggregate({0: own, 1: other}, {0: 32.0, 1: 32.0}, own=0, options=UPDATES, own_rms=own_rms)
+    assert floored.suspects == {} and torch.allclose(floored.result, (own + other) / 2)
+    typical = torch.randn(SIZE, generator=generator) * own_rms
+    flipped = robust_aggregate({0: typical, 1: -50 * typical}, {0: 32.0, 1: 32.0}, own=0, options=UPDATES, own_rms=own_rms)
+    assert flipped.suspects[1].reason == FAR_FROM_OWN and torch.equal(flipped.result, typical)
+    assert bad_result(own, other, 64.0, UPDATES, own_weight=32.0, own_rms=own_rms) is None
+    assert bad_result(own, other, 64.0, UPDATES, own_weight=32.0).reason == BAD_RESULT
+    assert bad_result(typical, -50 * typical, 64.0, UPDATES, own_weight=32.0, own_rms=own_rms).reason == BAD_RESULT
+    # parameters are judged by their own part only: the floor is the gradients'
+    parameters = RobustOptions.for_parameters(parameter_count=1)
+    assert parameters.reference_norm(1.0, SIZE, own_rms=1.0) == 1.0
+
+
 def test_a_huge_claimed_weight_is_capped_and_named():
     honest = honest_pieces(3, seed=4)
     rogue = honest[0] * -3  # a modest sign flip: only the weight makes it dangerous

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from typing import Callable, Sequence
 
@@ -112,11 +113,13 @@ class RobustPartReducer(TensorPartReducer):
         judge: the averager's ``RoundJudge``.
         on_finished: called once this reducer has combined its last part (at once when it
             has none) or the round ended.
+        own_rms: the root mean square of this peer's whole piece (``robust_aggregate``).
     """
 
     def __init__(self, part_shapes: Sequence[torch.Size], sender_ids: Sequence[PeerID], own: int | None,
-                 part_offsets: Sequence[int], judge: RoundJudge, on_finished: Callable[[], None]):
+                 part_offsets: Sequence[int], judge: RoundJudge, on_finished: Callable[[], None], own_rms: float = 0.0):
         self.sender_ids, self.own, self.part_offsets, self.judge = list(sender_ids), own, list(part_offsets), judge
+        self.own_rms = own_rms
         self.on_finished = on_finished
         self.pieces: dict[int, tuple[torch.Tensor, float]] = {}
         self.suspects: dict[int, Suspect] = {}
@@ -183,7 +186,7 @@ class RobustPartReducer(TensorPartReducer):
                     weights[sender] = 0.0
                 self.replay_samples.setdefault(sender, {}).update(sampled)
         aggregate = robust_aggregate({sender: piece for sender, (piece, _) in self.pieces.items()}, weights,
-                                     own=self.own, options=self.judge.options)
+                                     own=self.own, options=self.judge.options, own_rms=self.own_rms)
         for sender, suspect in aggregate.suspects.items():
             if self.sender_ids[sender] not in self.judge.banned:
                 self.suspects[sender] = worse_suspect(self.suspects.get(sender), suspect)
@@ -286,9 +289,11 @@ class RobustAllReduceRunner(AllReduceRunner):
             offsets.append(position)
             position += part.numel()
         own_sender = self.sender_peer_ids.index(self.peer_id) if self.peer_id in self.sender_peer_ids else None
+        total = sum(tensor.numel() for tensor in tensors) if judge.options.floor_from_whole else 0
+        self.own_rms = math.sqrt(sum(float(tensor.detach().float().pow(2).sum()) for tensor in tensors) / total) if total else 0.0
         self.tensor_part_reducer = RobustPartReducer(tuple(part.shape for part in self.parts_for_local_averaging),
                                                      self.sender_peer_ids, own_sender, offsets, judge,
-                                                     on_finished=self.tensor_part_container.release)
+                                                     on_finished=self.tensor_part_container.release, own_rms=self.own_rms)
         self._reported = False
 
     def _check_result(self, peer_index: int, local_part: torch.Tensor, delta: torch.Tensor) -> bool:
@@ -298,7 +303,7 @@ class RobustAllReduceRunner(AllReduceRunner):
         if peer in self.judge.banned or self.tensor_part_reducer.named(peer):
             return False
         problem = bad_result(local_part, local_part + delta, self.tensor_part_reducer.largest_weight or None, self.judge.options,
-                             own_weight=self.weight)
+                             own_weight=self.weight, own_rms=self.own_rms)
         if problem is not None:
             self.reducer_suspects[peer] = worse_suspect(self.reducer_suspects.get(peer), problem)
         return problem is None
