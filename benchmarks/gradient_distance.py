@@ -88,7 +88,9 @@ def report(path: Path) -> str:
     lines = ["| run | age of B's gradient | worst own-norm ratio | worst floored ratio |", "|---|---|---|---|"]
     for line in path.read_text().splitlines():
         run = json.loads(line)
-        label = f"{run['facts']['commit'][:7]}, seed {run['seed']}, {run['samples']} samples/peer/epoch"
+        facts = run["facts"]
+        label = (f"seed {run['seed']}, {run['samples']} samples/peer/epoch ({facts['commit'][:7]}, {facts['date'][:16]}, "
+                 f"{facts['machine']['cores']} cores, load {facts['load'][0]:.1f})")
         for name in AGES:
             measured = [row[name] for row in run["epochs"] if name in row]
             lines.append(f"| {label} | {name} | {max(m['own_norm'] for m in measured):.1f} | {max(m['floored'] for m in measured):.1f} |")

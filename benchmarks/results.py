@@ -102,6 +102,12 @@ def _rogue(path: Path) -> str:
     return rogue.report(path)
 
 
+def _gradient_distance(path: Path) -> str:
+    import gradient_distance
+
+    return gradient_distance.report(path)
+
+
 def _convergence(path: Path) -> str:
     import convergence
 
@@ -116,6 +122,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "compression": _compression,
     "slow-volunteer": _slow_volunteer,
     "rogue": _rogue,
+    "gradient-distance": _gradient_distance,
     "gpu-plan": _gpu_plan,
     "wan": _wan,
     "db-year": _db_year,
