@@ -688,7 +688,8 @@ def requests_table(row: dict) -> list[str]:
 def projection_table(row: dict) -> list[str]:
     """The code as it is, by N: bytes and requests of the mean and the worst peer, by kind."""
     now = row["projection"][0]
-    lines = [f"The code as it is ({now['design']}), each peer's epochs as in the 8-peer run:", "",
+    epoch_s = row["inputs"]["activity"]["epoch_s"]
+    lines = [f"The code as it is ({now['design'].split(' (')[0]}), each peer's epochs as in the 8-peer run ({epoch_s:.0f} s):", "",
              "| peers | KB/s, mean / worst | mean KB/s: progress / metrics / matchmaking | "
              "worst KB/s: progress / metrics / matchmaking | requests/min, mean: progress / metrics / matchmaking | "
              "requests/min, worst: progress / metrics / matchmaking |",
