@@ -10,6 +10,8 @@ of all N - 1 others.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -24,6 +26,7 @@ COUNTS = scale_model.read_request_counts(REPO / "benchmarks" / scale_model.REQUE
 FIT_ROW = scale_model.measured_row(*scale_model.FIT_ROW)
 FITTED = scale_model.fit(COUNTS, FIT_ROW)
 ACTIVITY = scale_model.activity_of(FIT_ROW)
+DATA = REPO / "benchmarks" / "scale_model_2026-11-27.jsonl"  # RESULTS.md's scale-model table
 
 
 def test_the_request_log_says_which_peers_hold_the_progress_key():
@@ -94,3 +97,12 @@ def test_a_holder_answers_the_stores_of_all_others_and_a_share_of_their_reads():
     # it stores to one holder fewer and reads nothing; it answers every store, every holder search and its share of reads
     answered = stores * (peers - 1) + (peers - 1) / scale_model.HOLDERS_MEMORY_S + reads * others / scale_model.NUM_REPLICAS
     assert holder - far == pytest.approx(answered - stores - reads)
+
+
+def test_the_data_file_is_what_the_model_says_now():
+    row = json.loads(DATA.read_text().splitlines()[-1])
+    now = json.loads(json.dumps({"fitted": dataclasses.asdict(FITTED), "check": scale_model.check(FITTED),
+                                 "projection": scale_model.projection(FITTED, ACTIVITY)}))
+    assert {name: row[name] for name in now} == now, (
+        "the model changed: nice -n 10 .venv/bin/python benchmarks/scale_model.py --json benchmarks/scale_model_<date>.jsonl, "
+        "then .venv/bin/python benchmarks/results.py --write")
