@@ -84,6 +84,12 @@ def _scale(path: Path) -> str:
     return scale.report(path)
 
 
+def _scale_model(path: Path) -> str:
+    import scale_model
+
+    return scale_model.report(path)
+
+
 def _compression(path: Path) -> str:
     import compression_table
 
@@ -127,6 +133,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "wan": _wan,
     "db-year": _db_year,
     "scale": _scale,
+    "scale-model": _scale_model,
     "heterogeneous": _heterogeneous,  # no data file yet: the next run of heterogeneous.py writes one
 }
 

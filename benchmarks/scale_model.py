@@ -1,0 +1,755 @@
+"""A model of each peer's background traffic past the machine, for swarms of up to thousands of peers (issue 25).
+
+The scale lab (``scale.py``) measures N = 2, 4 and 8 peers on one machine; 100 or 1,000 do not fit
+on it. This model counts the DHT requests that p2ptrain and hivemind make and answer, as their code
+makes them, with the sizes and rates fitted to the 8-peer request log. It then checks itself against
+every measured row and projects N = 16, 32, 100 and 1,000.
+
+Background here is what each peer's meter counts on the DHT: the kinds ``progress``, ``metrics``,
+``matchmaking`` and ``dht`` (answering others). Not the averaging tensors, and not ``other``
+(libp2p's own bytes, relaying for peers behind NAT), which this model does not cover. hivemind
+refreshes no routing buckets by default, so the DHT's upkeep is the answers to others' requests.
+Per key (the progress key, the metrics key, the matchmaking keys ``..._grad_averager.0b`` and
+``..._state_averager.0b``), with N peers, R = ``num_replicas`` (5) holders, V = min(N - 1, 20)
+nodes asked per search and e the bytes of one peer's signed entry:
+
+- **Stores.** Each peer stores its entry to the R holders (progress about once a step, metrics every
+  30 s): O(1) a peer. Each holder answers the stores of all N - 1 others: O(N). Once a peer knows 5
+  others, it also searches for a key's holders every ``HOLDERS_MEMORY_S``: V requests whose answers
+  list nodes, no records. Before ed0023b it searched before every store, and those answers carried
+  the key's records.
+- **Reads.** A holder reads its own copy (``local_reads.read_record``), as does every peer while it
+  knows fewer than 5 others. Every other peer reads with ``latest=True``. That search never stops
+  early, so it asks all V nodes, and each answer carries the key's whole dictionary, N entries
+  (a node that is not a holder answers from the copy it cached when it read). That is V x N e bytes
+  a read, O(N) a peer past N = 21, O(N^2) below it. hivemind then caches the dictionary on one more
+  node (``cache_nearest``): a store of N e bytes to a holder per read. The V nodes nearest to the
+  key answer every read, and one holder takes every cache store: O(N^2) bytes each.
+- **Matchmaking.** Each round, each peer runs a few searches of each matchmaking key (hivemind's
+  declare and ``get_averagers``): V requests each, answers listing min(N - 2, 20) nodes. That grows
+  until N = 21, then stays; the nodes nearest to a matchmaking key answer all N peers: O(N).
+
+What the request log prints below each peer's top rows (0.5-1.4 KB/s a peer at N = 8) is not added:
+it is mostly these same keys' smaller rows, which the model counts already.
+
+A search asks V nodes, not O(log N) of them: the beam of hivemind's searches is a bucket (20), and
+running hivemind's own ``traverse_dht`` over k-bucket routing tables (``simulated_searches``) asks
+exactly the V nearest up to N = 1,000. Rates come from the code: reads from hivemind's refresh
+schedule with p2ptrain's periods, plus the swarm view every 15 s; metrics stores every 30 s. The
+progress stores per epoch, the matchmaking searches per round and the record sizes are fitted to the
+request log of the 8-peer run after ed0023b (``scale_2026-11-27_n8_requests_after.txt``, and its row
+in ``scale_2026-11-27_stores.jsonl`` for the epochs). The projection keeps that run's epochs (17 s,
+as the scale lab's target batch grows with N): whatever follows rounds scales with their rate.
+
+    nice -n 10 .venv/bin/python benchmarks/scale_model.py --json benchmarks/scale_model_<date>.jsonl
+    .venv/bin/python benchmarks/scale_model.py --report benchmarks/scale_model_<date>.jsonl
+
+``--json`` appends one row: the inputs named, the fitted constants, the check against each measured
+row, the projection and the first N past each bar, with the commit, date, machine and load
+(``run_facts.py``). ``--report`` renders RESULTS.md's tables from the file's last row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import dataclasses
+import inspect
+import json
+import math
+import random
+import re
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+from hivemind.dht.node import DHTNode  # noqa: E402
+from hivemind.dht.routing import DHTID, RoutingTable  # noqa: E402
+from hivemind.dht.traverse import traverse_dht  # noqa: E402
+from hivemind.optim.progress_tracker import ProgressTracker  # noqa: E402
+from hivemind.proto import dht_pb2  # noqa: E402
+
+from p2ptrain.peers.net.local_reads import HOLDERS_MEMORY_S  # noqa: E402
+from p2ptrain.peers.net.traffic import kind_of_key  # noqa: E402
+from p2ptrain.peers.training.progress import MAX_REFRESH_PERIOD_S, MIN_REFRESH_PERIOD_S, REPORT_PERIOD_S  # noqa: E402
+from p2ptrain.peers.worker.training_worker import METRICS_INTERVAL_S, SWARM_REPORT_INTERVAL_S  # noqa: E402
+from run_facts import facts  # noqa: E402
+
+_NODE = inspect.signature(DHTNode.create).parameters
+BUCKET_SIZE = _NODE["bucket_size"].default  # k; also the beam of every search
+NUM_REPLICAS = _NODE["num_replicas"].default  # holders of a key
+NUM_WORKERS = _NODE["num_workers"].default  # concurrent requests of one search
+_TRACKER = inspect.signature(ProgressTracker.__init__).parameters
+DRIFT_PEERS = _TRACKER["expected_drift_peers"].default
+DRIFT_RATE = _TRACKER["expected_drift_rate"].default
+# hivemind's reporter stores progress at least every metadata_expiration / 2, training or not
+PROGRESS_STORE_FLOOR_S = _TRACKER["metadata_expiration"].default / 2
+PEER_ID_BYTES = 34  # a libp2p peer id of an RSA key (sha2-256 multihash), as p2ptrain's identities are
+
+REQUEST_LOG = "scale_2026-11-27_n8_requests_after.txt"
+FIT_ROW = ("scale_2026-11-27_stores.jsonl", 8, "6d2e971")  # the request-logged 8-peer run after ed0023b
+# every measured row: its file, swarm size and commit, and whether stores searched first (before ed0023b)
+MEASURED = (("scale_2026-11-27.jsonl", 2, "b606afe", True), ("scale_2026-11-27.jsonl", 4, "b606afe", True),
+            ("scale_2026-11-27.jsonl", 8, "7126a1d", True), ("scale_2026-11-27_stores.jsonl", 8, "fb2631e", True),
+            ("scale_2026-11-27_stores.jsonl", 8, "6d2e971", False))
+METERED = ("progress", "metrics", "matchmaking", "dht")  # the meter's kinds this model covers
+PROJECTED = (16, 32, 100, 1000)
+SIMULATED = (8, 16, 32, 100, 1000)  # swarm sizes whose searches are run through hivemind's traverse_dht
+MEAN_BAR, WORST_BAR = 10_000.0, 20_000.0  # issue 25: background bytes/s per peer, mean and worst
+BOUNDED_READ_ENTRIES = 32
+RECORD_KINDS = ("progress", "metrics")
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+    """How records are stored and read.
+
+    Args:
+        name: as the tables show it.
+        search_before_store: every store searches for the key's holders first, the search answered
+            with the key's records (the code before ed0023b).
+        paced_stores: progress is stored once per ``REPORT_PERIOD_S`` and at each new epoch, not about
+            once a step.
+        remembered_holder: a peer that holds no copy reads one remembered holder: one request a read,
+            and no cache store.
+        read_entries: a read returns at most this many entries (an aggregate or a sample of the
+            records) instead of all N; None: all N.
+    """
+
+    name: str
+    search_before_store: bool = False
+    paced_stores: bool = False
+    remembered_holder: bool = False
+    read_entries: int | None = None
+
+
+NOW = Design("holders remembered (now)")
+BEFORE = Design("a search before each store (before ed0023b)", search_before_store=True)
+REDESIGNS = (NOW, Design("progress stored every 10 s", paced_stores=True),
+             Design("+ reads from a remembered holder", paced_stores=True, remembered_holder=True),
+             Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True, remembered_holder=True,
+                    read_entries=BOUNDED_READ_ENTRIES))
+
+
+@dataclasses.dataclass(frozen=True)
+class Activity:
+    """How busy the swarm is: an epoch's length in seconds and epochs completed per second."""
+
+    epoch_s: float
+    epochs_per_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Fitted:
+    """The constants fitted to the 8-peer request log (``fit``).
+
+    Args:
+        entry_bytes: per record kind, the bytes one peer's signed entry adds to a read's answer.
+        store_bytes: per record kind, one ``rpc_store`` of one entry, request and answer.
+        progress_stores_per_epoch: progress stores by one peer in one epoch.
+        matchmaking_searches_per_epoch: searches of one matchmaking key by one peer in one round.
+        matchmaking_value_bytes: what a matchmaking answer carries beyond its list of nodes.
+    """
+
+    entry_bytes: dict
+    store_bytes: dict
+    progress_stores_per_epoch: float
+    matchmaking_searches_per_epoch: float
+    matchmaking_value_bytes: float
+
+
+# --- message sizes: hivemind's own protobufs ---------------------------------------------------------
+
+def _node_id() -> bytes:
+    return bytes(DHTID.HASH_NBYTES)  # a protobuf's size depends on the id's length only
+
+
+def find_bytes(neighbours: int) -> int:
+    """Bytes of one ``rpc_find`` of one key, request and answer, whose answer lists ``neighbours`` nodes
+    and no value."""
+    request = dht_pb2.FindRequest(keys=[_node_id()], peer=dht_pb2.NodeInfo(node_id=_node_id()))
+    result = dht_pb2.FindResult(nearest_node_ids=[_node_id() for _ in range(neighbours)],
+                                nearest_peer_ids=[bytes(PEER_ID_BYTES)] * neighbours)
+    answer = dht_pb2.FindResponse(results=[result], peer=dht_pb2.NodeInfo(node_id=_node_id()))
+    return request.ByteSize() + answer.ByteSize()
+
+
+def store_overhead_bytes() -> int:
+    """Bytes of one ``rpc_store`` of one empty value, request and answer: what a store adds to the value."""
+    request = dht_pb2.StoreRequest(keys=[_node_id()], subkeys=[b""], values=[b""], expiration_time=[1.0],
+                                   in_cache=[True], peer=dht_pb2.NodeInfo(node_id=_node_id()))
+    answer = dht_pb2.StoreResponse(store_ok=[True], peer=dht_pb2.NodeInfo(node_id=_node_id()))
+    return request.ByteSize() + answer.ByteSize()
+
+
+def neighbours_in_answer(peers: int) -> int:
+    """Nodes an answer lists: the answering node's table, less the asker, at most a bucket."""
+    return max(0, min(peers - 2, BUCKET_SIZE))
+
+
+# --- searches: hivemind's traverse_dht over k-bucket routing tables ------------------------------------
+
+def search_visits(peers: int) -> int:
+    """Nodes one full search asks (a ``latest=True`` read, or a search for a key's holders): every node
+    among the ``bucket_size`` nearest to the key, other than the searcher (``simulated_searches`` checks it)."""
+    return min(peers - 1, BUCKET_SIZE)
+
+
+def simulated_searches(peers: int, searches: int = 10, seed: int = 0) -> list[tuple[int, list[int]]]:
+    """Run hivemind's ``traverse_dht`` as ``get(latest=True)`` does, in a swarm of ``peers`` nodes whose
+    routing tables hold every other node that their k-buckets have room for.
+
+    Args:
+        peers: swarm size.
+        searches: searches to run, each from a random node for a random key.
+        seed: the node ids, keys, searchers and the order each table learned the others.
+
+    Returns:
+        per search, the searcher's rank and the ranks of the nodes it asked, by XOR distance to the key
+        (0: the nearest node).
+    """
+    rng = random.Random(seed)
+    nodes = [DHTID.generate(source=f"node {seed} {index}") for index in range(peers)]
+    tables: dict[DHTID, RoutingTable] = {}
+
+    def table(node: DHTID) -> RoutingTable:
+        if node not in tables:
+            tables[node] = RoutingTable(node, BUCKET_SIZE, _NODE["depth_modulo"].default)
+            for other in random.Random(f"{seed} {int(node)}").sample(nodes, peers):
+                if other != node:
+                    tables[node].add_or_update_node(other, int(other))
+        return tables[node]
+
+    found = []
+    for index in range(searches):
+        key, searcher = DHTID.generate(source=f"key {seed} {index}"), rng.choice(nodes)
+
+        async def neighbours(node, queries, key=key, searcher=searcher):
+            await asyncio.sleep(0)  # let the other workers start, as network requests would
+            return {query: (tuple(n for n, _ in table(node).get_nearest_neighbors(query, BUCKET_SIZE, exclude=searcher)),
+                            False) for query in queries}
+
+        start = [n for n, _ in table(searcher).get_nearest_neighbors(key, BUCKET_SIZE, exclude=searcher)]
+        _, visited = asyncio.run(traverse_dht([key], start, beam_size=BUCKET_SIZE, num_workers=NUM_WORKERS,
+                                              queries_per_call=1, get_neighbors=neighbours,
+                                              visited_nodes={key: {searcher}}))
+        rank = {node: place for place, node in enumerate(sorted(nodes, key=key.xor_distance))}
+        found.append((rank[searcher], sorted(rank[node] for node in visited[key] if node != searcher)))
+    return found
+
+
+# --- rates from the code ----------------------------------------------------------------------------------
+
+def tracker_reads_per_s(peers: int, epoch_s: float, epochs: int = 200) -> float:
+    """Reads of the progress key by one peer's ProgressTracker: hivemind's refresh schedule (the estimated
+    time to the epoch's end, times N / max(N + 3, 1.2 N), clipped to p2ptrain's 2-30 s), the estimate exact."""
+    moment, reads = 0.0, 0
+    while moment < epochs * epoch_s:
+        to_end = epoch_s - moment % epoch_s
+        share = peers / max(peers + DRIFT_PEERS, peers * (1 + DRIFT_RATE))
+        moment += min(max(to_end * share, MIN_REFRESH_PERIOD_S), MAX_REFRESH_PERIOD_S)
+        reads += 1
+    return reads / (epochs * epoch_s)
+
+
+def reads_per_s(kind: str, peers: int, activity: Activity) -> float:
+    """Reads of a record key by one peer: the swarm view every ``SWARM_REPORT_INTERVAL_S``, and for
+    progress the tracker's too."""
+    view = 1 / SWARM_REPORT_INTERVAL_S
+    return view + tracker_reads_per_s(peers, activity.epoch_s) if kind == "progress" else view
+
+
+def stores_per_s(kind: str, fitted: Fitted, activity: Activity, design: Design) -> float:
+    """Stores of a record key by one peer."""
+    if kind == "metrics":
+        return 1 / METRICS_INTERVAL_S
+    if design.paced_stores:
+        return 1 / REPORT_PERIOD_S + activity.epochs_per_s
+    return max(fitted.progress_stores_per_epoch * activity.epochs_per_s, 1 / PROGRESS_STORE_FLOOR_S)
+
+
+# --- the model ---------------------------------------------------------------------------------------------
+
+class Load:
+    """One peer's bytes and requests (made and answered) per second, by kind."""
+
+    def __init__(self):
+        self.bytes = dict.fromkeys(("progress", "metrics", "matchmaking"), 0.0)
+        self.requests = dict.fromkeys(("progress", "metrics", "matchmaking"), 0.0)
+
+    def add(self, kind: str, requests: float, bytes_each: float) -> None:
+        """``requests`` a second of ``bytes_each``, made or answered by this peer."""
+        self.requests[kind] += requests
+        self.bytes[kind] += requests * bytes_each
+
+    def total(self) -> float:
+        """Bytes a second, all kinds."""
+        return sum(self.bytes.values())
+
+
+@dataclasses.dataclass
+class KeyTraffic:
+    """One key's requests in a swarm, for ``Swarm.add_key``.
+
+    Args:
+        kind: the meter's kind.
+        ranks: node -> its rank by distance to the key, for the nodes nearest to it (others are farther).
+        holder_search: searches a second whose answers carry no value: (by a holder, by another node).
+        value_search: searches a second whose answers carry ``value_bytes``: (by a holder, by another node).
+        value_bytes: what an answer of a value search or a holder read carries beyond its list of nodes.
+        stores: per node, stores a second of one entry, each sent to every holder but itself.
+        store_bytes: one such store.
+        holder_reads: per node that is no holder, reads a second sent to one remembered holder.
+        cache_stores: per node that is no holder, stores a second of the whole value to the second
+            nearest node (hivemind's cache_nearest after each read; the nearest answered first).
+    """
+
+    kind: str
+    ranks: dict
+    holder_search: tuple = (0.0, 0.0)
+    value_search: tuple = (0.0, 0.0)
+    value_bytes: float = 0.0
+    stores: float = 0.0
+    store_bytes: float = 0.0
+    holder_reads: float = 0.0
+    cache_stores: float = 0.0
+
+
+class Swarm:
+    """Every node's load in a swarm of ``peers`` nodes: those near some key one by one, the rest as one."""
+
+    def __init__(self, peers: int):
+        self.peers, self.visits = peers, search_visits(peers)
+        self.answer = find_bytes(neighbours_in_answer(peers))
+        self.special: dict[int, Load] = {}
+        self.anyone = Load()  # a node near no key
+
+    def holders(self) -> int:
+        """Nodes that hold a key's records."""
+        return min(self.peers, NUM_REPLICAS)
+
+    def is_holder(self, rank: int | None) -> bool:
+        """Whether a node of this rank reads its own copy: among the nearest, or the swarm too small."""
+        return self.peers - 1 < NUM_REPLICAS or (rank is not None and rank < NUM_REPLICAS)
+
+    def node(self, node: int) -> Load:
+        """A node near some key: until now it was like any other (the keys added before were far from it)."""
+        if node not in self.special:
+            self.special[node] = copy.deepcopy(self.anyone)
+        return self.special[node]
+
+    def add_key(self, key: KeyTraffic) -> None:
+        """Add the requests one key costs to every node (see ``KeyTraffic``)."""
+        for node in set(self.special) | set(key.ranks):
+            self.add_to(self.node(node), key, key.ranks.get(node))
+        self.add_to(self.anyone, key, None)
+
+    def _searched(self, rates: tuple, rank: int | None) -> float:
+        """Searches a second, by the other nodes, that ask a node of ``rank`` (None: far from the key).
+
+        Args:
+            rates: searches a second by (a holder, another node); each asks the ``visits`` nodes nearest
+                to the key other than itself.
+        """
+        holders, others = self.holders(), self.peers - self.holders()
+        total = holders * rates[0] + others * rates[1]
+        if self.peers - 1 <= self.visits or (rank is not None and rank < self.visits):
+            return total - rates[0 if self.is_holder(rank) else 1]
+        if rank == self.visits:  # asked only by the nodes nearer than itself
+            return holders * rates[0] + (self.visits - holders) * rates[1]
+        return 0.0
+
+    def add_to(self, load: Load, key: KeyTraffic, rank: int | None) -> None:
+        """Add to ``load`` what one key costs a node of ``rank`` (None: far from the key): what it asks, then what it answers."""
+        holder, kind = self.is_holder(rank), key.kind
+        own, others = (0 if holder else 1), self.peers - self.holders()
+        with_value, whole_value = self.answer + key.value_bytes, key.value_bytes + store_overhead_bytes()
+        load.add(kind, key.holder_search[own] * self.visits, self.answer)
+        load.add(kind, key.value_search[own] * self.visits, with_value)
+        load.add(kind, key.stores * (self.holders() - holder), key.store_bytes)
+        load.add(kind, self._searched(key.holder_search, rank), self.answer)
+        load.add(kind, self._searched(key.value_search, rank), with_value)
+        if holder:  # every other peer's stores, and a holder's share of the reads
+            load.add(kind, key.stores * (self.peers - 1), key.store_bytes)
+            load.add(kind, key.holder_reads * others / self.holders(), with_value)
+        else:
+            load.add(kind, key.holder_reads, with_value)
+            load.add(kind, key.cache_stores, whole_value)
+        if rank == 1:
+            load.add(kind, key.cache_stores * others, whole_value)
+
+    def loads(self) -> tuple[Load, Load, int]:
+        """The worst node, the node near no key, and how many nodes are near no key."""
+        worst = max(list(self.special.values()) + [self.anyone], key=Load.total)
+        return worst, self.anyone, self.peers - len(self.special)
+
+
+def _ranks(peers: int, visits: int, seed: str) -> dict:
+    """Random nodes as the ``visits + 1`` nearest to one key, by rank."""
+    chosen = random.Random(seed).sample(range(peers), min(peers, visits + 1))
+    return {node: rank for rank, node in enumerate(chosen)}
+
+
+def record_key(kind: str, swarm: Swarm, fitted: Fitted, activity: Activity, design: Design) -> KeyTraffic:
+    """The requests of a record key (progress or metrics) under ``design``."""
+    peers, searching = swarm.peers, swarm.peers - 1 >= NUM_REPLICAS
+    entries = min(peers, design.read_entries or peers)
+    reads, stores = reads_per_s(kind, peers, activity), stores_per_s(kind, fitted, activity, design)
+    key = KeyTraffic(kind, _ranks(peers, swarm.visits, f"{peers} {kind}"), stores=stores,
+                     store_bytes=fitted.store_bytes[kind], value_bytes=entries * fitted.entry_bytes[kind])
+    if not searching:
+        return key
+    if design.search_before_store:
+        key.value_search = (stores, stores)
+    else:
+        key.holder_search = (1 / HOLDERS_MEMORY_S, 1 / HOLDERS_MEMORY_S)
+    if design.remembered_holder:
+        key.holder_reads = reads
+    else:
+        key.value_search = (key.value_search[0], key.value_search[1] + reads)
+        key.cache_stores = reads
+    return key
+
+
+def matchmaking_key(name: str, swarm: Swarm, fitted: Fitted, activity: Activity) -> KeyTraffic:
+    """The searches of one matchmaking key: a few a round by every peer, as hivemind makes them."""
+    searches = fitted.matchmaking_searches_per_epoch * activity.epochs_per_s
+    return KeyTraffic("matchmaking", _ranks(swarm.peers, swarm.visits, f"{swarm.peers} {name}"),
+                      value_search=(searches, searches), value_bytes=fitted.matchmaking_value_bytes)
+
+
+def model(peers: int, fitted: Fitted, activity: Activity, design: Design = NOW) -> dict:
+    """Mean and worst peer's background in a swarm of ``peers``: bytes/s by kind and in all, requests/min by kind.
+
+    Args:
+        peers: swarm size N.
+        fitted: the constants ``fit`` found.
+        activity: epochs the swarm completes (progress stores and matchmaking follow them).
+        design: how records are stored and read.
+    """
+    swarm = Swarm(peers)
+    for kind in RECORD_KINDS:
+        swarm.add_key(record_key(kind, swarm, fitted, activity, design))
+    for name in ("grad", "state"):
+        swarm.add_key(matchmaking_key(name, swarm, fitted, activity))
+    worst, anyone, plain = swarm.loads()
+    loads = list(swarm.special.values())
+
+    def summary(kinds_of) -> dict:
+        return {kind: (sum(kinds_of(load)[kind] for load in loads) + plain * kinds_of(anyone)[kind]) / peers
+                for kind in kinds_of(anyone)}
+
+    def described(load_bytes: dict, load_requests: dict) -> dict:
+        return {"bytes_per_s": sum(load_bytes.values()), "by_kind": load_bytes,
+                "requests_per_min": {kind: 60 * rate for kind, rate in load_requests.items()}}
+
+    return {"peers": peers, "design": design.name,
+            "mean": described(summary(lambda load: load.bytes), summary(lambda load: load.requests)),
+            "worst": described(worst.bytes, worst.requests)}
+
+
+# --- fitting to the request log ----------------------------------------------------------------------------
+
+_PEER = re.compile(r"^(\S+): [\d.]+ KB/s in all$")
+_ROW = re.compile(r"^\s*([\d.]+)\s+([\d.]+)\s+(call|serve|stream)\s+(\S+)\s+(\S+)[ ]?(\S*)$")
+_READ = re.compile(r"^\s+([\d.]+)\s+read\s+(\S+): (.*)$")
+
+
+def read_request_counts(path: Path) -> dict:
+    """``request_counts.py``'s printout: per peer, ``rows`` (bytes/s, requests/s, direction, kind, handler,
+    key) and ``reads`` (reads/s, key, how it was answered)."""
+    peers, peer = {}, None
+    for line in path.read_text().splitlines():
+        if match := _PEER.match(line):
+            peer = peers[match[1]] = {"rows": [], "reads": []}
+        elif peer is not None and (match := _ROW.match(line)):
+            peer["rows"].append((1000 * float(match[1]), float(match[2]), match[3], match[4], match[5], match[6]))
+        elif peer is not None and (match := _READ.match(line)):
+            peer["reads"].append((float(match[1]), match[2], match[3]))
+    return peers
+
+
+def keys_of(counts: dict, kind: str) -> list[str]:
+    """The keys of ``kind`` (``traffic.kind_of_key``) that the log names."""
+    return sorted({row[5] for peer in counts.values() for row in peer["rows"] if row[5] and kind_of_key(row[5]) == kind})
+
+
+def row_of(peer: dict, direction: str, handler: str, key: str) -> tuple[float, float] | None:
+    """(bytes/s, requests/s) of one printed row, None when the printout left it out."""
+    for rate, requests, row_direction, _, row_handler, row_key in peer["rows"]:
+        if (row_direction, row_handler, row_key) == (direction, f"DHTProtocol.{handler}", key):
+            return rate, requests
+    return None
+
+
+def network_reads(peer: dict, key: str) -> float:
+    return sum(rate for rate, read_key, how in peer["reads"] if read_key == key and how.startswith("network"))
+
+
+def is_holder(peer: dict, key: str) -> bool:
+    """Whether the peer read ``key`` mostly from its own copy."""
+    local = sum(rate for rate, read_key, how in peer["reads"] if read_key == key and how == "local")
+    return local > network_reads(peer, key)
+
+
+def entry_bytes(counts: dict, key: str, peers: int) -> float:
+    """Bytes one peer's entry adds to an answer: over the peers that read ``key`` from the network, their
+    ``rpc_find`` bytes less the node lists, over the answers that carried the key (all but the holder searches)."""
+    answer, sizes = find_bytes(neighbours_in_answer(peers)), []
+    for peer in counts.values():
+        found = row_of(peer, "call", "rpc_find", key)
+        if found and not is_holder(peer, key):
+            rate, requests = found
+            with_value = requests - search_visits(peers) / HOLDERS_MEMORY_S
+            sizes.append((rate - requests * answer) / with_value / peers)
+    return statistics.fmean(sizes)
+
+
+def store_bytes(counts: dict, key: str) -> float:
+    """One store of one entry: the median bytes per ``rpc_store`` that the key's holders answered (the median
+    leaves out the one that also took hivemind's cache stores of the whole dictionary)."""
+    sizes = [rate / requests for peer in counts.values() if is_holder(peer, key)
+             for rate, requests in [row_of(peer, "serve", "rpc_store", key) or (0.0, 0.0)] if requests]
+    return statistics.median(sizes)
+
+
+def progress_stores_per_epoch(counts: dict, key: str, row: dict) -> float:
+    """Progress stores by one peer in one epoch: the stores the holders answered (less the cache stores, one
+    per network read), over the holders' count times the N - 1 peers that store to each, per epoch."""
+    peers = row["peers"]
+    answered = sum((row_of(peer, "serve", "rpc_store", key) or (0.0, 0.0))[1] for peer in counts.values() if is_holder(peer, key))
+    cached = sum(network_reads(peer, key) for peer in counts.values())
+    per_second = (answered - cached) / (min(peers, NUM_REPLICAS) * (peers - 1))
+    return per_second * row["train_s"] / row["epochs"]
+
+
+def matchmaking_searches(counts: dict, row: dict) -> tuple[float, float]:
+    """(searches of one matchmaking key by one peer per round, bytes an answer carries beyond its node list),
+    over the peers whose printout lists the key's ``rpc_find`` row."""
+    peers, rows = row["peers"], []
+    for key in keys_of(counts, "matchmaking"):
+        rows += [found for peer in counts.values() if (found := row_of(peer, "call", "rpc_find", key))]
+    requests = statistics.fmean(found[1] for found in rows)
+    bytes_each = sum(found[0] for found in rows) / sum(found[1] for found in rows)
+    return requests / search_visits(peers) * row["train_s"] / row["epochs"], bytes_each - find_bytes(neighbours_in_answer(peers))
+
+
+def fit(counts: dict, row: dict) -> Fitted:
+    """The model's constants from the request log ``counts`` of the run measured in ``row``."""
+    peers = row["peers"]
+    progress, metrics = keys_of(counts, "progress")[0], keys_of(counts, "metrics")[0]
+    searches, value = matchmaking_searches(counts, row)
+    return Fitted(entry_bytes={"progress": entry_bytes(counts, progress, peers), "metrics": entry_bytes(counts, metrics, peers)},
+                  store_bytes={"progress": store_bytes(counts, progress), "metrics": store_bytes(counts, metrics)},
+                  progress_stores_per_epoch=progress_stores_per_epoch(counts, progress, row),
+                  matchmaking_searches_per_epoch=searches, matchmaking_value_bytes=value)
+
+
+# --- measured rows, the check and the projection -------------------------------------------------------------
+
+def measured_row(file: str, peers: int, commit: str) -> dict:
+    """The row of a scale lab data file (beside this script) of ``peers`` whose commit starts with ``commit``."""
+    rows = [json.loads(line) for line in (HERE / file).read_text().splitlines() if line.strip()]
+    return next(row for row in rows if row["peers"] == peers and row["commit"].startswith(commit))
+
+
+def activity_of(row: dict) -> Activity:
+    """The swarm's epochs in a measured row."""
+    return Activity(epoch_s=row["epoch_duration_s"]["mean"], epochs_per_s=row["epochs"] / row["train_s"])
+
+
+def metered_background(row: dict) -> dict:
+    """Mean and worst over a row's peers of what their meters counted on the DHT (``METERED``), and the
+    mean of the rest (``other``: libp2p's own bytes, relaying), bytes/s."""
+    peers = [sum(kinds[kind] for kind in METERED) for kinds in row["meter_bytes_per_s"].values()]
+    other = [kinds["other"] for kinds in row["meter_bytes_per_s"].values()]
+    return {"mean": statistics.fmean(peers), "worst": max(peers), "other_mean": statistics.fmean(other)}
+
+
+def check(fitted: Fitted) -> list[dict]:
+    """The model against every measured row (``MEASURED``), each with its own epochs and store path."""
+    checks = []
+    for file, peers, commit, searched in MEASURED:
+        row = measured_row(file, peers, commit)
+        modelled = model(row["peers"], fitted, activity_of(row), BEFORE if searched else NOW)
+        measured = metered_background(row)
+        path = modelled["design"] if peers - 1 >= NUM_REPLICAS else "straight to every peer (under 6 peers)"
+        checks.append({"file": file, "commit": row["commit"][:7], "peers": peers, "design": path,
+                       "epochs": row["epochs"], "train_s": row["train_s"], "measured": measured,
+                       "model": {"mean": modelled["mean"]["bytes_per_s"], "worst": modelled["worst"]["bytes_per_s"]}})
+    return checks
+
+
+def logged_requests_per_min(counts: dict) -> dict:
+    """Mean over the peers of the request log's requests a minute, made and answered, by kind (its top rows only)."""
+    kinds = dict.fromkeys(("progress", "metrics", "matchmaking"), 0.0)
+    for peer in counts.values():
+        for _, requests, direction, _, _, key in peer["rows"]:
+            if direction in ("call", "serve") and kind_of_key(key) in kinds:
+                kinds[kind_of_key(key)] += 60 * requests / len(counts)
+    return kinds
+
+
+def first_past_bars(fitted: Fitted, activity: Activity, design: Design, largest: int = 100_000) -> dict:
+    """The smallest N whose mean peer passes ``MEAN_BAR`` and whose worst peer passes ``WORST_BAR``
+    (every N up to 200, then every 1 %), None when none up to ``largest``."""
+    sizes = list(range(2, 201))
+    while sizes[-1] < largest:
+        sizes.append(math.ceil(sizes[-1] * 1.01))
+    found = {"mean": None, "worst": None}
+    for peers in sizes:
+        modelled = model(peers, fitted, activity, design)
+        for side, bar in (("mean", MEAN_BAR), ("worst", WORST_BAR)):
+            if found[side] is None and modelled[side]["bytes_per_s"] > bar:
+                found[side] = peers
+        if None not in found.values():
+            break
+    return found
+
+
+def projection(fitted: Fitted, activity: Activity) -> list[dict]:
+    """Every redesign at N = 8 and ``PROJECTED``, with the first N past each bar."""
+    return [{"design": design.name, "rows": [model(peers, fitted, activity, design) for peers in (8, *PROJECTED)],
+             "first_past_bars": first_past_bars(fitted, activity, design)} for design in REDESIGNS]
+
+
+def simulation() -> dict:
+    """Nodes asked per search, by swarm size, from hivemind's traverse_dht (``simulated_searches``), and
+    whether they were always the nearest to the key (the law ``search_visits`` uses)."""
+    found = {}
+    for peers in SIMULATED:
+        searches = simulated_searches(peers)
+        nearest = all(ranks == [rank for rank in range(search_visits(peers) + 1) if rank != searcher][:len(ranks)]
+                      for searcher, ranks in searches)
+        found[str(peers)] = {"asked_mean": statistics.fmean(len(ranks) for _, ranks in searches),
+                             "law": search_visits(peers), "always_the_nearest": nearest}
+    return found
+
+
+def run() -> dict:
+    """The data file's row: inputs, fitted constants, simulation, check and projection."""
+    fit_row = measured_row(*FIT_ROW)
+    counts = read_request_counts(HERE / REQUEST_LOG)
+    fitted, activity = fit(counts, fit_row), activity_of(fit_row)
+    return {"benchmark": "scale_model", **facts(),
+            "inputs": {"request_log": REQUEST_LOG, "fit_row": dict(zip(("file", "peers", "commit"), FIT_ROW)),
+                       "measured": [{"file": file, "peers": peers, "commit": commit, "search_before_store": searched}
+                                    for file, peers, commit, searched in MEASURED],
+                       "activity": dataclasses.asdict(activity)},
+            "protocol": {"bucket_size": BUCKET_SIZE, "num_replicas": NUM_REPLICAS, "holders_memory_s": HOLDERS_MEMORY_S,
+                         "report_period_s": REPORT_PERIOD_S, "metrics_interval_s": METRICS_INTERVAL_S,
+                         "swarm_report_interval_s": SWARM_REPORT_INTERVAL_S,
+                         "refresh_period_s": [MIN_REFRESH_PERIOD_S, MAX_REFRESH_PERIOD_S],
+                         "find_bytes_by_neighbours": {str(n): find_bytes(n) for n in (0, 6, BUCKET_SIZE)}},
+            "fitted": dataclasses.asdict(fitted), "simulated_searches": simulation(),
+            "check": check(fitted), "projection": projection(fitted, activity),
+            "check_requests_per_min": {"request_log": logged_requests_per_min(counts),
+                                       "model": model(fit_row["peers"], fitted, activity)["mean"]["requests_per_min"]}}
+
+
+# --- the tables -------------------------------------------------------------------------------------------------
+
+def _kb(value: float) -> str:
+    return f"{value / 1000:,.1f}"
+
+
+def _error(model_value: float, measured: float) -> str:
+    return f"{model_value / measured - 1:+.0%}"
+
+
+def check_table(row: dict) -> list[str]:
+    """The model against the measured rows."""
+    lines = ["| peers | measured row | store path | epochs in the window | measured KB/s, mean / worst | "
+             "model KB/s, mean / worst | model ÷ measured − 1, mean / worst | measured `other` KB/s, mean (not modelled) |",
+             "|---:|---|---|---:|---:|---:|---:|---:|"]
+    for found in row["check"]:
+        measured, modelled = found["measured"], found["model"]
+        lines.append(f"| {found['peers']} | {found['file']} {found['commit']} | {found['design']} | "
+                     f"{found['epochs']} in {found['train_s']:.0f} s | {_kb(measured['mean'])} / {_kb(measured['worst'])} | "
+                     f"{_kb(modelled['mean'])} / {_kb(modelled['worst'])} | "
+                     f"{_error(modelled['mean'], measured['mean'])} / {_error(modelled['worst'], measured['worst'])} | "
+                     f"{_kb(measured['other_mean'])} |")
+    return lines
+
+
+def requests_table(row: dict) -> list[str]:
+    """Requests a minute of the mean peer at N = 8: the request log's top rows against the model."""
+    found = row["check_requests_per_min"]
+    lines = ["| requests/min per peer, N = 8 (6d2e971), mean | progress | metrics | matchmaking |", "|---|---:|---:|---:|"]
+    for name, label in (("request_log", "request log (its top 12 rows a peer)"), ("model", "model")):
+        lines.append(f"| {label} | " + " | ".join(f"{value:,.0f}" for value in found[name].values()) + " |")
+    return lines
+
+
+def projection_table(row: dict) -> list[str]:
+    """The code as it is, by N: bytes and requests of the mean and the worst peer, by kind."""
+    now = row["projection"][0]
+    epoch_s = row["inputs"]["activity"]["epoch_s"]
+    lines = [f"The code as it is ({now['design'].split(' (')[0]}), each peer's epochs as in the 8-peer run ({epoch_s:.0f} s):", "",
+             "| peers | KB/s, mean / worst | mean KB/s: progress / metrics / matchmaking | "
+             "worst KB/s: progress / metrics / matchmaking | requests/min, mean: progress / metrics / matchmaking | "
+             "requests/min, worst: progress / metrics / matchmaking |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for modelled in now["rows"]:
+        mean, worst = modelled["mean"], modelled["worst"]
+        lines.append(f"| {modelled['peers']:,} | {_kb(mean['bytes_per_s'])} / {_kb(worst['bytes_per_s'])} | "
+                     + " / ".join(_kb(value) for value in mean["by_kind"].values()) + " | "
+                     + " / ".join(_kb(value) for value in worst["by_kind"].values()) + " | "
+                     + " / ".join(f"{value:,.0f}" for value in mean["requests_per_min"].values()) + " | "
+                     + " / ".join(f"{value:,.0f}" for value in worst["requests_per_min"].values()) + " |")
+    return lines
+
+
+def redesign_table(row: dict) -> list[str]:
+    """Each redesign: mean / worst KB/s by N, and the first N past each bar."""
+    sizes = [modelled["peers"] for modelled in row["projection"][0]["rows"]]
+    lines = ["| design | " + " | ".join(f"N = {peers:,}, mean / worst KB/s" for peers in sizes)
+             + f" | first N past {MEAN_BAR / 1000:.0f} KB/s mean | first N past {WORST_BAR / 1000:.0f} KB/s worst |",
+             "|---|" + "---:|" * (len(sizes) + 2)]
+    for design in row["projection"]:
+        past = design["first_past_bars"]
+        lines.append(f"| {design['design']} | "
+                     + " | ".join(f"{_kb(m['mean']['bytes_per_s'])} / {_kb(m['worst']['bytes_per_s'])}" for m in design["rows"])
+                     + " | " + " | ".join(f"{past[side]:,}" if past[side] else "none" for side in ("mean", "worst")) + " |")
+    return lines
+
+
+def tables(row: dict) -> str:
+    """The fitted constants in a line, then the check, the projection and the redesigns."""
+    fitted = row["fitted"]
+    header = (f"Model at commit {row['commit'][:7]}, {row['date'][:10]}; fitted to {row['inputs']['request_log']}: "
+              f"an entry {fitted['entry_bytes']['progress']:.0f} B (progress) and {fitted['entry_bytes']['metrics']:.0f} B "
+              f"(metrics), a store {fitted['store_bytes']['progress']:.0f} B and {fitted['store_bytes']['metrics']:.0f} B, "
+              f"{fitted['progress_stores_per_epoch']:.1f} progress stores and {fitted['matchmaking_searches_per_epoch']:.1f} "
+              f"searches of each matchmaking key per peer per epoch")
+    return "\n".join([header, "", *check_table(row), "", *requests_table(row), "", *projection_table(row), "",
+                      *redesign_table(row)])
+
+
+def report(path: Path) -> str:
+    """RESULTS.md's tables of the last row of a ``--json`` file."""
+    return tables([json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()][-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="append the model's row (inputs, constants, check, projection) here")
+    parser.add_argument("--report", type=Path, help="print RESULTS.md's tables of a --json file's last row and exit")
+    options = parser.parse_args()
+    if options.report:
+        print(report(options.report))
+        return 0
+    row = run()
+    if options.json:
+        with options.json.open("a") as file:
+            file.write(json.dumps(row) + "\n")
+    print(tables(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
