@@ -134,7 +134,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "db-year": _db_year,
     "scale": _scale,
     "scale-model": _scale_model,
-    "heterogeneous": _heterogeneous,  # no data file yet: the next run of heterogeneous.py writes one
+    "heterogeneous": _heterogeneous,
 }
 
 
