@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from lab import lab_unavailable, remove_stale_labs
-from run_facts import facts
+from run_facts import facts, read_rows  # noqa: F401  (read_rows: the rows' reader for wan.py and scale.py)
 
 
 def measure_each(settings: Iterable, measure: Callable[[object, Path], dict], json_path: Path | None, prefix: str) -> int:
@@ -55,8 +55,3 @@ def end_lab(lab, daemons: Iterable) -> None:
         daemon.terminate(timeout=60)
         daemon.kill()
     lab.teardown()
-
-
-def read_rows(path: Path) -> list[dict]:
-    """The rows of a ``--json`` file, in its order."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

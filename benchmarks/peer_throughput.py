@@ -6,13 +6,18 @@ The bare loop runs first (in a subprocess, so it gets the same cores), then a re
 trained-samples counter of `p2ptrain status` over the measuring window.
 Goal: ratio >= 0.97.
 
-    .venv/bin/python benchmarks/peer_throughput.py [--seconds 60] [--json]
+    .venv/bin/python benchmarks/peer_throughput.py [--seconds 60] [--out FILE.jsonl]
+    .venv/bin/python benchmarks/peer_throughput.py --report FILE.jsonl
+
+``--out`` appends one raw row (both rates, the join time, the commit, date, machine and
+the load before and after); ``--report`` renders RESULTS.md's table from such a file.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -20,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from run_facts import facts, read_rows
 
 from p2ptrain.demo import loopback_config
 from p2ptrain.paths import resolve_paths
@@ -77,12 +84,31 @@ def daemon_peer(seconds: float, home: Path) -> dict:
     return {"samples_per_second": rate, "join_to_first_sample_s": first_sample_s}
 
 
+def report(path: Path) -> str:
+    """RESULTS.md's table from the rows of ``path``: one line per run of the benchmark."""
+    lines = ["| date (UTC) | commit | 1-min load before / after | bare PyTorch loop, samples/s | "
+             "p2ptrain daemon peer (sync, alone), samples/s | ratio (goal >= 0.97) | join to first contributed sample |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for row in read_rows(path):
+        met = "met" if row["ratio"] >= row["goal_ratio"] else "not met"
+        lines.append(f"| {row['date'][:16].replace('T', ' ')} | {row['commit'][:7]} | "
+                     f"{row['load_1min_before']:.2f} / {row['load_1min_after']:.2f} | {row['bare_loop_samples_per_second']:.1f} | "
+                     f"{row['daemon_peer_samples_per_second']:.1f} | **{row['ratio']:.3f}** ({met}) | "
+                     f"{row['join_to_first_contributed_sample_s']:.1f} s |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60, help="measuring window of the daemon peer")
     parser.add_argument("--steps", type=int, default=300, help="timed steps of the bare loop")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", type=Path, help="append the raw row (JSON line) to this file")
+    parser.add_argument("--report", type=Path, help="print RESULTS.md's table from this file and exit")
     args = parser.parse_args()
+    if args.report:
+        print(report(args.report))
+        return
+    load_before = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="p2p-throughput-"))
     try:
         bare = bare_loop_samples_per_second(args.steps, root / "cache")
@@ -95,14 +121,16 @@ def main() -> None:
         "ratio": round(peer["samples_per_second"] / bare, 3),
         "goal_ratio": 0.97,
         "join_to_first_contributed_sample_s": round(peer["join_to_first_sample_s"], 1),
+        "seconds": args.seconds,
+        "bare_loop_steps": args.steps,
+        "load_1min_before": round(load_before, 2),
+        "load_1min_after": round(os.getloadavg()[0], 2),
     }
-    if args.json:
-        print(json.dumps(result))
-        return
-    print("| trainer | samples/s |\n|---|---|")
-    print(f"| bare PyTorch loop | {result['bare_loop_samples_per_second']} |")
-    print(f"| p2ptrain daemon peer (sync, alone) | {result['daemon_peer_samples_per_second']} |")
-    print(f"\nratio {result['ratio']} (goal >= 0.97); join to first contributed sample: {result['join_to_first_contributed_sample_s']} s")
+    row = {**result, **{key: value for key, value in facts().items() if key != "load"}}
+    print(json.dumps(row))
+    if args.out:
+        with args.out.open("a") as file:
+            file.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

@@ -120,7 +120,28 @@ def _convergence(path: Path) -> str:
     return convergence.rows_table(path)
 
 
+def _cli_status(path: Path) -> str:
+    import cli_status
+
+    return cli_status.report(path)
+
+
+def _peer_throughput(path: Path) -> str:
+    import peer_throughput
+
+    return peer_throughput.report(path)
+
+
+def _tui_first_frame(path: Path) -> str:
+    import tui_first_frame
+
+    return tui_first_frame.report(path)
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
+    "cli-status": _cli_status,
+    "peer-throughput": _peer_throughput,
+    "tui-first-frame": _tui_first_frame,
     "plan-table": _plan_table,
     "guard-cost": _guard_cost,
     "diloco-stability": _diloco_stability,

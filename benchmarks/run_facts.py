@@ -7,6 +7,7 @@ memory, torch) and the load average; never who ran it.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import subprocess
@@ -51,3 +52,8 @@ def facts() -> dict:
                     "torch": torch.__version__, "python": platform.python_version()},
         "load": [round(value, 2) for value in os.getloadavg()],
     }
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The raw rows of a benchmark's JSON-lines data file, in its order."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
