@@ -23,32 +23,38 @@ from p2ptrain.peers.model.models import TINY_PRESET, build_model, causal_lm_loss
 WARMUP_STEPS = 3
 
 
-def measure_bare_loop(steps: int, seq_len: int = 128, micro_batch: int = 8, cache_dir: Path | None = None) -> float:
-    """Samples per second of `steps` AdamW steps on the tiny model.
+def measure_bare_loop(steps: int, seq_len: int = 128, micro_batch: int = 8, cache_dir: Path | None = None,
+                      optimizer_every: int = 1) -> float:
+    """Samples per second of `steps` training steps (forward, backward) on the tiny model.
 
     A few warm-up steps (allocator, first kernels) are run first and not timed;
     tokenizing the corpus (cached in `cache_dir`, a temporary directory if None)
-    is not timed either.
+    is not timed either. `optimizer_every`: an AdamW step every this many steps
+    (1: every step); 0: never, the gradients accumulate, as a sync peer's do
+    between the epochs of its run.
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, not {steps}")
+    if optimizer_every < 0:
+        raise ValueError(f"optimizer_every must be 0 (never) or more, not {optimizer_every}")
     with tempfile.TemporaryDirectory() as scratch:
         cache = Path(cache_dir) if cache_dir is not None else Path(scratch)
         loaded = build_model(TINY_PRESET)
         batches = train_batches(DEFAULT_DATASET, loaded.tokenizer, seq_len, micro_batch, seed=0, cache_dir=cache)
         optimizer = torch.optim.AdamW(loaded.trainable(), lr=1e-3)
 
-        def step() -> None:
+        def step(number: int) -> None:
             loss = causal_lm_loss(loaded.model, next(batches))
             loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            if optimizer_every and number % optimizer_every == 0:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
 
-        for _ in range(WARMUP_STEPS):
-            step()
+        for number in range(1, WARMUP_STEPS + 1):
+            step(number)
         started = time.perf_counter()
-        for _ in range(steps):
-            step()
+        for number in range(1, steps + 1):
+            step(number)
         elapsed = time.perf_counter() - started
     return steps * micro_batch / elapsed
 
@@ -59,14 +65,16 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample")
     parser.add_argument("--micro-batch", type=int, default=8, help="samples per step")
     parser.add_argument("--cache-dir", type=Path, default=None, help="token cache (default: a temporary directory)")
+    parser.add_argument("--optimizer-every", type=int, default=1, help="an AdamW step every N steps (0: never; default 1)")
     args = parser.parse_args()
-    samples_per_second = measure_bare_loop(args.steps, args.seq_len, args.micro_batch, args.cache_dir)
+    samples_per_second = measure_bare_loop(args.steps, args.seq_len, args.micro_batch, args.cache_dir, args.optimizer_every)
     print(json.dumps({
         "benchmark": "bare_loop",
         "samples_per_second": round(samples_per_second, 2),
         "steps": args.steps,
         "seq_len": args.seq_len,
         "micro_batch": args.micro_batch,
+        "optimizer_every": args.optimizer_every,
         "torch_threads": torch.get_num_threads(),
     }))
 
