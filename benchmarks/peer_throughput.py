@@ -105,8 +105,8 @@ def daemon_peer(seconds: float, home: Path) -> dict:
 def measure(seconds: float, steps: int, rounds: int, root: Path) -> dict:
     """``rounds`` alternations of the daemon peer and the bare loop at the peer's micro-batch; medians and ratio."""
     peers, bares = [], []
-    for _ in range(rounds):
-        peer = daemon_peer(seconds, root / "peer")  # the same home: the second round reuses the calibration
+    for number in range(rounds):
+        peer = daemon_peer(seconds, root / f"peer{number}")  # a fresh home: a restarted daemon would resume the run
         peers.append({key: round(value, 2) if isinstance(value, float) else value for key, value in peer.items()})
         bares.append(round(bare_loop_samples_per_second(steps, peer["micro_batch"], root / "cache"), 2))
     peer_median = statistics.median(peer["samples_per_second"] for peer in peers)
