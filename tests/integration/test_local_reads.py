@@ -198,3 +198,61 @@ def test_a_store_reaches_the_next_nearest_when_a_holder_left_and_searches_again_
         assert store(5)  # what a search found is trusted for HOLDERS_MEMORY_S only
         assert peers[writer].run_coroutine(_searches) > again
         assert [stored_at(index) for index in holders[1:] + [successor]] == [5] * 5
+
+
+async def _forget_every_holder(dht, node):
+    """Run in a DHT process: forget every key's holders found by a search (the next read searches again)."""
+    node.p2ptrain_holders = {}
+
+
+@pytest.mark.timeout(240)
+def test_past_five_peers_a_peer_that_holds_no_copy_reads_from_two_holders_not_from_every_node(tmp_path, meter):
+    """The scale model's first redesign (issue 25): hivemind's read asks every node among the 20 nearest to the
+    key, and every answer carries all N records. At 8 peers a non-holder's read asked 7 nodes; now it asks 2
+    of the key's 5 holders, and still reads every peer's newest record, also after the nearest holder left."""
+    from hivemind.dht.routing import DHTID
+
+    key = metrics_key("local-run")
+    with loopback_dhts(tmp_path, 8) as peers:
+        nodes = [dht.run_coroutine(_node_facts) for dht in peers]
+        key_id = DHTID.generate(source=key)
+        nearest = sorted(range(len(peers)), key=lambda index: key_id.xor_distance(nodes[index][0]))
+        reader_index, holders = nearest[-1], nearest[:5]
+        reader = peers[reader_index]
+        assert nodes[reader_index][1] >= nodes[reader_index][2], "the reader must know more nodes than num_replicas"
+        for index, dht in enumerate(peers):
+            record = LocalMetrics(peer_id=dht.peer_id.to_base58(), nickname=f"peer{index}", time=get_dht_time())
+            assert publish_metrics(dht, "local-run", record)
+        everyone = sorted(f"peer{index}" for index in range(len(peers)))
+        a_minute_in_the_swarm(reader)
+        assert sorted(row.nickname for row in read_metrics(reader, "local-run")) == everyone  # finds the holders
+
+        reader.run_coroutine(_count_searches)
+        before = sent_and_received(meter, "metrics")
+        for _ in range(3):
+            assert sorted(row.nickname for row in read_metrics(reader, "local-run")) == everyone
+        from_holders = (sent_and_received(meter, "metrics") - before) / 3
+        asked = reader.run_coroutine(_searches) / 3
+
+        # hivemind's read of the same key, as every read was before
+        reader.run_coroutine(_count_searches)
+        before = sent_and_received(meter, "metrics")
+        for _ in range(3):
+            assert sorted(reader.get(key, latest=True).value) == sorted(own_public_key(dht) for dht in peers)
+        everywhere = (sent_and_received(meter, "metrics") - before) / 3
+        asked_everywhere = reader.run_coroutine(_searches) / 3
+        print(f"a read of 8 records by a peer that holds none: {asked:.0f} requests, {from_holders:.0f} B from the "
+              f"holders; {asked_everywhere:.0f} requests, {everywhere:.0f} B as hivemind reads")
+        assert asked == 2 and asked_everywhere >= len(peers) - 1
+        assert 0 < from_holders < everywhere / 2
+
+        # a newer record reaches the reader through the holders
+        renamed = LocalMetrics(peer_id=peers[holders[0]].peer_id.to_base58(), nickname="renamed", time=get_dht_time())
+        assert publish_metrics(peers[holders[0]], "local-run", renamed)
+        assert "renamed" in [row.nickname for row in read_metrics(reader, "local-run")]
+
+        # the nearest holder leaves: the read goes on to the next holders and still finds every live peer's record
+        peers[holders[0]].shutdown()
+        alive = sorted(["renamed" if name == f"peer{holders[0]}" else name for name in everyone])
+        for _ in range(2):
+            assert sorted(row.nickname for row in read_metrics(reader, "local-run")) == alive

@@ -15,9 +15,18 @@ anyone when the copy can be trusted: the node serves the DHT, it is among the
 it), and it has been in the swarm for at least ``FULL_COPY_AFTER_S`` (so every
 live peer has stored since). Otherwise it asks the network, ``latest=True``,
 as before. In a larger swarm the peers nearest to each key read locally and the
-others ask; a peer whose routing table misses a nearer node may read an older
-record of some peer until it learns of that node (records carry their time and
-speed, and readers extrapolate from them).
+others ask the key's holders: hivemind's ``latest=True`` asks every node among
+the 20 nearest to the key (it never stops early), and every answer carries all
+N peers' records, so each read cost min(N - 1, 20) x N records (the scale
+model's first redesign, issue 25). A peer now asks :data:`HOLDERS_PER_READ` of
+the key's ``num_replicas`` nearest nodes that it remembers for its stores (see
+below), the next nearest when one does not answer, and takes the newest of each
+peer's records in their answers. Every live peer stores to all of them, so each
+holds every record unless it joined in the last minute; with two answers, a new
+holder's missing records are filled in by the other. Only when no holder answers,
+or none holds a record, does it search as hivemind does. A peer whose routing table misses a nearer node may
+read an older record of some peer until it learns of that node (records carry
+their time and speed, and readers extrapolate from them).
 
 Stores cost the same way: hivemind's ``dht.store`` first searches for the
 nearest nodes with ``rpc_find`` requests, and each answer carries the key's
@@ -65,6 +74,8 @@ FULL_COPY_AFTER_S = 60.0
 # (see above) reaches it within 30 + 30 s of its joining, so its copy is complete by FULL_COPY_AFTER_S,
 # as read_record assumes. One search a key per 30 s replaces one a store (3-4 a second at 8 peers).
 HOLDERS_MEMORY_S = 30.0
+# how many of a key's holders a peer that is none asks at each read (see the module docstring)
+HOLDERS_PER_READ = 2
 
 
 def _why_not_every_record(node, key_id) -> str | None:
@@ -81,20 +92,65 @@ def _why_not_every_record(node, key_id) -> str | None:
 
 
 async def _read(dht, node, key: str, local_copy_is_complete: bool):
-    """Run in the DHT process: the record under ``key``, from the local copy when it is complete."""
+    """Run in the DHT process: the record under ``key``, from the local copy when it is complete, else
+    from the key's holders, else from hivemind's search."""
     from hivemind.dht.routing import DHTID
 
+    key_id = DHTID.generate(source=key)
     with counted_as_key(key):
-        why_not = "joined less than a minute ago" if not local_copy_is_complete else \
-            _why_not_every_record(node, DHTID.generate(source=key))
+        why_not = "joined less than a minute ago" if not local_copy_is_complete else _why_not_every_record(node, key_id)
         if why_not is None:
             found = await node.get(key, latest=False)  # storage and cache first: no request when they hold it
             if found is not None:
                 log_read(key, "local")
                 return found
             why_not = "no local copy"
-        log_read(key, f"network: {why_not}")
+        found = await _read_from_holders(node, key_id, trust_routing_table=local_copy_is_complete)
+        if found is not None:
+            log_read(key, f"holders: {why_not}")
+            return found
+        log_read(key, f"network: {why_not}; the holders answered nothing")
         return await node.get(key, latest=True)
+
+
+async def _read_from_holders(node, key_id, trust_routing_table: bool):
+    """Run in the DHT process: the newest record of each subkey (each peer) in the answers of
+    :data:`HOLDERS_PER_READ` of ``key_id``'s holders, decoded as ``node.get`` decodes it; None when no
+    holder answered or none held a record (the caller then searches as hivemind does: a peer that
+    found nobody's record would take itself to be alone).
+
+    Args:
+        node: this process's DHT node.
+        key_id: the key's DHT id.
+        trust_routing_table: the node has been in the swarm long enough for its routing table to know
+            the swarm: when it knows fewer other nodes than ``num_replicas``, they are all holders
+            (no search, as for a store). Otherwise the holders are found as for a store.
+    """
+    from hivemind.dht.node import _SearchState
+
+    protocol = node.protocol
+    known = protocol.routing_table.get_nearest_neighbors(key_id, k=node.num_replicas, exclude=node.node_id)
+    if trust_routing_table and len(known) < node.num_replicas:
+        holders = known
+    else:
+        holders = [(node_id, peer_id) for node_id, peer_id in await _holder_candidates(node, key_id)
+                   if node_id != node.node_id][:node.num_replicas]  # this node's own copy is not complete
+    merged = _SearchState(key_id, sufficient_expiration_time=float("inf"), serializer=protocol.serializer,
+                          record_validator=protocol.record_validator)
+    answered = 0  # holders that answered, with or without a record
+    while answered < HOLDERS_PER_READ and holders:
+        wanted = HOLDERS_PER_READ - answered
+        asked, holders = holders[:wanted], holders[wanted:]
+        answers = await asyncio.gather(*(protocol.call_find(peer_id, [key_id]) for _, peer_id in asked))
+        for (node_id, peer_id), answer in zip(asked, answers):
+            if answer is None:  # as a store to it: searches skip it a while, and the holders are found again
+                node.blacklist.register_failure(peer_id)
+                _forget_holders(node, key_id)
+                continue
+            answered += 1
+            merged.add_candidate(answer[key_id][0], source_node_id=node_id)  # subkeys merged, the newest kept
+    merged.finish_search()
+    return await merged.future
 
 
 def mark_joined(dht) -> None:
@@ -104,7 +160,7 @@ def mark_joined(dht) -> None:
 
 def read_record(dht, key: str, return_future: bool = False):
     """``dht.get(key, latest=True)``, answered from this peer's own copy when it holds every
-    peer's latest record (see the module docstring).
+    peer's latest record, else by :data:`HOLDERS_PER_READ` of the key's holders (see the module docstring).
 
     Args:
         dht: a running hivemind DHT (made by ``p2ptrain.peers.net.dht.start_dht``, which marks its start).
