@@ -6,8 +6,11 @@ interface, relays on, a peer behind NAT asking its bootstrap peer for a relay
 slot), writes its addresses to ``--addresses``, then stores its record under
 ``<run>_progress`` through ``local_reads.store_record`` (what hivemind's
 ProgressTracker does through ``LocalFirstDHT``) every ``--period`` seconds until
-``--stop`` exists, and shuts the DHT down. With ``P2PTRAIN_REQUEST_LOG`` set,
-every request it makes and serves is logged (``request_log.py``).
+``--stop`` exists, and shuts the DHT down. With ``--read-period``, it also reads
+the key through ``local_reads.read_record`` that often (as the tracker does) and
+appends each read's time and the number of peers' records it saw to ``--reads``.
+With ``P2PTRAIN_REQUEST_LOG`` set, every request it makes and serves is logged
+(``request_log.py``).
 """
 
 from __future__ import annotations
@@ -26,13 +29,17 @@ def main() -> int:
     parser.add_argument("--peers", nargs="*", default=[], help="bootstrap addresses; none to start the swarm")
     parser.add_argument("--run", default="lab")
     parser.add_argument("--period", type=float, default=0.3, help="seconds between stores")
+    parser.add_argument("--read-period", type=float, default=0.0, help="seconds between reads (0: no reads)")
+    parser.add_argument("--reads", type=Path, help="append each read's time and how many records it saw here")
     parser.add_argument("--limit-s", type=float, default=600, help="stop after this many seconds in any case")
     options = parser.parse_args()
+    if options.read_period and not options.reads:
+        parser.error("--read-period needs --reads FILE, where the reads are written")
 
     from hivemind.utils import get_dht_time
 
     from p2ptrain.peers.net.dht import own_public_key, start_dht, visible_addresses
-    from p2ptrain.peers.net.local_reads import store_record
+    from p2ptrain.peers.net.local_reads import read_record, store_record
     from p2ptrain.peers.net.traffic import TrafficMeter
 
     TrafficMeter().install()  # the request log's hooks, in this process and the DHT's
@@ -41,10 +48,16 @@ def main() -> int:
     try:
         options.addresses.write_text(json.dumps(visible_addresses(dht)))
         key, subkey, started, samples = f"{options.run}_progress", own_public_key(dht), time.monotonic(), 0
+        next_read = started + options.read_period
         while not options.stop.exists() and time.monotonic() - started < options.limit_s:
             samples += 8
             record = {"peer_id": dht.peer_id.to_base58(), "samples_accumulated": samples, "time": get_dht_time()}
             store_record(dht, key, subkey, record, get_dht_time() + 60)
+            if options.read_period and time.monotonic() >= next_read:
+                found = read_record(dht, key)
+                with options.reads.open("a") as reads:
+                    reads.write(f"{time.time():.3f}\t{len(found.value) if found is not None else 0}\n")
+                next_read += options.read_period
             time.sleep(options.period)
     finally:
         dht.shutdown()
