@@ -20,8 +20,9 @@ the 20 nearest to the key (it never stops early), and every answer carries all
 N peers' records, so each read cost min(N - 1, 20) x N records (the scale
 model's first redesign, issue 25). A peer now asks :data:`HOLDERS_PER_READ` of
 the key's ``num_replicas`` nearest nodes that it remembers for its stores (see
-below), the next nearest when one does not answer, and takes the newest of each
-peer's records in their answers. Every live peer stores to all of them, so each
+below), picked at random so that the swarm's reads are spread over all of them,
+another one when one does not answer, and takes the newest of each peer's
+records in their answers. Every live peer stores to all of them, so each
 holds every record unless it joined in the last minute; with two answers, a new
 holder's missing records are filled in by the other. Only when no holder answers,
 or none holds a record, does it search as hivemind does. A peer whose routing table misses a nearer node may
@@ -60,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import random
 import time
 
 from p2ptrain.peers.net.request_log import log_read
@@ -131,10 +133,11 @@ async def _read_from_holders(node, key_id, trust_routing_table: bool):
     protocol = node.protocol
     known = protocol.routing_table.get_nearest_neighbors(key_id, k=node.num_replicas, exclude=node.node_id)
     if trust_routing_table and len(known) < node.num_replicas:
-        holders = known
+        holders = list(known)
     else:
         holders = [(node_id, peer_id) for node_id, peer_id in await _holder_candidates(node, key_id)
                    if node_id != node.node_id][:node.num_replicas]  # this node's own copy is not complete
+    random.shuffle(holders)  # spread the swarm's reads over every holder, not the nearest two
     merged = _SearchState(key_id, sufficient_expiration_time=float("inf"), serializer=protocol.serializer,
                           record_validator=protocol.record_validator)
     answered = 0  # holders that answered, with or without a record
