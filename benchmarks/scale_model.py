@@ -19,12 +19,16 @@ nodes asked per search and e the bytes of one peer's signed entry:
   list nodes, no records. Before ed0023b it searched before every store, and those answers carried
   the key's records.
 - **Reads.** A holder reads its own copy (``local_reads.read_record``), as does every peer while it
-  knows fewer than 5 others. Every other peer reads with ``latest=True``. That search never stops
-  early, so it asks all V nodes, and each answer carries the key's whole dictionary, N entries
-  (a node that is not a holder answers from the copy it cached when it read). That is V x N e bytes
-  a read, O(N) a peer past N = 21, O(N^2) below it. hivemind then caches the dictionary on one more
-  node (``cache_nearest``): a store of N e bytes to a holder per read. The V nodes nearest to the
-  key answer every read, and one holder takes every cache store: O(N^2) bytes each.
+  knows fewer than 5 others. Since 46082cf every other peer asks ``HOLDERS_PER_READ`` (2) of the
+  key's holders, found and remembered as for its stores, the nearest first: 2 requests a read, each
+  answer the key's whole dictionary, N entries, and no cache store. That is 2 N e bytes a read,
+  O(N) a peer; the 2 holders nearest to the key answer every read: O(N^2) bytes each. Before
+  46082cf it read with hivemind's ``latest=True``. That search never stops early, so it asks all V
+  nodes, and each answer carries the N entries (a node that is not a holder answers from the copy
+  it cached when it read): V x N e bytes a read, O(N) a peer past N = 21, O(N^2) below it. hivemind
+  then caches the dictionary on one more node (``cache_nearest``): a store of N e bytes to a holder
+  per read. The V nodes nearest to the key answer every read, and one holder takes every cache
+  store. ``Design.holders_per_read`` is 2 for the one, 0 for the other.
 - **Matchmaking.** Each round, each peer runs a few searches of each matchmaking key (hivemind's
   declare and ``get_averagers``): V requests each, answers listing min(N - 2, 20) nodes. That grows
   until N = 21, then stays; the nodes nearest to a matchmaking key answer all N peers: O(N).
@@ -38,10 +42,12 @@ exactly the V nearest up to N = 1,000. Rates come from the code: reads from hive
 schedule with p2ptrain's periods, plus the swarm view every 15 s; metrics stores every 30 s. The
 progress stores per epoch, the matchmaking searches per round and the record sizes are fitted to the
 request log of the 8-peer run after ed0023b (``scale_2026-11-27_n8_requests_after.txt``, and its row
-in ``scale_2026-11-27_stores.jsonl`` for the epochs). The projection keeps that run's epochs (17 s,
-as the scale lab's target batch grows with N): whatever follows rounds scales with their rate.
+in ``scale_2026-11-27_stores.jsonl`` for the epochs), whose reads were still hivemind's search. Every
+measured row predates 46082cf, and each is checked against the design of its own commit, store path
+and read path (``MEASURED``). The projection keeps that run's epochs (17 s, as the scale lab's target
+batch grows with N): whatever follows rounds scales with their rate.
 
-    nice -n 10 .venv/bin/python benchmarks/scale_model.py --json benchmarks/scale_model_<date>.jsonl
+    nice -n 19 .venv/bin/python benchmarks/scale_model.py --json benchmarks/scale_model_<date>.jsonl
     .venv/bin/python benchmarks/scale_model.py --report benchmarks/scale_model_<date>.jsonl
 
 ``--json`` appends one row: the inputs named, the fitted constants, the check against each measured
@@ -73,7 +79,7 @@ from hivemind.dht.traverse import traverse_dht  # noqa: E402
 from hivemind.optim.progress_tracker import ProgressTracker  # noqa: E402
 from hivemind.proto import dht_pb2  # noqa: E402
 
-from p2ptrain.peers.net.local_reads import HOLDERS_MEMORY_S  # noqa: E402
+from p2ptrain.peers.net.local_reads import HOLDERS_MEMORY_S, HOLDERS_PER_READ  # noqa: E402
 from p2ptrain.peers.net.traffic import kind_of_key  # noqa: E402
 from p2ptrain.peers.training.progress import MAX_REFRESH_PERIOD_S, MIN_REFRESH_PERIOD_S, REPORT_PERIOD_S  # noqa: E402
 from p2ptrain.peers.worker.training_worker import METRICS_INTERVAL_S, SWARM_REPORT_INTERVAL_S  # noqa: E402
@@ -91,11 +97,8 @@ PROGRESS_STORE_FLOOR_S = _TRACKER["metadata_expiration"].default / 2
 PEER_ID_BYTES = 34  # a libp2p peer id of an RSA key (sha2-256 multihash), as p2ptrain's identities are
 
 REQUEST_LOG = "scale_2026-11-27_n8_requests_after.txt"
-FIT_ROW = ("scale_2026-11-27_stores.jsonl", 8, "6d2e971")  # the request-logged 8-peer run after ed0023b
-# every measured row: its file, swarm size and commit, and whether stores searched first (before ed0023b)
-MEASURED = (("scale_2026-11-27.jsonl", 2, "b606afe", True), ("scale_2026-11-27.jsonl", 4, "b606afe", True),
-            ("scale_2026-11-27.jsonl", 8, "7126a1d", True), ("scale_2026-11-27_stores.jsonl", 8, "fb2631e", True),
-            ("scale_2026-11-27_stores.jsonl", 8, "6d2e971", False))
+# the request-logged 8-peer run after ed0023b; its reads were hivemind's search (its design: ``MEASURED``)
+FIT_ROW = ("scale_2026-11-27_stores.jsonl", 8, "6d2e971")
 METERED = ("progress", "metrics", "matchmaking", "dht")  # the meter's kinds this model covers
 PROJECTED = (16, 32, 100, 1000)
 SIMULATED = (8, 16, 32, 100, 1000)  # swarm sizes whose searches are run through hivemind's traverse_dht
@@ -114,8 +117,11 @@ class Design:
             with the key's records (the code before ed0023b).
         paced_stores: progress is stored once per ``REPORT_PERIOD_S`` and at each new epoch, not about
             once a step.
-        remembered_holder: a peer that holds no copy reads one remembered holder: one request a read,
-            and no cache store.
+        holders_per_read: a peer that holds no copy asks this many of the key's holders, the nearest
+            first (remembered as for its stores): one request each, each answer the key's records, and no
+            cache store (``local_reads.HOLDERS_PER_READ``, since 46082cf). 0: hivemind's ``latest=True``
+            search, which asks every node among the V nearest and then stores the value on one more
+            (``cache_nearest``), as before 46082cf.
         read_entries: a read returns at most this many entries (an aggregate or a sample of the
             records) instead of all N; None: all N.
     """
@@ -123,16 +129,36 @@ class Design:
     name: str
     search_before_store: bool = False
     paced_stores: bool = False
-    remembered_holder: bool = False
+    holders_per_read: int = 0
     read_entries: int | None = None
 
+    def store_path(self) -> str:
+        """How a store reaches the holders, as the check table says it."""
+        if self.search_before_store:
+            return "a search before each store (before ed0023b)"
+        return ("progress every 10 s, " if self.paced_stores else "") + "to the holders remembered 30 s"
 
-NOW = Design("holders remembered (now)")
+    def read_path(self) -> str:
+        """How a peer that holds no copy reads, as the check table says it."""
+        if not self.holders_per_read:
+            return "hivemind's search (before 46082cf)"
+        entries = f", at most {self.read_entries} entries" if self.read_entries else ""
+        return f"{self.holders_per_read} of the holders{entries}"
+
+
+NOW = Design(f"holders remembered, reads from {HOLDERS_PER_READ} holders (now)", holders_per_read=HOLDERS_PER_READ)
+SEARCH_READS = Design("holders remembered, reads by hivemind's search (before 46082cf)")
 BEFORE = Design("a search before each store (before ed0023b)", search_before_store=True)
-REDESIGNS = (NOW, Design("progress stored every 10 s", paced_stores=True),
-             Design("+ reads from a remembered holder", paced_stores=True, remembered_holder=True),
-             Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True, remembered_holder=True,
+REDESIGNS = (SEARCH_READS, NOW,
+             Design("+ progress stored every 10 s", paced_stores=True, holders_per_read=HOLDERS_PER_READ),
+             Design("+ reads from 1 holder", paced_stores=True, holders_per_read=1),
+             Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True, holders_per_read=1,
                     read_entries=BOUNDED_READ_ENTRIES))
+# every measured row: its file, swarm size and commit, and the design of that commit (its store path and read
+# path; tests/unit/test_scale_model.py checks them against the commits' history)
+MEASURED = (("scale_2026-11-27.jsonl", 2, "b606afe", BEFORE), ("scale_2026-11-27.jsonl", 4, "b606afe", BEFORE),
+            ("scale_2026-11-27.jsonl", 8, "7126a1d", BEFORE), ("scale_2026-11-27_stores.jsonl", 8, "fb2631e", BEFORE),
+            ("scale_2026-11-27_stores.jsonl", 8, "6d2e971", SEARCH_READS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,13 +325,16 @@ class KeyTraffic:
         kind: the meter's kind.
         ranks: node -> its rank by distance to the key, for the nodes nearest to it (others are farther).
         holder_search: searches a second whose answers carry no value: (by a holder, by another node).
-        value_search: searches a second whose answers carry ``value_bytes``: (by a holder, by another node).
-        value_bytes: what an answer of a value search or a holder read carries beyond its list of nodes.
+        value_search: searches a second, other than reads, whose answers carry ``value_bytes``: (by a
+            holder, by another node).
+        value_bytes: what an answer of a value search or a read carries beyond its list of nodes.
         stores: per node, stores a second of one entry, each sent to every holder but itself.
         store_bytes: one such store.
-        holder_reads: per node that is no holder, reads a second sent to one remembered holder.
-        cache_stores: per node that is no holder, stores a second of the whole value to the second
-            nearest node (hivemind's cache_nearest after each read; the nearest answered first).
+        reads: per node that is no holder, reads a second (a holder reads its own copy).
+        read_holders: how a read asks (``Design.holders_per_read``): the ``read_holders`` holders nearest
+            to the key, one request each; 0: hivemind's search (every node among the ``visits`` nearest),
+            then a store of the whole value to the second nearest node (``cache_nearest``; the nearest
+            answered first).
     """
 
     kind: str
@@ -315,8 +344,14 @@ class KeyTraffic:
     value_bytes: float = 0.0
     stores: float = 0.0
     store_bytes: float = 0.0
-    holder_reads: float = 0.0
-    cache_stores: float = 0.0
+    reads: float = 0.0
+    read_holders: int = 0
+
+    def value_searches(self) -> tuple:
+        """Searches a second whose answers carry ``value_bytes``, reads included: (by a holder, by another node)."""
+        if self.read_holders:
+            return self.value_search
+        return self.value_search[0], self.value_search[1] + self.reads
 
 
 class Swarm:
@@ -348,6 +383,13 @@ class Swarm:
             self.add_to(self.node(node), key, key.ranks.get(node))
         self.add_to(self.anyone, key, None)
 
+    def read_requests(self, key: KeyTraffic) -> list[tuple[int, float]]:
+        """(requests, bytes each) of one read by a node that holds no copy (see ``KeyTraffic``)."""
+        with_value = self.answer + key.value_bytes
+        if key.read_holders:
+            return [(min(key.read_holders, self.holders()), with_value)]
+        return [(self.visits, with_value), (1, key.value_bytes + store_overhead_bytes())]
+
     def _searched(self, rates: tuple, rank: int | None) -> float:
         """Searches a second, by the other nodes, that ask a node of ``rank`` (None: far from the key).
 
@@ -372,15 +414,16 @@ class Swarm:
         load.add(kind, key.value_search[own] * self.visits, with_value)
         load.add(kind, key.stores * (self.holders() - holder), key.store_bytes)
         load.add(kind, self._searched(key.holder_search, rank), self.answer)
-        load.add(kind, self._searched(key.value_search, rank), with_value)
-        if holder:  # every other peer's stores, and a holder's share of the reads
+        load.add(kind, self._searched(key.value_searches(), rank), with_value)
+        if holder:  # every other peer's stores; the holders nearest to the key answer every read
             load.add(kind, key.stores * (self.peers - 1), key.store_bytes)
-            load.add(kind, key.holder_reads * others / self.holders(), with_value)
+            if rank is not None and rank < key.read_holders:
+                load.add(kind, key.reads * others, with_value)
         else:
-            load.add(kind, key.holder_reads, with_value)
-            load.add(kind, key.cache_stores, whole_value)
-        if rank == 1:
-            load.add(kind, key.cache_stores * others, whole_value)
+            for requests, bytes_each in self.read_requests(key):
+                load.add(kind, key.reads * requests, bytes_each)
+        if rank == 1 and not key.read_holders:  # hivemind's cache store after every read
+            load.add(kind, key.reads * others, whole_value)
 
     def loads(self) -> tuple[Load, Load, int]:
         """The worst node, the node near no key, and how many nodes are near no key."""
@@ -407,11 +450,7 @@ def record_key(kind: str, swarm: Swarm, fitted: Fitted, activity: Activity, desi
         key.value_search = (stores, stores)
     else:
         key.holder_search = (1 / HOLDERS_MEMORY_S, 1 / HOLDERS_MEMORY_S)
-    if design.remembered_holder:
-        key.holder_reads = reads
-    else:
-        key.value_search = (key.value_search[0], key.value_search[1] + reads)
-        key.cache_stores = reads
+    key.reads, key.read_holders = reads, design.holders_per_read
     return key
 
 
@@ -570,15 +609,23 @@ def metered_background(row: dict) -> dict:
     return {"mean": statistics.fmean(peers), "worst": max(peers), "other_mean": statistics.fmean(other)}
 
 
+def measured_design(file: str, peers: int, commit: str) -> Design:
+    """The design of a measured row's commit (``MEASURED``)."""
+    return next(row[3] for row in MEASURED if row[:3] == (file, peers, commit))
+
+
 def check(fitted: Fitted) -> list[dict]:
-    """The model against every measured row (``MEASURED``), each with its own epochs and store path."""
+    """The model against every measured row (``MEASURED``), each with its own epochs, store path and read path."""
     checks = []
-    for file, peers, commit, searched in MEASURED:
+    for file, peers, commit, design in MEASURED:
         row = measured_row(file, peers, commit)
-        modelled = model(row["peers"], fitted, activity_of(row), BEFORE if searched else NOW)
+        modelled = model(row["peers"], fitted, activity_of(row), design)
         measured = metered_background(row)
-        path = modelled["design"] if peers - 1 >= NUM_REPLICAS else "straight to every peer (under 6 peers)"
-        checks.append({"file": file, "commit": row["commit"][:7], "peers": peers, "design": path,
+        if peers - 1 >= NUM_REPLICAS:
+            paths = {"store_path": design.store_path(), "read_path": design.read_path()}
+        else:
+            paths = {"store_path": "straight to every peer (under 6 peers)", "read_path": "its own copy (under 6 peers)"}
+        checks.append({"file": file, "commit": row["commit"][:7], "peers": peers, "design": design.name, **paths,
                        "epochs": row["epochs"], "train_s": row["train_s"], "measured": measured,
                        "model": {"mean": modelled["mean"]["bytes_per_s"], "worst": modelled["worst"]["bytes_per_s"]}})
     return checks
@@ -635,20 +682,23 @@ def run() -> dict:
     fit_row = measured_row(*FIT_ROW)
     counts = read_request_counts(HERE / REQUEST_LOG)
     fitted, activity = fit(counts, fit_row), activity_of(fit_row)
+    fit_design = measured_design(*FIT_ROW)
     return {"benchmark": "scale_model", **facts(),
             "inputs": {"request_log": REQUEST_LOG, "fit_row": dict(zip(("file", "peers", "commit"), FIT_ROW)),
-                       "measured": [{"file": file, "peers": peers, "commit": commit, "search_before_store": searched}
-                                    for file, peers, commit, searched in MEASURED],
+                       "measured": [{"file": file, "peers": peers, "commit": commit, "design": design.name,
+                                     "store_path": design.store_path(), "read_path": design.read_path()}
+                                    for file, peers, commit, design in MEASURED],
                        "activity": dataclasses.asdict(activity)},
             "protocol": {"bucket_size": BUCKET_SIZE, "num_replicas": NUM_REPLICAS, "holders_memory_s": HOLDERS_MEMORY_S,
+                         "holders_per_read": HOLDERS_PER_READ,
                          "report_period_s": REPORT_PERIOD_S, "metrics_interval_s": METRICS_INTERVAL_S,
                          "swarm_report_interval_s": SWARM_REPORT_INTERVAL_S,
                          "refresh_period_s": [MIN_REFRESH_PERIOD_S, MAX_REFRESH_PERIOD_S],
                          "find_bytes_by_neighbours": {str(n): find_bytes(n) for n in (0, 6, BUCKET_SIZE)}},
             "fitted": dataclasses.asdict(fitted), "simulated_searches": simulation(),
             "check": check(fitted), "projection": projection(fitted, activity),
-            "check_requests_per_min": {"request_log": logged_requests_per_min(counts),
-                                       "model": model(fit_row["peers"], fitted, activity)["mean"]["requests_per_min"]}}
+            "check_requests_per_min": {"request_log": logged_requests_per_min(counts), "design": fit_design.name,
+                                       "model": model(fit_row["peers"], fitted, activity, fit_design)["mean"]["requests_per_min"]}}
 
 
 # --- the tables -------------------------------------------------------------------------------------------------
@@ -663,12 +713,12 @@ def _error(model_value: float, measured: float) -> str:
 
 def check_table(row: dict) -> list[str]:
     """The model against the measured rows."""
-    lines = ["| peers | measured row | store path | epochs in the window | measured KB/s, mean / worst | "
+    lines = ["| peers | measured row | store path | read path (no copy held) | epochs in the window | measured KB/s, mean / worst | "
              "model KB/s, mean / worst | model ÷ measured − 1, mean / worst | measured `other` KB/s, mean (not modelled) |",
-             "|---:|---|---|---:|---:|---:|---:|---:|"]
+             "|---:|---|---|---|---:|---:|---:|---:|---:|"]
     for found in row["check"]:
         measured, modelled = found["measured"], found["model"]
-        lines.append(f"| {found['peers']} | {found['file']} {found['commit']} | {found['design']} | "
+        lines.append(f"| {found['peers']} | {found['file']} {found['commit']} | {found['store_path']} | {found['read_path']} | "
                      f"{found['epochs']} in {found['train_s']:.0f} s | {_kb(measured['mean'])} / {_kb(measured['worst'])} | "
                      f"{_kb(modelled['mean'])} / {_kb(modelled['worst'])} | "
                      f"{_error(modelled['mean'], measured['mean'])} / {_error(modelled['worst'], measured['worst'])} | "
@@ -680,14 +730,15 @@ def requests_table(row: dict) -> list[str]:
     """Requests a minute of the mean peer at N = 8: the request log's top rows against the model."""
     found = row["check_requests_per_min"]
     lines = ["| requests/min per peer, N = 8 (6d2e971), mean | progress | metrics | matchmaking |", "|---|---:|---:|---:|"]
-    for name, label in (("request_log", "request log (its top 12 rows a peer)"), ("model", "model")):
+    model_label = f"model ({found['design'].split(' (')[0]})"
+    for name, label in (("request_log", "request log (its top 12 rows a peer)"), ("model", model_label)):
         lines.append(f"| {label} | " + " | ".join(f"{value:,.0f}" for value in found[name].values()) + " |")
     return lines
 
 
 def projection_table(row: dict) -> list[str]:
     """The code as it is, by N: bytes and requests of the mean and the worst peer, by kind."""
-    now = row["projection"][0]
+    now = next(design for design in row["projection"] if design["design"].endswith("(now)"))
     epoch_s = row["inputs"]["activity"]["epoch_s"]
     lines = [f"The code as it is ({now['design'].split(' (')[0]}), each peer's epochs as in the 8-peer run ({epoch_s:.0f} s):", "",
              "| peers | KB/s, mean / worst | mean KB/s: progress / metrics / matchmaking | "

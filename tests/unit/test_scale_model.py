@@ -3,15 +3,19 @@ measured rows, and the growth laws it rests on.
 
 Fitted to the request log of the 8-peer run after ed0023b (at 6d2e971) only, the model must reproduce the rows it
 was not fitted to: 2 and 4 peers within 25 % (mean peer), and the 8-peer runs whose stores searched
-first within 10 %. The laws: a search asks the min(N - 1, 20) nodes nearest to the key (hivemind's
-own traverse_dht says so), a network read's answer grows linearly in N, a holder answers the stores
-of all N - 1 others.
+first within 10 %, each row under the design of its own commit (every measured row read by hivemind's
+search: they predate 46082cf). The laws: a search asks the min(N - 1, 20) nodes nearest to the key
+(hivemind's own traverse_dht says so), a network read's answer grows linearly in N, a holder answers the
+stores of all N - 1 others, and since 46082cf a peer that holds no copy reads 2 holders, as the
+integration test measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,20 +49,73 @@ def test_fitted_sizes_are_those_of_signed_records():
     assert 7 < FITTED.progress_stores_per_epoch < 11
 
 
-@pytest.mark.parametrize("file, peers, commit, searched", scale_model.MEASURED,
+@pytest.mark.parametrize("file, peers, commit, design", scale_model.MEASURED,
                          ids=[f"{peers}-{commit}" for _, peers, commit, _ in scale_model.MEASURED])
-def test_the_model_reproduces_each_measured_mean(file, peers, commit, searched):
+def test_the_model_reproduces_each_measured_mean(file, peers, commit, design):
     row = scale_model.measured_row(file, peers, commit)
-    design = scale_model.BEFORE if searched else scale_model.NOW
     modelled = scale_model.model(peers, FITTED, scale_model.activity_of(row), design)["mean"]["bytes_per_s"]
     measured = scale_model.metered_background(row)["mean"]
     assert abs(modelled / measured - 1) < (0.10 if peers == 8 else 0.25), (modelled, measured)
 
 
+def _descends_from(commit: str, ancestor: str) -> bool:
+    return subprocess.run(["git", "merge-base", "--is-ancestor", ancestor, commit], cwd=REPO).returncode == 0
+
+
+@pytest.mark.parametrize("file, peers, commit, design", scale_model.MEASURED,
+                         ids=[f"{peers}-{commit}" for _, peers, commit, _ in scale_model.MEASURED])
+def test_each_measured_row_is_checked_against_the_store_and_read_path_of_its_commit(file, peers, commit, design):
+    full = scale_model.measured_row(file, peers, commit)["commit"].removesuffix("-dirty")  # run on that commit, edited
+    if shutil.which("git") is None or subprocess.run(["git", "cat-file", "-e", f"{full}^{{commit}}"], cwd=REPO,
+                                                     capture_output=True).returncode:
+        pytest.skip("no git history here to date the commit")
+    assert design.search_before_store == (not _descends_from(full, "ed0023b"))  # stores to remembered holders
+    assert (design.holders_per_read == scale_model.HOLDERS_PER_READ) == _descends_from(full, "46082cf")  # reads
+    assert design.holders_per_read in (0, scale_model.HOLDERS_PER_READ) and not design.paced_stores and not design.read_entries
+
+
 def test_without_the_search_before_each_store_the_model_sees_the_measured_drop():
     before, after = (scale_model.model(8, FITTED, ACTIVITY, design)["mean"]["bytes_per_s"]
-                     for design in (scale_model.BEFORE, scale_model.NOW))
-    assert 2.5 < before / after < 4.5  # measured: 78.3 KB/s before, 22.9 after
+                     for design in (scale_model.BEFORE, scale_model.SEARCH_READS))
+    assert 2.5 < before / after < 4.5  # measured: 78.3 KB/s before, 22.9 after (both reading by hivemind's search)
+
+
+def _read_bytes(design, peers=8, kind="metrics") -> float:
+    """Bytes of one read by a peer that holds no copy, as the model charges it."""
+    swarm = scale_model.Swarm(peers)
+    return sum(requests * size for requests, size in
+               swarm.read_requests(scale_model.record_key(kind, swarm, FITTED, ACTIVITY, design)))
+
+
+def test_a_peer_that_holds_no_copy_reads_two_answers_of_n_entries_as_the_code_does():
+    peers, entry = 8, FITTED.entry_bytes["metrics"]
+    answer = scale_model.find_bytes(scale_model.neighbours_in_answer(peers)) + peers * entry
+    whole_value = peers * entry + scale_model.store_overhead_bytes()
+    assert scale_model.HOLDERS_PER_READ == 2 and scale_model.NOW.holders_per_read == 2
+    assert _read_bytes(scale_model.NOW) == pytest.approx(2 * answer)
+    assert _read_bytes(scale_model.SEARCH_READS) == pytest.approx(7 * answer + whole_value)  # then cache_nearest
+
+    # what the model charges the farthest peer (no holder, answering no read now) per read it makes
+    with_reads, without = scale_model.Swarm(peers), scale_model.Swarm(peers)
+    key = scale_model.record_key("metrics", with_reads, FITTED, ACTIVITY, scale_model.NOW)
+    with_reads.add_key(key)
+    without.add_key(dataclasses.replace(key, reads=0.0))
+    farthest = max(key.ranks, key=key.ranks.get)
+    charged = with_reads.special[farthest].bytes["metrics"] - without.special[farthest].bytes["metrics"]
+    assert charged / key.reads == pytest.approx(2 * answer)
+
+    # tests/integration/test_local_reads.py measured a non-holder's read at 8 peers: 17,670 B from 2 holders,
+    # 47,847 B by hivemind's search (ratio 0.370). In that test the 5 holders held the records but the 2 other
+    # nodes asked held no cached copy (nobody had read), so 2 of the 7 answers carried node lists only, and
+    # hivemind's cache store followed 0 to 3 of its 3 reads (only when the value found is newer than the
+    # reader's own copy). The model's pieces put together so must bracket the measured ratio: that range
+    # (0.33 to 0.39 with the lab's entries) is the tolerance. The model's own ratio is lower, about 2 / 8:
+    # in a swarm where every peer reads, every node asked answers from a cached copy, and every read caches.
+    measured = 17_670 / 47_847
+    nodes_only = scale_model.find_bytes(scale_model.neighbours_in_answer(peers))
+    searched = 5 * answer + 2 * nodes_only
+    assert 2 * answer / (searched + whole_value) < measured < 2 * answer / searched
+    assert _read_bytes(scale_model.NOW) / _read_bytes(scale_model.SEARCH_READS) < measured
 
 
 @pytest.mark.parametrize("peers", [12, 60])
@@ -85,18 +142,22 @@ def test_the_worst_peer_grows_as_n_squared_and_the_mean_as_n():
     assert 5 < large["mean"]["bytes_per_s"] / small["mean"]["bytes_per_s"] < 20
 
 
-def test_a_holder_answers_the_stores_of_all_others_and_a_share_of_their_reads():
-    peers, design = 1000, scale_model.REDESIGNS[-1]
+@pytest.mark.parametrize("design", [scale_model.NOW, scale_model.REDESIGNS[-1]], ids=["now", "bounded"])
+def test_the_holders_nearest_to_the_key_answer_every_store_and_every_read(design):
+    peers = 1000
     swarm = scale_model.Swarm(peers)
     key = scale_model.record_key("progress", swarm, FITTED, ACTIVITY, design)
     swarm.add_key(key)
-    nearest = next(node for node, rank in key.ranks.items() if rank == 0)
-    holder, far = swarm.special[nearest].requests["progress"], swarm.anyone.requests["progress"]
-    stores, reads = scale_model.stores_per_s("progress", FITTED, ACTIVITY, design), key.holder_reads
+    stores, reads = scale_model.stores_per_s("progress", FITTED, ACTIVITY, design), key.reads
     others = peers - scale_model.NUM_REPLICAS
-    # it stores to one holder fewer and reads nothing; it answers every store, every holder search and its share of reads
-    answered = stores * (peers - 1) + (peers - 1) / scale_model.HOLDERS_MEMORY_S + reads * others / scale_model.NUM_REPLICAS
-    assert holder - far == pytest.approx(answered - stores - reads)
+    far = swarm.anyone.requests["progress"]
+    for rank in range(scale_model.NUM_REPLICAS):
+        holder = swarm.special[next(node for node, found in key.ranks.items() if found == rank)].requests["progress"]
+        # it stores to one holder fewer and reads nothing; it answers every store and every holder search, and,
+        # as one of the holders_per_read nearest (the code asks the nearest first), every other peer's reads
+        answered = stores * (peers - 1) + (peers - 1) / scale_model.HOLDERS_MEMORY_S
+        answered += reads * others if rank < design.holders_per_read else 0.0
+        assert holder - far == pytest.approx(answered - stores - reads * design.holders_per_read), rank
 
 
 def test_the_data_file_is_what_the_model_says_now():
@@ -104,5 +165,5 @@ def test_the_data_file_is_what_the_model_says_now():
     now = json.loads(json.dumps({"fitted": dataclasses.asdict(FITTED), "check": scale_model.check(FITTED),
                                  "projection": scale_model.projection(FITTED, ACTIVITY)}))
     assert {name: row[name] for name in now} == now, (
-        "the model changed: nice -n 10 .venv/bin/python benchmarks/scale_model.py --json benchmarks/scale_model_<date>.jsonl, "
+        "the model changed: nice -n 19 .venv/bin/python benchmarks/scale_model.py --json benchmarks/scale_model_<date>.jsonl, "
         "then .venv/bin/python benchmarks/results.py --write")
