@@ -20,9 +20,9 @@ nodes asked per search and e the bytes of one peer's signed entry:
   the key's records.
 - **Reads.** A holder reads its own copy (``local_reads.read_record``), as does every peer while it
   knows fewer than 5 others. Since 46082cf every other peer asks ``HOLDERS_PER_READ`` (2) of the
-  key's holders, found and remembered as for its stores, the nearest first: 2 requests a read, each
+  key's holders, found and remembered as for its stores, picked at random: 2 requests a read, each
   answer the key's whole dictionary, N entries, and no cache store. That is 2 N e bytes a read,
-  O(N) a peer; the 2 holders nearest to the key answer every read: O(N^2) bytes each. Before
+  O(N) a peer; the R holders share the swarm's reads, 2 / R of them each: O(N^2) bytes each. Before
   46082cf it read with hivemind's ``latest=True``. That search never stops early, so it asks all V
   nodes, and each answer carries the N entries (a node that is not a holder answers from the copy
   it cached when it read): V x N e bytes a read, O(N) a peer past N = 21, O(N^2) below it. hivemind
@@ -117,9 +117,9 @@ class Design:
             with the key's records (the code before ed0023b).
         paced_stores: progress is stored once per ``REPORT_PERIOD_S`` and at each new epoch, not about
             once a step.
-        holders_per_read: a peer that holds no copy asks this many of the key's holders, the nearest
-            first (remembered as for its stores): one request each, each answer the key's records, and no
-            cache store (``local_reads.HOLDERS_PER_READ``, since 46082cf). 0: hivemind's ``latest=True``
+        holders_per_read: a peer that holds no copy asks this many of the key's holders, picked at
+            random (remembered as for its stores): one request each, each answer the key's records, and no
+            cache store (``local_reads.HOLDERS_PER_READ``, since 46082cf; at random since 49d1673). 0: hivemind's ``latest=True``
             search, which asks every node among the V nearest and then stores the value on one more
             (``cache_nearest``), as before 46082cf.
         read_entries: a read returns at most this many entries (an aggregate or a sample of the
@@ -331,8 +331,8 @@ class KeyTraffic:
         stores: per node, stores a second of one entry, each sent to every holder but itself.
         store_bytes: one such store.
         reads: per node that is no holder, reads a second (a holder reads its own copy).
-        read_holders: how a read asks (``Design.holders_per_read``): the ``read_holders`` holders nearest
-            to the key, one request each; 0: hivemind's search (every node among the ``visits`` nearest),
+        read_holders: how a read asks (``Design.holders_per_read``): ``read_holders`` of the key's
+            holders at random, one request each; 0: hivemind's search (every node among the ``visits`` nearest),
             then a store of the whole value to the second nearest node (``cache_nearest``; the nearest
             answered first).
     """
@@ -415,10 +415,10 @@ class Swarm:
         load.add(kind, key.stores * (self.holders() - holder), key.store_bytes)
         load.add(kind, self._searched(key.holder_search, rank), self.answer)
         load.add(kind, self._searched(key.value_searches(), rank), with_value)
-        if holder:  # every other peer's stores; the holders nearest to the key answer every read
+        if holder:  # every other peer's stores, and its share of the reads: each picks its holders at random
             load.add(kind, key.stores * (self.peers - 1), key.store_bytes)
-            if rank is not None and rank < key.read_holders:
-                load.add(kind, key.reads * others, with_value)
+            if key.read_holders:
+                load.add(kind, key.reads * others * min(key.read_holders, self.holders()) / self.holders(), with_value)
         else:
             for requests, bytes_each in self.read_requests(key):
                 load.add(kind, key.reads * requests, bytes_each)
