@@ -114,6 +114,12 @@ def _gradient_distance(path: Path) -> str:
     return gradient_distance.report(path)
 
 
+def _robust_aggregation(path: Path) -> str:
+    import robust_aggregation
+
+    return robust_aggregation.report(path)
+
+
 def _diloco_sparse(path: Path) -> str:
     import diloco_study
 
@@ -141,6 +147,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "scale": _scale,
     "scale-model": _scale_model,
     "heterogeneous": _heterogeneous,
+    "robust-aggregation": _robust_aggregation,
     "diloco-sparse": _diloco_sparse,
 }
 

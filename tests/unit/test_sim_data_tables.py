@@ -1,5 +1,5 @@
-"""The renderer of RESULTS.md's diloco-sparse table, on a small synthetic data file and on the
-committed one: the cells it computes from the raw rows."""
+"""The renderers of RESULTS.md's robust-aggregation and diloco-sparse tables, on small synthetic
+data files (and the committed sparse rows): the cells they compute from the raw rows."""
 
 from __future__ import annotations
 
@@ -14,11 +14,52 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import diloco_study  # noqa: E402
+import robust_aggregation  # noqa: E402
+
+FACTS = {"commit": "0123456789abcdef-dirty", "date": "2026-11-27T11:02:03+00:00",
+         "machine": {"cpu": "x", "cores": 2, "memory_gib": 24.0, "torch": "2", "python": "3.11"}, "load": [1.04, 2.0, 3.0]}
 
 
 def write(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
+
+
+def simulated(losses: list[float], seconds: float, named: int = 0) -> dict:
+    return {"losses": losses, "reduce_seconds": [seconds] * (len(losses) - 1), "named": [named] + [0] * (len(losses) - 2),
+            "deviations": []}
+
+
+def test_robust_aggregation_renders_the_rounds_around_the_rogue_and_the_figures(tmp_path):
+    # 6 rounds, the rogue in rounds 2-3 (0-based 1 and 2): columns after round 1, 3, 5 and 6
+    runs = {"plain": simulated([4.0, 3.9, 3.8, 3.7, 3.6, 3.5, 3.4], 0.005),
+            "robust": simulated([4.0, 3.9, 3.8, 3.7, 3.6, 3.5, 3.366], 0.105),
+            robust_aggregation.ROUNDING_RUN: simulated([4.0, 3.9, 3.8, 3.7, 3.6, 3.5, 3.332], 0.004),
+            "plain + rogue": simulated([4.0, 3.9, 20.0, 30.0, 12.0, 9.0, 8.0], 0.005),
+            "robust + rogue": simulated([4.0, 3.9, 3.8, 3.7, 3.6, 3.5, 3.4], 0.115, named=57)}
+    runs["robust"]["deviations"] = [2e-8, 4e-8, 6e-8, 4e-8, 2e-8, 6e-8]
+    row = {"args": {"rounds": 6, "local_steps": 10, "micro_batch": 4, "seq_len": 64, "inner_lr": 3e-3, "rogue_from": 1,
+                    "rogue_rounds": 2},
+           "replicas": 4, "parameters": 824832, "runs": runs, "minutes": 12.4, "facts": FACTS, "load_after": [0.5, 1.0, 1.5]}
+    text = robust_aggregation.report(write(tmp_path / "robust.jsonl", [row]))
+    lines = text.splitlines()
+    assert lines[0].startswith("`robust_aggregation.py --rounds 6 --local-steps 10 --rogue-from 1 --rogue-rounds 2` at 0123456 "
+                               "(with uncommitted changes), 2026-11-27 11:02 UTC, 2 cores, load 1.0 / 2.0 / 3.0")
+    assert "0.5 / 1.0 / 1.5 at the end, 12 min" in lines[0]
+    assert "| run | eval loss after round 1 (before the rogue) | after round 3 (its last) | after round 5 | after round 6 (end) |" in text
+    assert "| plain + rogue | 3.9000 | 30.0000 | 9.0000 | 8.0000 | 0.005 | 0 |" in lines
+    assert "| robust + rogue | 3.9000 | 3.7000 | 3.5000 | 3.4000 | 0.115 | 57 |" in lines
+    assert "at most 6e-08 (4e-08 on average) of the plain mean's norm away from it over the 6 rounds" in text
+    # robust -1.00 % at the end against rounding's -2.00 %: within noise
+    assert "-1.00 % at the end, at most 1.00 % apart" in text
+    assert "-2.00 % at the end, at most 2.00 % apart: within noise" in text
+    assert "0.005 s plain, 0.105 s robust (21.0x, +0.100 s a round for 824,832 parameters" in text
+    assert "+0.025 s per peer and round" in text
+    assert "A rogue in rounds 2-3: the plain mean goes from 3.90 to 30.00 (at most 30.00, 8.00 at the end)" in text
+    assert "named 57 pieces and end at 3.4000, +1.01 % against the robust run without the rogue" in text
+    # further apart than the rounding run: said so
+    runs["robust"]["losses"][-1] = 3.2
+    assert "further apart than rounding alone moves them" in robust_aggregation.render_run(row)
 
 
 @functools.cache
