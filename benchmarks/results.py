@@ -126,6 +126,12 @@ def _diloco_sparse(path: Path) -> str:
     return diloco_study.sparse_table([path])
 
 
+def _tui_cpu(path: Path) -> str:
+    import tui_cpu
+
+    return tui_cpu.report(path)
+
+
 def _convergence(path: Path) -> str:
     import convergence
 
@@ -149,6 +155,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "heterogeneous": _heterogeneous,
     "robust-aggregation": _robust_aggregation,
     "diloco-sparse": _diloco_sparse,
+    "tui-cpu": _tui_cpu,
 }
 
 

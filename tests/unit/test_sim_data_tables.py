@@ -1,5 +1,5 @@
-"""The renderers of RESULTS.md's robust-aggregation and diloco-sparse tables, on small synthetic
-data files (and the committed sparse rows): the cells they compute from the raw rows."""
+"""The renderers of RESULTS.md's robust-aggregation, diloco-sparse and tui-cpu tables, on small
+synthetic data files: the cells they compute from the raw rows."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import diloco_study  # noqa: E402
 import robust_aggregation  # noqa: E402
+import tui_cpu  # noqa: E402
 
 FACTS = {"commit": "0123456789abcdef-dirty", "date": "2026-11-27T11:02:03+00:00",
          "machine": {"cpu": "x", "cores": 2, "memory_gib": 24.0, "torch": "2", "python": "3.11"}, "load": [1.04, 2.0, 3.0]}
@@ -100,3 +101,15 @@ def test_the_committed_sparse_rows_render_every_configuration():
     assert len(lines) == 2 + 14
     assert lines[2] == "| H320, outer lr 1, sparse2bit-64of4096 | 1.5283 | +6.07 % | 62 | 20,000x |"
     assert "| **H64, outer lr 2.5, sparse2bit-16of4096, decay 0.9** | 1.4644 | **+1.64 %** | 103 | **12,049x** |" in lines
+
+
+def test_tui_cpu_renders_a_row_per_round_with_the_ratio(tmp_path):
+    row = {"before": "f77d936", "before_commit": "f77d936" + "0" * 33, "seconds": 60.0, "epochs": 3,
+           "rounds": [{"before TUI": 1.82, "after TUI": 0.6, "before daemon": 0.22, "after daemon": 0.08},
+                      {"before TUI": 2.0, "after TUI": 1.5, "before daemon": 0.26, "after daemon": 0.07}],
+           "load_before": [0.41, 0.5, 0.6], "load_after": [0.9, 0.7, 0.65], "facts": {**FACTS, "commit": "abcdef0123"}}
+    lines = tui_cpu.report(write(tmp_path / "tui.jsonl", [row])).splitlines()
+    assert lines[0] == ("f77d936 against abcdef0, 2026-11-27 11:02 UTC, 2 cores, 60 s a round after 3 epochs; load average "
+                        "(1, 5, 15 min) 0.4, 0.5, 0.6 before the first round, 0.9, 0.7, 0.7 after the last:")
+    assert lines[2].startswith("| round | f77d936's TUI (CPU s/min) | this TUI (CPU s/min) | this / f77d936 |")
+    assert lines[4:] == ["| 1 | 1.82 | 0.60 | **0.33** | 0.22 | 0.08 |", "| 2 | 2.00 | 1.50 | **0.75** | 0.26 | 0.07 |"]
