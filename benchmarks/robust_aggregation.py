@@ -182,9 +182,8 @@ def render_run(row: dict) -> str:
               f"- Nobody misbehaving: the robust average is at most {max(deviations):.2g} ({mean(deviations):.2g} on average) "
               f"of the plain mean's norm away from it over the {len(deviations)} rounds. Eval loss robust against plain: "
               f"{change(robust[-1], plain[-1]):+.2f} % at the end, at most {apart:.2f} % apart over the rounds; the plain run with "
-              f"rounding-level noise against plain: {change(rounded[-1], plain[-1]):+.2f} % at the end, at most {noise:.2f} % apart: "
-              + ("within noise (robust no further from plain than rounding alone moves it)." if apart <= noise else
-                 "further apart than rounding alone moves them."),
+              f"rounding-level noise against plain: {change(rounded[-1], plain[-1]):+.2f} % at the end, at most {noise:.2f} % apart "
+              + (f"(robust's largest gap {apart / noise:.2f}x rounding's)." if noise else "(rounding alone moved nothing)."),
               f"- Cost: the reducers' CPU per round {plain_cpu:.3f} s plain, {robust_cpu:.3f} s robust "
               f"({robust_cpu / max(plain_cpu, 1e-9):.1f}x, +{robust_cpu - plain_cpu:.3f} s a round for {row['parameters']:,} "
               f"parameters, all {row['replicas']} reducers on one thread: +{(robust_cpu - plain_cpu) / row['replicas']:.3f} s "
