@@ -149,7 +149,7 @@ def render_run(row: dict) -> str:
     commit = run_facts["commit"][:7] + (" (with uncommitted changes)" if run_facts["commit"].endswith("-dirty") else "")
     loads = [", ".join(f"{value:.1f}" for value in row[key]) for key in ("load_before", "load_after")]
     lines = [f"{before} against {commit}, {run_facts['date'][:16].replace('T', ' ')} UTC, {run_facts['machine']['cores']} cores, "
-             f"{row['seconds']:.0f} s a round after {row['epochs']} epochs; load average (1, 5, 15 min) {loads[0]} before the "
+             f"{row['seconds']:.0f} s a round after {row['epochs']} epoch{'s' if row['epochs'] != 1 else ''}; load average (1, 5, 15 min) {loads[0]} before the "
              f"first round, {loads[1]} after the last:", "",
              f"| round | {before}'s TUI (CPU s/min) | this TUI (CPU s/min) | this / {before} | {before}'s daemon (CPU s/min) | "
              "this daemon (CPU s/min) |", "|---|---:|---:|---:|---:|---:|"]

@@ -114,3 +114,4 @@ def test_tui_cpu_renders_a_row_per_round_with_the_ratio(tmp_path):
                         "(1, 5, 15 min) 0.4, 0.5, 0.6 before the first round, 0.9, 0.7, 0.7 after the last:")
     assert lines[2].startswith("| round | f77d936's TUI (CPU s/min) | this TUI (CPU s/min) | this / f77d936 |")
     assert lines[4:] == ["| 1 | 1.82 | 0.60 | **0.33** | 0.22 | 0.08 |", "| 2 | 2.00 | 1.50 | **0.75** | 0.26 | 0.07 |"]
+    assert "60 s a round after 1 epoch; load average" in tui_cpu.render_run({**row, "epochs": 1})
