@@ -56,7 +56,7 @@ from p2ptrain.peers.training.optimizers import learning_rate_factor
 from p2ptrain.peers.compression.codecs import Blockwise8Bit
 from p2ptrain.peers.worker.run_setup import stream_seed
 
-from convergence import pretrained_model  # benchmarks/convergence.py, beside this script
+from convergence import GOALS, pretrained_model  # benchmarks/convergence.py, beside this script
 from run_facts import facts  # benchmarks/run_facts.py
 
 HERE = Path(__file__).resolve().parent
@@ -319,6 +319,42 @@ def report(paths: list[Path], out: Path, baseline_loss: float | None = None) -> 
     text = "\n".join(lines) + "\n"
     out.write_text(text)
     return text
+
+
+def sparse_table(paths: list[Path]) -> str:
+    """RESULTS.md's simulated sparse table: every sparse DiLoCo row of ``paths`` (a configuration run
+    again: its latest row), by reduction (largest first), its Δ against the base-4B row of the same
+    budget; Δ and reduction in bold where both meet issue 15's goal (within 2 % at >= 10,000x)."""
+    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+
+    def budget(row: dict) -> tuple:
+        return row.get("pretrain_samples", 0), row["total_samples"], row["micro_batch"], row["seq_len"]
+
+    baselines = {budget(row): row["eval_loss"] for row in rows if row["config"]["name"] == "base-4B"}
+    latest = {(budget(row), row["config"]["name"]): row for row in rows
+              if row["config"]["kind"] == "diloco" and parse_rung(row["config"]["compression"]).sparse}
+    goal = next(factor for _, kind, _, factor in GOALS if kind == "sparse DiLoCo")
+    parameters = build_model("tiny", seed=SEED).trainable_parameters
+    lines = ["| simulated | eval loss | Δ vs base-4B | bytes/sample | reduction |", "|---|---:|---:|---:|---:|"]
+    table = []
+    for (key, _), row in latest.items():
+        config = row["config"]
+        if key not in baselines:
+            raise ValueError(f"{config['name']}: no base-4B row of the same budget")
+        delta = 100 * (row["eval_loss"] - baselines[key]) / baselines[key]
+        per_sample = row["averaging_bytes"] / row["total_samples"]
+        reduction = reference_bytes_per_sample(parameters, row["micro_batch"]) / per_sample
+        table.append((reduction, config, row["eval_loss"], delta, per_sample))
+    for reduction, config, loss, delta, per_sample in sorted(table, key=lambda entry: (-entry[0], entry[1]["name"])):
+        bold = "**" if delta <= 2 and reduction >= goal else ""
+        name = (f"H{config['local_steps']}, outer lr {config['outer_lr']:g}"
+                + (f", momentum {config['outer_momentum']:g}" if config["outer_momentum"] else "")
+                + (f", inner lr {config['inner_lr']:g}" if config["inner_lr"] != 3e-3 else "")
+                + (f", {config['schedule']}" if config["schedule"] != "constant" else "")
+                + f", {config['compression']}"
+                + (f", decay {config['error_feedback_decay']:g}" if config["error_feedback_decay"] != 1 else ""))
+        lines.append(f"| {bold}{name}{bold} | {loss:.4f} | {bold}{delta:+.2f} %{bold} | {per_sample:,.0f} | {bold}{reduction:,.0f}x{bold} |")
+    return "\n".join(lines)
 
 
 # the stability criteria of ``--stability`` (issue 24)

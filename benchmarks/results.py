@@ -114,6 +114,24 @@ def _gradient_distance(path: Path) -> str:
     return gradient_distance.report(path)
 
 
+def _robust_aggregation(path: Path) -> str:
+    import robust_aggregation
+
+    return robust_aggregation.report(path)
+
+
+def _diloco_sparse(path: Path) -> str:
+    import diloco_study
+
+    return diloco_study.sparse_table([path])
+
+
+def _tui_cpu(path: Path) -> str:
+    import tui_cpu
+
+    return tui_cpu.report(path)
+
+
 def _convergence(path: Path) -> str:
     import convergence
 
@@ -156,6 +174,9 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "scale": _scale,
     "scale-model": _scale_model,
     "heterogeneous": _heterogeneous,
+    "robust-aggregation": _robust_aggregation,
+    "diloco-sparse": _diloco_sparse,
+    "tui-cpu": _tui_cpu,
 }
 
 

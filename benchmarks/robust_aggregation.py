@@ -1,7 +1,8 @@
 """What robust aggregation costs when nobody misbehaves, and what it saves when a rogue joins.
 
-    nice -n 10 .venv/bin/python benchmarks/robust_aggregation.py [--rounds 16] [--local-steps 10] \
-        [--rogue-from 5] [--rogue-rounds 3] [--out benchmarks/robust_aggregation_results.md]
+    nice -n 19 .venv/bin/python benchmarks/robust_aggregation.py [--rounds 16] [--local-steps 10] \
+        [--rogue-from 5] [--rogue-rounds 3] --json benchmarks/robust_aggregation_<date>.jsonl
+    .venv/bin/python benchmarks/robust_aggregation.py --report benchmarks/robust_aggregation_<date>.jsonl
 
 The same exact DiLoCo simulation as ``diloco_study.py`` (4 replicas of the
 ``tiny`` model in one process, one AdamW state and data stream each, outer
@@ -21,15 +22,19 @@ five times from the same start on the same data:
   as a sender only: the swarm tests (``tests/integration/test_faults_rogue.py``)
   cover a rogue that also reduces.
 
-It reports the eval loss (256 fixed validation windows) at the end and around
-the rogue's rounds, how far the robust average is from the plain mean when
-nobody misbehaves, and the seconds the reducers spend per round (one thread).
+Each invocation appends one JSON line to ``--json``: its arguments, the facts of
+the run (``run_facts.py``: commit, date, machine, load at the start; ``load_after``
+at the end), its minutes, and per run every round's eval loss (256 fixed
+validation windows; the first before any round), reducer CPU seconds (one
+thread) and pieces the reducers named, and for ``robust`` how far its average
+was from the plain mean each round. ``--report`` renders RESULTS.md's table
+(``results.py``: ``robust-aggregation``) and the figures below it from that file.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import sys
 import time
 from pathlib import Path
@@ -42,6 +47,9 @@ from p2ptrain.peers.robust.reduce import RobustOptions, plausible_weight, robust
 from p2ptrain.peers.worker.run_setup import stream_seed
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from run_facts import facts  # noqa: E402  (benchmarks/run_facts.py)
+
 DATASET = {"kind": "stdlib"}
 SEED = 1
 REPLICAS = 4
@@ -93,7 +101,7 @@ def simulate(args, windows: list, robust: bool, rogue: bool, rounding: float = 0
     samples = args.local_steps * args.micro_batch
     options = RobustOptions.for_pseudo_gradients(plausible_weight(samples), args.inner_lr, 1.0, len(parameters))
     noise = torch.Generator().manual_seed(SEED)
-    losses, reduce_seconds, deviations, named = [mean_loss(model, windows)], [], [], 0
+    losses, reduce_seconds, deviations, named = [mean_loss(model, windows)], [], [], []
     for round_index in range(args.rounds):
         pseudo = []
         for replica in range(REPLICAS):
@@ -114,7 +122,7 @@ def simulate(args, windows: list, robust: bool, rogue: bool, rounding: float = 0
         if rounding:
             averaged = [tensor * (1 + rounding * torch.randn(tensor.shape, generator=noise)) for tensor in averaged]
         reduce_seconds.append(seconds)
-        named += round_named
+        named.append(round_named)
         if robust and not rogue:
             mean, _, _ = average(pseudo, [float(samples)] * REPLICAS, None)
             deviations.append(float(torch.cat([(a - m).reshape(-1) for a, m in zip(averaged, mean)]).norm()
@@ -129,36 +137,67 @@ def simulate(args, windows: list, robust: bool, rogue: bool, rounding: float = 0
         losses.append(mean_loss(model, windows))
         print(f"{'robust' if robust else 'plain'}{' + rogue' if rogue else ''} round {round_index + 1}: eval loss {losses[-1]:.4f}",
               file=sys.stderr, flush=True)
-    return {"losses": losses, "reduce_seconds": sum(reduce_seconds) / len(reduce_seconds), "deviations": deviations, "named": named}
+    return {"losses": losses, "reduce_seconds": reduce_seconds, "named": named, "deviations": deviations}
 
 
-def report(args, runs: dict[str, dict], load: str, seconds: float) -> str:
-    before, after = args.rogue_from, args.rogue_from + args.rogue_rounds
-    lines = [
-        "## Robust aggregation: its cost with nobody misbehaving, and a rogue before/after", "",
-        f"`nice -n 10 .venv/bin/python benchmarks/robust_aggregation.py --rounds {args.rounds} --local-steps {args.local_steps} "
-        f"--rogue-from {args.rogue_from} --rogue-rounds {args.rogue_rounds}` ({seconds / 60:.0f} min; load average at the start: {load}). "
-        f"Exact DiLoCo simulation, {REPLICAS} replicas of `tiny` from random weights, H = {args.local_steps}, B = {args.micro_batch}, "
-        f"seq_len {args.seq_len}, inner AdamW lr {args.inner_lr:g}, outer Nesterov lr 0.7 momentum 0.9, no compression "
-        "(see the script's docstring). Eval loss: nats/byte on 256 fixed validation windows.", "",
-        f"| run | eval loss after round {before} (before the rogue) | after round {after} (its last) | after round {min(after + 2, args.rounds)} | "
-        f"after round {args.rounds} (end) | reducer CPU s per round | pieces left out or named |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def change(loss: float, reference: float) -> float:
+    """``loss`` against ``reference``, in %."""
+    return 100 * (loss - reference) / reference
+
+
+def loads(values: list[float]) -> str:
+    return " / ".join(f"{value:.1f}" for value in values)
+
+
+def render_run(row: dict) -> str:
+    """One invocation's line of ``--json``: its facts, the table and the figures below it."""
+    args, runs, run_facts = row["args"], row["runs"], row["facts"]
+    rounds, before = args["rounds"], args["rogue_from"]
+    after = before + args["rogue_rounds"]
+    later = min(after + 2, rounds)
+    command = (f"--rounds {rounds} --local-steps {args['local_steps']} --rogue-from {before} --rogue-rounds {args['rogue_rounds']}")
+    commit = run_facts["commit"][:7] + (" (with uncommitted changes)" if run_facts["commit"].endswith("-dirty") else "")
+    attacked = f"round {after}" if after == before + 1 else f"rounds {before + 1}-{after}"
+    lines = [f"`robust_aggregation.py {command}` at {commit}, {run_facts['date'][:16].replace('T', ' ')} UTC, "
+             f"{run_facts['machine']['cores']} cores, load {loads(run_facts['load'])} (1 / 5 / 15 min) at the start, "
+             f"{loads(row['load_after'])} at the end, {row['minutes']:.0f} min:", "",
+             f"| run | eval loss after round {before} (before the rogue) | after round {after} (its last) | after round {later} | "
+             f"after round {rounds} (end) | reducer CPU s per round | pieces left out or named |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, run in runs.items():
         losses = run["losses"]
-        lines.append(f"| {name} | {losses[before]:.4f} | {losses[after]:.4f} | {losses[min(after + 2, args.rounds)]:.4f} | "
-                     f"{losses[-1]:.4f} | {run['reduce_seconds']:.3f} | {run['named']} |")
-    honest = runs["robust"]["deviations"]
-    plain, robust, rounded = (runs[name]["losses"][-1] for name in ("plain", "robust", ROUNDING_RUN))
-    lines += ["", f"Nobody misbehaving: the robust average is {max(honest):.2g} (largest) / {sum(honest) / len(honest):.2g} (mean) "
-              f"of the plain mean's norm away from it over the {len(honest)} rounds, the final eval loss "
-              f"{100 * (robust - plain) / plain:+.2f} % against the plain mean's (rounding-level noise alone: "
-              f"{100 * (rounded - plain) / plain:+.2f} %), the reducers "
-              f"{runs['robust']['reduce_seconds'] / max(runs['plain']['reduce_seconds'], 1e-9):.1f}x the plain mean's CPU time "
-              f"({runs['robust']['reduce_seconds'] - runs['plain']['reduce_seconds']:.3f} s more per round, for "
-              f"{sum(p.numel() for p in build_model('tiny', seed=SEED).trainable()):,} parameters).", ""]
+        lines.append(f"| {name} | {losses[before]:.4f} | {losses[after]:.4f} | {losses[later]:.4f} | {losses[-1]:.4f} | "
+                     f"{mean(run['reduce_seconds']):.3f} | {sum(run['named'])} |")
+    plain, robust, rounded = (runs[name]["losses"] for name in ("plain", "robust", ROUNDING_RUN))
+    apart = max(abs(change(r, p)) for r, p in zip(robust[1:], plain[1:]))
+    noise = max(abs(change(r, p)) for r, p in zip(rounded[1:], plain[1:]))
+    deviations = runs["robust"]["deviations"]
+    plain_cpu, robust_cpu = mean(runs["plain"]["reduce_seconds"]), mean(runs["robust"]["reduce_seconds"])
+    rogue, robust_rogue = runs["plain + rogue"]["losses"], runs["robust + rogue"]["losses"]
+    lines += ["",
+              f"- Nobody misbehaving: the robust average is at most {max(deviations):.2g} ({mean(deviations):.2g} on average) "
+              f"of the plain mean's norm away from it over the {len(deviations)} rounds. Eval loss robust against plain: "
+              f"{change(robust[-1], plain[-1]):+.2f} % at the end, at most {apart:.2f} % apart over the rounds; the plain run with "
+              f"rounding-level noise against plain: {change(rounded[-1], plain[-1]):+.2f} % at the end, at most {noise:.2f} % apart "
+              + (f"(robust's largest gap {apart / noise:.2f}x rounding's)." if noise else "(rounding alone moved nothing)."),
+              f"- Cost: the reducers' CPU per round {plain_cpu:.3f} s plain, {robust_cpu:.3f} s robust "
+              f"({robust_cpu / max(plain_cpu, 1e-9):.1f}x, +{robust_cpu - plain_cpu:.3f} s a round for {row['parameters']:,} "
+              f"parameters, all {row['replicas']} reducers on one thread: +{(robust_cpu - plain_cpu) / row['replicas']:.3f} s "
+              "per peer and round).",
+              f"- A rogue in {attacked}: the plain mean goes from {rogue[before]:.2f} to {rogue[after]:.2f} "
+              f"(at most {max(rogue):.2f}, {rogue[-1]:.2f} at the end); the robust reducers named "
+              f"{sum(runs['robust + rogue']['named'])} pieces and end at {robust_rogue[-1]:.4f}, "
+              f"{change(robust_rogue[-1], robust[-1]):+.2f} % against the robust run without the rogue."]
     return "\n".join(lines)
+
+
+def report(path: Path) -> str:
+    """Every invocation of ``path`` (``--json``) rendered by ``render_run``."""
+    return "\n\n".join(render_run(json.loads(line)) for line in path.read_text().splitlines() if line.strip())
 
 
 def main() -> None:
@@ -171,18 +210,27 @@ def main() -> None:
     parser.add_argument("--rogue-from", type=int, default=5, help="the rogue's first round (0-based)")
     parser.add_argument("--rogue-rounds", type=int, default=3)
     parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/p2ptrain-study-cache"))
-    parser.add_argument("--out", type=Path, default=HERE / "robust_aggregation_results.md")
+    parser.add_argument("--json", type=Path, help="append the invocation's row (see the docstring) to this JSON-lines file")
+    parser.add_argument("--report", type=Path, help="print the table of this file and exit")
     args = parser.parse_args()
+    if args.report:
+        print(report(args.report))
+        return
     torch.set_num_threads(1)
-    load = " ".join(f"{value:.1f}" for value in os.getloadavg())
+    run_facts = facts()
     started = time.monotonic()
-    windows = validation_batches(DATASET, build_model("tiny", seed=SEED).tokenizer, args.seq_len, EVAL_BATCH, args.cache_dir, EVAL_BATCHES)
+    loaded = build_model("tiny", seed=SEED)
+    windows = validation_batches(DATASET, loaded.tokenizer, args.seq_len, EVAL_BATCH, args.cache_dir, EVAL_BATCHES)
     runs = {name: simulate(args, windows, robust=robust, rogue=rogue, rounding=rounding) for name, robust, rogue, rounding in
             (("plain", False, False, 0.0), ("robust", True, False, 0.0), (ROUNDING_RUN, False, False, 1e-7),
              ("plain + rogue", False, True, 0.0), ("robust + rogue", True, True, 0.0))}
-    text = report(args, runs, load, time.monotonic() - started)
-    args.out.write_text(text)
-    print(text)
+    row = {"args": {key: value for key, value in vars(args).items() if key not in ("cache_dir", "json", "report")},
+           "replicas": REPLICAS, "parameters": sum(parameter.numel() for parameter in loaded.trainable()), "runs": runs,
+           "minutes": (time.monotonic() - started) / 60, "facts": run_facts, "load_after": facts()["load"]}
+    if args.json:
+        with args.json.open("a") as output:
+            output.write(json.dumps(row) + "\n")
+    print(render_run(row))
 
 
 if __name__ == "__main__":

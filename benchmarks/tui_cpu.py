@@ -13,9 +13,16 @@ process CPU time (user + system, psutil) at the start and the end of
 (goal: after <= half of before), each daemon's CPU per minute over the same
 window, and the load average (the machine may be shared).
 
-    .venv/bin/python benchmarks/tui_cpu.py [--before f77d936] [--seconds 60] [--rounds 1]
+    .venv/bin/python benchmarks/tui_cpu.py [--before f77d936] [--seconds 60] [--rounds 1] [--out FILE.jsonl]
+    .venv/bin/python benchmarks/tui_cpu.py --report FILE.jsonl
 
 Each round starts both TUIs afresh. Needs tmux (``apt-get install tmux``).
+``--out`` appends one JSON line per invocation: every round's CPU seconds per
+minute of both TUIs and both daemons, the seconds, the epochs, the before
+revision (and its full commit), the load average just before the first round
+and after the last, and the facts of the run (``run_facts.py``: this
+checkout's commit, date, machine). ``--report`` renders RESULTS.md's round table
+from that file (``results.py``: ``tui-cpu``).
 """
 
 from __future__ import annotations
@@ -37,12 +44,14 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "tui"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from tmux import TMUX, TmuxPane, tui_command  # noqa: E402
 
 from p2ptrain.demo import loopback_config  # noqa: E402
 from p2ptrain.paths import resolve_paths  # noqa: E402
 from p2ptrain.protocol import ControlClient, DaemonNotRunning  # noqa: E402
+from run_facts import facts  # noqa: E402
 
 RUN = "tui-cpu"
 # main before the TUI followed the daemon's pushed updates (it polled five methods every second).
@@ -99,7 +108,8 @@ def start_training(source: Path, home: Path) -> subprocess.Popen:
 
 
 def measure_round(homes: dict[str, Path], sources: dict[str, Path], daemons: dict[str, psutil.Process], seconds: float) -> dict:
-    """Each TUI on its daemon, side by side for ``seconds``: CPU seconds per minute of the TUIs and the daemons."""
+    """Each TUI on its daemon, side by side for ``seconds``: CPU seconds per minute of the TUIs and the daemons
+    (keys ``before TUI``, ``after TUI``, ``before daemon``, ``after daemon``; ``sources``' keys are before and after)."""
     panes = {name: TmuxPane(120, 40).open() for name in sources}
     try:
         for name, source in sources.items():
@@ -133,21 +143,48 @@ def stop(daemon: subprocess.Popen) -> None:
         daemon.wait(10)
 
 
+def render_run(row: dict) -> str:
+    """One invocation's line of ``--out``: its facts and a row per round."""
+    run_facts, before = row["facts"], row["before"]
+    commit = run_facts["commit"][:7] + (" (with uncommitted changes)" if run_facts["commit"].endswith("-dirty") else "")
+    loads = [", ".join(f"{value:.1f}" for value in row[key]) for key in ("load_before", "load_after")]
+    lines = [f"{before} against {commit}, {run_facts['date'][:16].replace('T', ' ')} UTC, {run_facts['machine']['cores']} cores, "
+             f"{row['seconds']:.0f} s a round after {row['epochs']} epoch{'s' if row['epochs'] != 1 else ''}; load average (1, 5, 15 min) {loads[0]} before the "
+             f"first round, {loads[1]} after the last:", "",
+             f"| round | {before}'s TUI (CPU s/min) | this TUI (CPU s/min) | this / {before} | {before}'s daemon (CPU s/min) | "
+             "this daemon (CPU s/min) |", "|---|---:|---:|---:|---:|---:|"]
+    for number, result in enumerate(row["rounds"], 1):
+        lines.append(f"| {number} | {result['before TUI']:.2f} | {result['after TUI']:.2f} | "
+                     f"**{result['after TUI'] / result['before TUI']:.2f}** | {result['before daemon']:.2f} | {result['after daemon']:.2f} |")
+    return "\n".join(lines)
+
+
+def report(path: Path) -> str:
+    """Every invocation of ``path`` (``--out``) rendered by ``render_run``."""
+    return "\n\n".join(render_run(json.loads(line)) for line in path.read_text().splitlines() if line.strip())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default=DEFAULT_BEFORE, help=f"the git revision to compare with (default {DEFAULT_BEFORE})")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long to measure each round (default 60)")
     parser.add_argument("--rounds", type=int, default=1, help="how many rounds (default 1)")
     parser.add_argument("--epochs", type=int, default=3, help="epochs each daemon finishes before the TUIs start (default 3)")
-    parser.add_argument("--json", action="store_true", help="print the rounds as JSON too")
+    parser.add_argument("--out", type=Path, help="append the invocation's row (see the docstring) to this JSON-lines file")
+    parser.add_argument("--report", type=Path, help="print the table of this file and exit")
     args = parser.parse_args()
+    if args.report:
+        print(report(args.report))
+        return 0
     if TMUX is None:
         print("tui_cpu: needs tmux for real terminals; install it (apt-get install tmux)", file=sys.stderr)
         return 2
-    before, after = f"before ({args.before})", "after (this checkout)"
+    run_facts = facts()
+    before_commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", args.before], capture_output=True, text=True,
+                                   check=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="p2p-tui-cpu-") as directory:
         directory = Path(directory)
-        sources = {before: extract(args.before, directory / "before"), after: REPO}
+        sources = {"before": extract(args.before, directory / "before"), "after": REPO}
         homes = {name: directory / f"home-{index}" for index, name in enumerate(sources)}
         started: dict[str, subprocess.Popen] = {}
         try:
@@ -163,18 +200,14 @@ def main() -> int:
         finally:
             for daemon in started.values():
                 stop(daemon)
-    print(f"| round | {before} TUI | {after} TUI | TUI after / before | {before} daemon | {after} daemon |")
-    print("|---|---|---|---|---|---|")
-    for number, result in enumerate(rounds, 1):
-        ratio = result[f"{after} TUI"] / result[f"{before} TUI"]
-        print(f"| {number} | {result[f'{before} TUI']:.2f} | {result[f'{after} TUI']:.2f} | {ratio:.2f} |"
-              f" {result[f'{before} daemon']:.2f} | {result[f'{after} daemon']:.2f} |")
-    print(f"\nCPU seconds per minute; {args.seconds:.0f} s a round. Load average (1, 5, 15 min): "
-          f"{', '.join(f'{x:.2f}' for x in load_before)} before, {', '.join(f'{x:.2f}' for x in load_after)} after "
-          f"({os.cpu_count()} cores)")
-    print(f"command: {shlex.join(['python', *sys.argv])}")
-    if args.json:
-        print(json.dumps(rounds))
+    row = {"before": args.before, "before_commit": before_commit, "seconds": args.seconds, "epochs": args.epochs,
+           "rounds": rounds, "load_before": [round(value, 2) for value in load_before],
+           "load_after": [round(value, 2) for value in load_after], "facts": run_facts}
+    if args.out:
+        with args.out.open("a") as output:
+            output.write(json.dumps(row) + "\n")
+    print(render_run(row))
+    print(f"\ncommand: {shlex.join(['python', *sys.argv])}")
     return 0
 
 
