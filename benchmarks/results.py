@@ -114,6 +114,12 @@ def _gradient_distance(path: Path) -> str:
     return gradient_distance.report(path)
 
 
+def _soak(path: Path) -> str:
+    import soak
+
+    return soak.report(path)
+
+
 def _convergence(path: Path) -> str:
     import convergence
 
@@ -135,6 +141,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "scale": _scale,
     "scale-model": _scale_model,
     "heterogeneous": _heterogeneous,
+    "soak": _soak,
 }
 
 
