@@ -289,8 +289,9 @@ class Soak:
         if self.churns % 2:
             what = leaving.leave()
         else:
+            minute = round((time.monotonic() - self.started) / 60, 1)
             kill = leaving.sigkill()
-            self.kills.append({"minute": round((time.monotonic() - self.started) / 60, 1), **kill})
+            self.kills.append({"minute": minute, **kill})
             what = (f"SIGKILL: {kill['still_up']} of {kill['processes']} processes still up after {KILL_WAIT_S:.0f} s"
                     if kill["still_up"] else f"SIGKILL: its {kill['processes']} processes gone in {kill['gone_s']:.1f} s")
         if self.churns % 2 or not self.out:
@@ -410,10 +411,11 @@ def _column(run: dict) -> list[str]:
             rss += f"; {later[-1][1] - later[0][1]:+d} MiB from minute {later[0][0]} to {later[-1][0]}"
     gone = sorted(kill["gone_s"] for kill in run["kills"] if kill["gone_s"] is not None)
     stuck = [kill for kill in run["kills"] if kill["gone_s"] is None]
-    kills = ", ".join(f"{seconds:.1f}" for seconds in gone) + " s" if gone else "–"
+    kills = [", ".join(f"{seconds:.1f}" for seconds in gone) + " s"] if gone else []
     if stuck:
-        kills += f"; {len(stuck)} with processes still up after {KILL_WAIT_S:.0f} s"
-    kills += f" ({len(run['kills'])} kills)"
+        kills.append(f"{len(stuck)} with processes still up after {KILL_WAIT_S:.0f} s")
+    count = len(run["kills"])
+    commit = run["commit"][:9] + ("-dirty" if run["commit"].endswith("-dirty") else "")
     return [
         f"{run['peers']} peers, {run['minutes']:g} min, a churn every {run['churn_every_s']:g} s ({run['churns']} churns)",
         f"{run['epochs_advanced']}",
@@ -421,9 +423,9 @@ def _column(run: dict) -> list[str]:
         f"{run['downloads']} ({run['downloads_total']} from the start)",
         f"{_span(settled)} of {run['peers']}" if settled else f"no row from minute {SETTLED_MINUTE}",
         rss,
-        kills,
+        "; ".join(kills) + f" ({count} kill{'s' if count != 1 else ''})" if count else "no kill",
         f"{len(run['left_behind'])}",
-        f"commit {run['commit'][:9]}, {run['date']}, {run['machine']['cores']} cores, "
+        f"commit {commit}, {run['date']}, {run['machine']['cores']} cores, "
         f"load {run['load'][0]:.1f} at the start, {run['load_end'][0]:.1f} at the end (1 min)",
     ]
 

@@ -48,7 +48,7 @@ def test_report_has_a_column_per_run_with_its_cells(tmp_path):
         run("diloco", "d" * 40, kills=[{**kill, "still_up": 0, "gone_s": 27.6}, {**kill, "still_up": 2, "gone_s": None}],
             left_behind=["123 p2pd"]),
         run("sync", "a" * 40, kills=[{**kill, "still_up": 0, "gone_s": 8.4}, {**kill, "still_up": 0, "gone_s": 6.3}]),
-        run("sync", "b" * 40, kills=[]),
+        run("sync", "b" * 40 + "-dirty", kills=[{**kill, "still_up": 0, "gone_s": 5.0}]),
     ]) + "\n")
     table = cells(soak.report(data))
     assert table["head"] == ["sync #1", "sync #2", "diloco"]
@@ -61,13 +61,14 @@ def test_report_has_a_column_per_run_with_its_cells(tmp_path):
     assert table["RSS growth of the peer that stayed (p0), MiB per 10 min"][0] == \
         "+131 (1000 → 1055 MiB in 4.2 min); -5 MiB from minute 3.1 to 4.2"
     kills = table["a SIGKILLed daemon's processes gone after"]
-    assert kills == ["6.3, 8.4 s (2 kills)", "– (0 kills)", "27.6 s; 1 with processes still up after 30 s (2 kills)"]
+    assert kills == ["6.3, 8.4 s (2 kills)", "5.0 s (1 kill)", "27.6 s; 1 with processes still up after 30 s (2 kills)"]
     assert table["processes left behind at the end"] == ["0", "0", "1"]
-    assert table["measured"][1] == "commit bbbbbbbbb, 2026-11-27T11:00:00+00:00, 2 cores, load 1.5 at the start, 2.2 at the end (1 min)"
+    assert table["measured"][1] == "commit bbbbbbbbb-dirty, 2026-11-27T11:00:00+00:00, 2 cores, load 1.5 at the start, 2.2 at the end (1 min)"
 
 
 def test_results_py_renders_soak_tables_with_report(tmp_path):
     data = tmp_path / "soak.jsonl"
     data.write_text(json.dumps(run("sync", "c" * 40, kills=[])) + "\n")
     assert results.RENDERERS["soak"](data) == soak.report(data)
-    assert cells(soak.report(data))["head"] == ["sync"]
+    table = cells(soak.report(data))
+    assert table["head"] == ["sync"] and table["a SIGKILLed daemon's processes gone after"] == ["no kill"]
