@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import re
 import sys
 from dataclasses import dataclass
@@ -42,141 +43,43 @@ def _plan_table(path: Path) -> str:
     return plan_table.render(json.loads(path.read_text()))
 
 
-def _guard_cost(path: Path) -> str:
-    import guard_cost
+def _renderer(module: str, function: str = "report", in_a_list: bool = False, **options) -> Callable[[Path], str]:
+    """A renderer that imports ``module`` when first used and returns ``module.function(path, **options)``.
 
-    return guard_cost.report([path])
+    Args:
+        module: the benchmark script beside this file that wrote the data.
+        function: its function that renders the table.
+        in_a_list: the function takes a list of data files: it gets ``[path]``.
+        options: keyword arguments for the function.
+    """
+    def render(path: Path) -> str:
+        return getattr(importlib.import_module(module), function)([path] if in_a_list else path, **options)
 
-
-def _diloco_stability(path: Path) -> str:
-    import diloco_study
-
-    return diloco_study.stability([path])
-
-
-def _db_year(path: Path) -> str:
-    import db_year
-
-    return db_year.report(path)
-
-
-def _heterogeneous(path: Path) -> str:
-    import heterogeneous
-
-    return heterogeneous.report(path)
-
-
-def _wan(path: Path) -> str:
-    import wan
-
-    return wan.report(path)
-
-
-def _gpu_plan(path: Path) -> str:
-    import gpu_plan
-
-    return gpu_plan.report(path, again=True)  # estimates by the memory model as it is now
-
-
-def _scale(path: Path) -> str:
-    import scale
-
-    return scale.report(path)
-
-
-def _scale_model(path: Path) -> str:
-    import scale_model
-
-    return scale_model.report(path)
-
-
-def _compression(path: Path) -> str:
-    import compression_table
-
-    return compression_table.report([path])
-
-
-def _slow_volunteer(path: Path) -> str:
-    import slow_volunteer
-
-    return slow_volunteer.report(path)
-
-
-def _rogue(path: Path) -> str:
-    import rogue
-
-    return rogue.report(path)
-
-
-def _gradient_distance(path: Path) -> str:
-    import gradient_distance
-
-    return gradient_distance.report(path)
-
-
-def _robust_aggregation(path: Path) -> str:
-    import robust_aggregation
-
-    return robust_aggregation.report(path)
-
-
-def _diloco_sparse(path: Path) -> str:
-    import diloco_study
-
-    return diloco_study.sparse_table([path])
-
-
-def _tui_cpu(path: Path) -> str:
-    import tui_cpu
-
-    return tui_cpu.report(path)
-
-
-def _convergence(path: Path) -> str:
-    import convergence
-
-    return convergence.rows_table(path)
-
-
-def _cli_status(path: Path) -> str:
-    import cli_status
-
-    return cli_status.report(path)
-
-
-def _peer_throughput(path: Path) -> str:
-    import peer_throughput
-
-    return peer_throughput.report(path)
-
-
-def _tui_first_frame(path: Path) -> str:
-    import tui_first_frame
-
-    return tui_first_frame.report(path)
+    return render
 
 
 RENDERERS: dict[str, Callable[[Path], str]] = {
-    "cli-status": _cli_status,
-    "peer-throughput": _peer_throughput,
-    "tui-first-frame": _tui_first_frame,
+    "cli-status": _renderer("cli_status"),
+    "peer-throughput": _renderer("peer_throughput"),
+    "tui-first-frame": _renderer("tui_first_frame"),
+    "tui-cpu": _renderer("tui_cpu"),
     "plan-table": _plan_table,
-    "guard-cost": _guard_cost,
-    "diloco-stability": _diloco_stability,
-    "convergence": _convergence,
-    "compression": _compression,
-    "slow-volunteer": _slow_volunteer,
-    "rogue": _rogue,
-    "gradient-distance": _gradient_distance,
-    "gpu-plan": _gpu_plan,
-    "wan": _wan,
-    "db-year": _db_year,
-    "scale": _scale,
-    "scale-model": _scale_model,
-    "heterogeneous": _heterogeneous,
-    "robust-aggregation": _robust_aggregation,
-    "diloco-sparse": _diloco_sparse,
-    "tui-cpu": _tui_cpu,
+    "guard-cost": _renderer("guard_cost", in_a_list=True),
+    "diloco-stability": _renderer("diloco_study", "stability", in_a_list=True),
+    "diloco-sparse": _renderer("diloco_study", "sparse_table", in_a_list=True),
+    "convergence": _renderer("convergence", "rows_table"),
+    "compression": _renderer("compression_table", in_a_list=True),
+    "slow-volunteer": _renderer("slow_volunteer"),
+    "soak": _renderer("soak"),
+    "rogue": _renderer("rogue"),
+    "robust-aggregation": _renderer("robust_aggregation"),
+    "gradient-distance": _renderer("gradient_distance"),
+    "gpu-plan": _renderer("gpu_plan", again=True),  # estimates by the memory model as it is now
+    "wan": _renderer("wan"),
+    "db-year": _renderer("db_year"),
+    "scale": _renderer("scale"),
+    "scale-model": _renderer("scale_model"),
+    "heterogeneous": _renderer("heterogeneous"),
 }
 
 

@@ -18,7 +18,14 @@ minutes, how long each SIGKILLed daemon's processes took to go, and whether any
 process started by the benchmark is left (all carry a marker in their
 environment, so orphaned p2pd processes are found too).
 
-    nice -n 10 .venv/bin/python benchmarks/soak.py [--peers 8] [--minutes 10] [--mode sync] [--output FILE]
+    nice -n 10 .venv/bin/python benchmarks/soak.py [--peers 8] [--minutes 10] [--mode sync] [--json FILE]
+    .venv/bin/python benchmarks/soak.py --report FILE
+
+``--json`` appends one JSON line per run (the commit, date, machine and load
+at the start, the load at the end, every per-minute row, the kills and the
+summary); ``--report`` prints RESULTS.md's sync / diloco table of such a file
+(``report``, rendered by ``benchmarks/results.py`` as ``soak``) and every
+run's per-minute tables (``markdown``).
 """
 
 from __future__ import annotations
@@ -42,11 +49,15 @@ from p2ptrain.demo import loopback_config
 from p2ptrain.paths import resolve_paths
 from p2ptrain.protocol import ControlClient, DaemonNotRunning
 
+from run_facts import facts  # benchmarks/run_facts.py, beside this script
+
 RUNS = {
     "sync": ["--mode", "sync", "--target-batch-size", "384", "--micro-batch", "8"],
     "diloco": ["--mode", "diloco", "--local-steps", "20", "--micro-batch", "8"],
 }
 SAMPLE_EVERY_S = 10.0
+KILL_WAIT_S = 30.0  # how long a SIGKILLed daemon's processes get to go before they count as still up
+SETTLED_MINUTE = 3  # peers training are counted from this minute on (a join takes 2.5-3 min on the loaded machine)
 MARKER = "P2PTRAIN_SOAK"  # environment variable every process the benchmark starts inherits
 _SCRIPT = shutil.which("p2ptrain", path=os.path.dirname(sys.executable))
 P2PTRAIN = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "p2ptrain.cli"]
@@ -128,17 +139,17 @@ class Peer:
         result = self.cli("leave", timeout=120)
         return "leave" if result.returncode == 0 else f"leave failed: {(result.stderr or result.stdout).strip()[:120]}"
 
-    def sigkill(self) -> str:
-        """SIGKILL the daemon alone; report how long the processes it started took to go."""
+    def sigkill(self) -> dict:
+        """SIGKILL the daemon alone: how many processes it had started (``processes``), how many of them were
+        still up ``KILL_WAIT_S`` later (``still_up``) and how long the others took to go (``gone_s``; None while some are up)."""
         started_by_it = self.worker_processes()
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(10)
         began = time.monotonic()
-        _, alive = psutil.wait_procs(started_by_it, timeout=30)
+        _, alive = psutil.wait_procs(started_by_it, timeout=KILL_WAIT_S)
         alive = [p for p in alive if _running(p)]
-        if alive:
-            return f"SIGKILL: {len(alive)} of {len(started_by_it)} processes still up after 30 s"
-        return f"SIGKILL: its {len(started_by_it)} processes gone in {time.monotonic() - began:.1f} s"
+        return {"peer": self.name, "processes": len(started_by_it), "still_up": len(alive),
+                "gone_s": None if alive else round(time.monotonic() - began, 1)}
 
     def rejoin(self, address: str, run: str) -> str:
         """Come back: start the killed daemon again (it rejoins by itself) or join again on the idle one."""
@@ -159,10 +170,6 @@ def _running(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], check=False, capture_output=True, text=True).stdout.strip()
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -222,10 +229,11 @@ class Soak:
         self.active: list[Peer] = []
         self.out: list[Peer] = []  # left or killed, oldest first
         self.rows: list[dict] = []
+        self.kills: list[dict] = []
         self.churns = 0
         self.address = ""
         self.started = 0.0
-        self.uptime = [uptime()]
+        self.facts = facts()
 
     def new_peer(self) -> Peer:
         peer = Peer(f"p{len(self.everyone)}", self.root / f"p{len(self.everyone)}", self.marker)
@@ -237,9 +245,9 @@ class Soak:
             self.start_swarm()
             self.churn_forever()
         finally:
-            self.uptime.append(uptime())
+            load_end = [round(value, 2) for value in os.getloadavg()]
             left_behind = self.end_everything()
-        return self.summary(left_behind)
+        return self.summary(left_behind, load_end)
 
     def start_swarm(self) -> None:
         creator = self.new_peer()
@@ -278,7 +286,14 @@ class Soak:
         """One peer leaves (leave and SIGKILL alternate), one joins (a new one and the longest out alternate)."""
         self.churns += 1
         leaving = self.active.pop(1)  # the longest in, after the creator
-        what = leaving.leave() if self.churns % 2 else leaving.sigkill()
+        if self.churns % 2:
+            what = leaving.leave()
+        else:
+            minute = round((time.monotonic() - self.started) / 60, 1)
+            kill = leaving.sigkill()
+            self.kills.append({"minute": minute, **kill})
+            what = (f"SIGKILL: {kill['still_up']} of {kill['processes']} processes still up after {KILL_WAIT_S:.0f} s"
+                    if kill["still_up"] else f"SIGKILL: its {kill['processes']} processes gone in {kill['gone_s']:.1f} s")
         if self.churns % 2 or not self.out:
             joining = self.new_peer()
             joining.start()
@@ -338,7 +353,9 @@ class Soak:
         time.sleep(2)
         return left_behind + [f"still up after SIGKILL: {line}" for line in processes_with_marker(self.marker)]
 
-    def summary(self, left_behind: list[str]) -> dict:
+    def summary(self, left_behind: list[str], load_end: list[float]) -> dict:
+        """The JSON row of the run: ``facts()`` at the start, ``load_end``, the options, every per-minute row,
+        the kills and the figures over the churn phase (rows after the first)."""
         growth = {}
         for peer in self.everyone:
             for life, samples in enumerate(peer.rss_lives):
@@ -352,19 +369,102 @@ class Soak:
         attempted = sum(row["attempted"] for row in self.rows)
         succeeded = sum(row["succeeded"] for row in self.rows)
         return {
-            "mode": self.mode, "peers": self.size, "churns": self.churns, "rows": self.rows,
+            "benchmark": "soak", **self.facts, "load_end": load_end,
+            "mode": self.mode, "peers": self.size, "minutes": self.minutes, "churn_every_s": self.churn_every,
+            "churns": self.churns, "rows": self.rows, "kills": self.kills,
             "attempted": attempted, "succeeded": succeeded,
             "success_share": round(succeeded / attempted, 3) if attempted else None,
             "epochs_advanced": self.rows[-1]["global_epoch"] - self.rows[0]["global_epoch"] if self.rows else 0,
-            "rss_growth": growth, "left_behind": left_behind, "home": str(self.root), "uptime": self.uptime,
+            "downloads": sum(row["downloads"] for row in self.rows),
+            "downloads_total": self.rows[-1]["totals"]["downloads"] if self.rows else 0,
+            "rss_growth": growth, "left_behind": left_behind, "home": str(self.root),
         }
 
 
+def runs(path: Path) -> list[dict]:
+    """The runs of a ``--json`` file, sync before diloco, each mode's in the order they ran."""
+    found = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return sorted(found, key=lambda run: list(RUNS).index(run["mode"]))
+
+
+def _span(values: list) -> str:
+    low, high = min(values), max(values)
+    return f"{low}" if low == high else f"{low}–{high}"
+
+
+def _training(row: dict) -> int:
+    return len(row["peer_epochs"]) - len(row["states"])
+
+
+def _column(run: dict) -> list[str]:
+    """One run's cells of the comparison table, in the order of ``report``'s rows."""
+    share = f" ({run['success_share']:.2f})" if run["success_share"] is not None else ""
+    settled = [_training(row) for row in run["rows"] if row["minute"] >= SETTLED_MINUTE]
+    growth = next((value for name, value in run["rss_growth"].items() if name.startswith("p0#")), None)
+    staying = [(row["minute"], row["rss_mib"]["p0"]) for row in run["rows"] if "p0" in row["rss_mib"]]
+    later = [(minute, mib) for minute, mib in staying if minute >= run["minutes"] / 2]
+    if growth is None:
+        rss = "not sampled for a minute"
+    else:
+        rss = f"{growth['mib_per_10_min']:+.0f} ({growth['first_mib']} → {growth['last_mib']} MiB in {growth['minutes']} min)"
+        if len(later) >= 2:
+            rss += f"; {later[-1][1] - later[0][1]:+d} MiB from minute {later[0][0]} to {later[-1][0]}"
+    gone = sorted(kill["gone_s"] for kill in run["kills"] if kill["gone_s"] is not None)
+    stuck = [kill for kill in run["kills"] if kill["gone_s"] is None]
+    kills = [", ".join(f"{seconds:.1f}" for seconds in gone) + " s"] if gone else []
+    if stuck:
+        kills.append(f"{len(stuck)} with processes still up after {KILL_WAIT_S:.0f} s")
+    count = len(run["kills"])
+    commit = run["commit"][:9] + ("-dirty" if run["commit"].endswith("-dirty") else "")
+    return [
+        f"{run['peers']} peers, {run['minutes']:g} min, a churn every {run['churn_every_s']:g} s ({run['churns']} churns)",
+        f"{run['epochs_advanced']}",
+        f"{run['succeeded']} / {run['attempted']}{share}",
+        f"{run['downloads']} ({run['downloads_total']} from the start)",
+        f"{_span(settled)} of {run['peers']}" if settled else f"no row from minute {SETTLED_MINUTE}",
+        rss,
+        "; ".join(kills) + f" ({count} kill{'s' if count != 1 else ''})" if count else "no kill",
+        f"{len(run['left_behind'])}",
+        f"commit {commit}, {run['date']}, {run['machine']['cores']} cores, "
+        f"load {run['load'][0]:.1f} at the start, {run['load_end'][0]:.1f} at the end (1 min)",
+    ]
+
+
+REPORT_ROWS = [
+    "run",
+    "epochs advanced during the churn",
+    "averaging rounds with >= 2 peers / attempted",
+    "state downloads during the churn (peers that fell behind or joined)",
+    f"peers training from minute {SETTLED_MINUTE} on",
+    "RSS growth of the peer that stayed (p0), MiB per 10 min",
+    "a SIGKILLed daemon's processes gone after",
+    "processes left behind at the end",
+    "measured",
+]
+
+
+def report(path: Path) -> str:
+    """RESULTS.md's sync / diloco table of a ``--json`` file: a column per run (every run the file holds, sync
+    first; a mode that ran more than once is numbered in the order its runs were appended)."""
+    found = runs(path)
+    heads = []
+    for run in found:
+        same = [other for other in found if other["mode"] == run["mode"]]
+        heads.append(run["mode"] if len(same) == 1 else f"{run['mode']} #{same.index(run) + 1}")
+    columns = [_column(run) for run in found]
+    lines = ["| | " + " | ".join(heads) + " |", "|---|" + "---|" * len(found)]
+    for number, label in enumerate(REPORT_ROWS):
+        lines.append(f"| {label} | " + " | ".join(column[number] for column in columns) + " |")
+    return "\n".join(lines)
+
+
 def markdown(result: dict) -> str:
+    """One run's per-minute table and RSS growth per worker life."""
     lines = [
         f"### {result['mode']}, {result['peers']} peers, {result['churns']} churns",
         "",
-        f"`uptime` at the start: `{result['uptime'][0]}`; at the end: `{result['uptime'][-1]}`",
+        f"Commit {result['commit']}, {result['date']}; load averages (1, 5, 15 min) at the start: {result['load']}, "
+        f"at the end: {result['load_end']}; the peers' homes: `{result['home']}`",
         "",
         f"Epochs advanced: **{result['epochs_advanced']}**; averaging rounds succeeded / attempted: "
         f"**{result['succeeded']} / {result['attempted']}** (share {result['success_share']}). "
@@ -378,7 +478,7 @@ def markdown(result: dict) -> str:
         if row["states"]:
             epochs += " (" + ", ".join(f"{name} {state}" for name, state in row["states"].items()) + ")"
         rss = " ".join(f"{name}:{mib}" for name, mib in row["rss_mib"].items())
-        training = f"{len(row['peer_epochs']) - len(row['states'])} of {len(row['peer_epochs'])}"
+        training = f"{_training(row)} of {len(row['peer_epochs'])}"
         lines.append(f"| {row['minute']} | {row.get('time', '')} | {training} | {row['global_epoch']} | {epochs} | {row['succeeded']} / {row['attempted']} "
                      f"| {row['downloads']} | {rss} | {row['load']} | {row['churn']} |")
     lines += ["", "RSS growth per worker life sampled for at least a minute (worker + DHT/averager + p2pd):", "",
@@ -396,17 +496,19 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10, help="length of the churn phase in minutes (default 10)")
     parser.add_argument("--churn-every", type=float, default=60, help="seconds between one leave + one join (default 60)")
     parser.add_argument("--mode", choices=sorted(RUNS), default="sync", help="the run's training mode (default sync)")
-    parser.add_argument("--output", type=Path, help="append the markdown to this file as well (and FILE.json the raw numbers)")
+    parser.add_argument("--json", type=Path, help="append the run's JSON line to this file")
+    parser.add_argument("--report", type=Path, help="print the sync / diloco table and every run's tables of this file, and exit")
     args = parser.parse_args()
+    if args.report:
+        print(report(args.report) + "\n\n" + "\n".join(markdown(run) for run in runs(args.report)))
+        return
     if args.peers < 3 or args.minutes <= 0 or args.churn_every <= 0 or args.minutes * 60 < args.churn_every:
         parser.error("--peers must be at least 3; --minutes and --churn-every positive, --minutes at least one churn long")
     result = Soak(args.peers, args.minutes, args.churn_every, args.mode).run()
-    text = markdown(result)
-    print(text)
-    if args.output:
-        with open(args.output, "a") as output:
-            output.write(text + "\n")
-        args.output.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    if args.json:
+        with args.json.open("a") as file:
+            file.write(json.dumps(result) + "\n")
+    print(markdown(result))
     if result["left_behind"]:
         sys.exit(f"{len(result['left_behind'])} processes were left behind")
 
