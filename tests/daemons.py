@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 
 from p2ptrain.control_types import Status
+from p2ptrain.daemon.worker_process import recorded_group
 from p2ptrain.demo import loopback_config
 from p2ptrain.paths import resolve_paths
 from p2ptrain.protocol import ControlClient, DaemonNotRunning
@@ -132,7 +133,7 @@ class DaemonProcess:
         pgids = {self.process.pid} | self.pgids
         for pgid_file in self.state_dir.glob("worker*.pgid"):
             try:
-                pgids.add(int(pgid_file.read_text()))
+                pgids.add(recorded_group(pgid_file)[0])
             except (OSError, ValueError):
                 pass
         for pgid in pgids:

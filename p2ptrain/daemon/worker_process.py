@@ -5,8 +5,11 @@ supervisor never imports torch or hivemind. The worker makes itself a
 process-group leader (its DHT process, averagers and p2pd stay in that group)
 and asks the kernel for SIGTERM when the daemon dies. The group id is written
 to the worker's pgid file (one per worker: ``worker.pgid``,
-``worker-gpu1.pgid``...) so that a daemon started after a SIGKILL can end
-whatever the previous one left behind (``reap_leftover_groups``).
+``worker-gpu1.pgid``...), its first line, so that a daemon started after a
+SIGKILL can end whatever the previous one left behind
+(``reap_leftover_groups``). The pids of the group's processes follow, one a
+line, as the daemon finds them: their shared memory is removed once the group
+has ended (``temp_files.remove_shared_memory``).
 
 ``P2PTRAIN_WORKER_MEMORY_HEADROOM_MB`` (environment of the daemon) caps the
 worker's address space, once it has joined, at its size then plus that many
@@ -32,13 +35,14 @@ from typing import Callable, Iterator
 
 import psutil
 
-from p2ptrain.daemon.temp_files import remove_worker_temp_dir
+from p2ptrain.daemon.temp_files import remove_shared_memory, remove_worker_temp_dir
 from p2ptrain.daemon.worker_slots import leftover_pgid_files
-from p2ptrain.processes import group_alive, kill_group, name_this_process
+from p2ptrain.processes import group_alive, group_members, kill_group, name_this_process
 from p2ptrain.worker_pipe import Command, Joined, MalformedMessage, Report, WorkerSpec, decode_report, encode
 
 MEMORY_HEADROOM_ENV = "P2PTRAIN_WORKER_MEMORY_HEADROOM_MB"
 EXIT_POLL_S = 1.0
+MEMBERS_POLL_S = 10.0  # how often the daemon looks for a worker's new processes (they start at its join)
 log = logging.getLogger(__name__)
 
 
@@ -75,16 +79,29 @@ def received_reports(conn, name: str) -> Iterator[Report]:
             log.warning("ignoring a report of worker %s: %s", name, error)
 
 
+def recorded_group(pgid_file: Path) -> tuple[int, list[int]]:
+    """The process group a worker's pgid file records, and the pids of its processes found so far.
+
+    Raises:
+        OSError: no such file.
+        ValueError: it holds no group.
+    """
+    pgid, *members = (int(line) for line in pgid_file.read_text().split())
+    return pgid, members
+
+
 def reap_leftover_group(pgid_file: Path) -> int | None:
-    """End the worker group a previous daemon recorded (it was SIGKILLed); returns the pgid it ended."""
+    """End the worker group a previous daemon recorded (it was SIGKILLed), and remove its processes' shared
+    memory; returns the pgid it ended."""
     try:
-        pgid = int(pgid_file.read_text().strip())
+        pgid, members = recorded_group(pgid_file)
     except (FileNotFoundError, ValueError):
         return None
     alive = group_alive(pgid)
     if alive:
         log.warning("ending worker process group %d left behind by a previous daemon", pgid)
         kill_group(pgid, grace_s=5.0)
+    remove_shared_memory({pgid, *members})
     pgid_file.unlink(missing_ok=True)
     return pgid if alive else None
 
@@ -118,6 +135,8 @@ class WorkerProcess:
         self._conn = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exited = False
+        self._members: set[int] = set()  # the pids of the worker's processes found so far, itself included
+        self._members_noted_at = 0.0
 
     @property
     def pid(self) -> int | None:
@@ -153,6 +172,7 @@ class WorkerProcess:
             for report in received_reports(self._conn, self.name):
                 if isinstance(report, Joined):
                     self._cap_address_space()
+                    self._note_members()  # its DHT and averager processes have started
                 self.on_report(report)
         except (EOFError, OSError):
             self._loop.remove_reader(self._conn.fileno())
@@ -180,9 +200,29 @@ class WorkerProcess:
         if self._exited:
             return
         if self._process.is_alive():
+            if time.monotonic() - self._members_noted_at >= MEMBERS_POLL_S:
+                self._note_members()
             self._loop.call_later(EXIT_POLL_S, self._poll_exit)
         else:
             self._process_ended()
+
+    def _note_members(self, found: set[int] | None = None) -> None:
+        """Remember the worker's processes, here and in its pgid file.
+
+        Args:
+            found: their pids; None: the worker and its descendants now.
+        """
+        self._members_noted_at = time.monotonic()
+        if found is None:
+            try:
+                found = {self._process.pid} | {child.pid for child in psutil.Process(self._process.pid).children(recursive=True)}
+            except psutil.Error:
+                return
+        new = found - self._members
+        if new:
+            self._members |= new
+            with self.pgid_file.open("a") as file:
+                file.write("".join(f"{pid}\n" for pid in sorted(new)))
 
     def _process_ended(self) -> None:
         if self._exited:
@@ -191,8 +231,10 @@ class WorkerProcess:
         # Whatever the worker started (DHT, averagers, p2pd) goes with it, first:
         # its forked children hold the pipe's write end, so after a SIGKILL in
         # the middle of a report, reading would wait for the rest of it forever.
+        self._note_members({member.pid for member in group_members(self._process.pid)})  # an orphan is in the group still
         kill_group(self._process.pid)
         remove_worker_temp_dir(self.spec.temp_dir)
+        remove_shared_memory(self._members | {self._process.pid})
         self._read_reports_if_open()
         self._process.join(0)
         exitcode = self._process.exitcode

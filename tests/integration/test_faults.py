@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from daemons import cli, local_swarm, start_daemon, still_running, write_local_config
+from p2ptrain.daemon.worker_process import recorded_group
 from p2ptrain.paths import resolve_paths
 from p2ptrain.processes import group_members
 from p2ptrain.storage import queries
@@ -53,7 +54,7 @@ def epoch_of(daemon) -> int:
 
 
 def worker_pid(home: Path) -> int:
-    return int(resolve_paths(home).worker_pgid_file.read_text())
+    return recorded_group(resolve_paths(home).worker_pgid_file)[0]
 
 
 def worker_processes(daemon) -> list[psutil.Process]:
