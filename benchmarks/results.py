@@ -72,6 +72,12 @@ def _wan(path: Path) -> str:
     return wan.report(path)
 
 
+def _wan_background(path: Path) -> str:
+    import wan
+
+    return wan.background_report(path)
+
+
 def _gpu_plan(path: Path) -> str:
     import gpu_plan
 
@@ -131,6 +137,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "gradient-distance": _gradient_distance,
     "gpu-plan": _gpu_plan,
     "wan": _wan,
+    "wan-background": _wan_background,
     "db-year": _db_year,
     "scale": _scale,
     "scale-model": _scale_model,
