@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,6 +97,15 @@ def reached_at(daemon, run: str, target: float) -> float | None:
     return row[0]
 
 
+def paused(daemon) -> bool:
+    """``p2ptrain pause`` on ``daemon``; False where the CLI failed or took over 2 minutes (a loaded machine):
+    the row says which peers did not pause instead of losing what was measured while they trained."""
+    try:
+        return run_cli(daemon, "pause").returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def measure(mode: str, options, root: Path) -> dict:
     """One mode: a fresh lab and four daemons; returns the row of the results table."""
     lab = Lab(tag=mode[:2])
@@ -135,14 +145,13 @@ def measure(mode: str, options, root: Path) -> dict:
         samples = contributed(daemons) - samples_before
         peer_kinds = {name: ((daemon.status().get("local") or {}).get("traffic") or {}).get("bytes_per_s") or {}
                       for name, daemon in daemons.items()}
-        measured_until = time.time()  # the meters' rates are over their last minute
+        measured_until, load_while_training = time.time(), os.getloadavg()  # the meters' rates: their last minute
         kinds = {kind: sum(rates.get(kind, 0.0) for rates in peer_kinds.values()) / len(daemons)
                  for kind in {kind for rates in peer_kinds.values() for kind in rates}}
         training_lines = line_rates(lab, daemons, options.sample_s)
-        for daemon in daemons.values():
-            run_cli(daemon, "pause")
+        not_paused = [name for name, daemon in daemons.items() if not paused(daemon)]
         time.sleep(options.settle_s)
-        paused = line_rates(lab, daemons, options.pause_s)
+        paused_lines = line_rates(lab, daemons, options.pause_s)
         return {
             "mode": mode, "background_only": options.background_only, "target_loss": options.target_loss,
             "reached_s_from_creation": reached,
@@ -151,10 +160,10 @@ def measure(mode: str, options, root: Path) -> dict:
             "wire_bytes_per_sample": wire / samples if samples else None,
             "training_kinds_bytes_per_s": kinds, "training_peer_kinds_bytes_per_s": peer_kinds,
             "training_line_bytes_per_s": training_lines, "measured_window": [measured_until - 60, measured_until],
-            "paused_line_bytes_per_s": paused,
+            "paused_line_bytes_per_s": paused_lines, "not_paused": not_paused,
             "shaping": {"upload_mbit": options.upload_mbit, "download_mbit": options.download_mbit,
                         "loss_pct": options.loss_pct},
-            "load": os.getloadavg(),
+            "load_while_training": load_while_training, "load": os.getloadavg(),
         }
     finally:
         end_lab(lab, daemons.values())
@@ -210,11 +219,12 @@ def background_report(path: Path) -> str:
     sent + received: each budget kind's range over the peers, the sum of those kinds at the public
     peer, at the homes and its mean over the peers, the goal (<= 10 KB/s at every peer) met or not;
     ``other`` (p2pd's framing and encryption, and what the public peer relays between the homes) beside
-    it, not counted; the busiest line while all were paused; the commit and the 1-min load.
+    it, not counted; the busiest line while all were paused (and who did not pause); the commit and the
+    1-min load (when the meters were read, where the row has it, and at the row's end).
     """
     lines = ["| run | matchmaking | progress | metrics | dht | sum: pub | sum: homes | **mean of 4** | "
              "goal <= 10 KB/s at every peer | other (p2pd; not counted): pub / homes | paused: busiest line, B/s | "
-             "commit, 1-min load |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+             "commit, 1-min load (training; end) |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
     for row in read_rows(path):
         peers = row["training_peer_kinds_bytes_per_s"]
         sums = {peer: sum(kinds.get(kind, 0.0) for kind in BACKGROUND_KINDS) for peer, kinds in peers.items()}
@@ -222,13 +232,16 @@ def background_report(path: Path) -> str:
         worst = max(sums, key=sums.get)
         goal = ("met" if sums[worst] <= BACKGROUND_GOAL else "**not met**") + f" (worst {worst}: {sums[worst] / 1000:.2f})"
         other = peers[PUBLIC].get("other", 0.0) / 1000, _span([peers[peer].get("other", 0.0) for peer in homes])
-        paused = max(sum(line.values()) for line in row["paused_line_bytes_per_s"].values())
+        paused = f"{max(sum(line.values()) for line in row['paused_line_bytes_per_s'].values()):.1f}"
+        if row.get("not_paused"):
+            paused += f" ({', '.join(row['not_paused'])} did not pause)"
+        load = (f"{row['load_while_training'][0]:.1f}; " if "load_while_training" in row else "") + f"{row['load'][0]:.1f}"
         commit = row["commit"][:7] + ("-dirty" if row["commit"].endswith("-dirty") else "") if "commit" in row else "not kept"
         lines.append(f"| {_run_label(row)} | "
                      + " | ".join(_span([kinds.get(kind, 0.0) for kinds in peers.values()]) for kind in BACKGROUND_KINDS)
                      + f" | {sums[PUBLIC] / 1000:.2f} | {_span([sums[peer] for peer in homes])} | "
                      f"**{sum(sums.values()) / len(sums) / 1000:.2f}** | {goal} | {other[0]:.2f} / {other[1]} | "
-                     f"{paused:.1f} | {commit}, {row['load'][0]:.1f} |")
+                     f"{paused} | {commit}, {load} |")
     return "\n".join(lines)
 
 

@@ -30,10 +30,10 @@ def test_the_background_table_renders_each_run_from_the_peers_meters(tmp_path):
     rows = [
         row("sync", True, None, {"pub": peer(1000, 2000, 100, 500, 30_000), "h1": peer(200, 300, 100, 1500, 4000),
                                  "h2": peer(200, 350, 100, 1200, 0), "h3": peer(150, 300, 140, 1300, 9000)},
-            paused_received=3.5, commit="0123456789abcdef-dirty"),
+            paused_received=3.5, commit="0123456789abcdef-dirty", load_while_training=[4.0, 3.0, 2.0]),
         row("diloco", False, 290.4, {"pub": peer(1000, 1000, 100, 9100, 0), "h1": peer(100, 100, 100, 700, 1000),
                                      "h2": peer(100, 100, 100, 700, 1000), "h3": peer(100, 100, 100, 700, 1000)},
-            commit="fedcba9876543210"),
+            commit="fedcba9876543210", not_paused=["h1", "h3"]),
         row("sync", False, None, {"pub": peer(0, 0, 0, 0, 0), "h1": peer(0, 0, 0, 0, 0)}),
     ]
     del rows[2]["background_only"]  # a row of before wan.py recorded the flag
@@ -47,10 +47,10 @@ def test_the_background_table_renders_each_run_from_the_peers_meters(tmp_path):
     # sums: pub 3.6, homes 2.1, 1.85, 1.89 KB/s; mean 2.36
     assert cells[0] == ["sync, background only (180 s of 4 training)", "0.15-1.00", "0.30-2.00", "0.10-0.14",
                         "0.50-1.50", "3.60", "1.85-2.10", "**2.36**", "met (worst pub: 3.60)", "30.00 / 0.00-9.00",
-                        "3.5", "0123456-dirty, 1.2"]
+                        "3.5", "0123456-dirty, 4.0; 1.2"]
     # the public peer at 11.2 KB/s: not met, though the mean (3.55) is under the goal
     assert cells[1][0] == "diloco, to loss 3.5 (reached at 290 s; 180 s of 4 training)"
     assert cells[1][4:10] == ["0.70-9.10", "11.20", "1.00", "**3.55**", "**not met** (worst pub: 11.20)",
                               "0.00 / 1.00"]
-    assert cells[1][11] == "fedcba9, 1.2"
+    assert cells[1][10:] == ["0.0 (h1, h3 did not pause)", "fedcba9, 1.2"]
     assert cells[2][0] == "sync, 180 s of 4 training, best loss 3.10" and cells[2][11] == "not kept, 1.2"
