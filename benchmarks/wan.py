@@ -98,8 +98,9 @@ def reached_at(daemon, run: str, target: float) -> float | None:
 
 
 def paused(daemon) -> bool:
-    """``p2ptrain pause`` on ``daemon``; False where the CLI failed or took over 2 minutes (a loaded machine):
-    the row says which peers did not pause instead of losing what was measured while they trained."""
+    """``p2ptrain pause`` on ``daemon``; False where the CLI failed or had no answer in 2 minutes (a loaded
+    machine; the daemon may still pause): the row names those peers (``not_paused``) instead of losing what
+    was measured while they trained, and the paused lines show whether they went quiet."""
     try:
         return run_cli(daemon, "pause").returncode == 0
     except subprocess.TimeoutExpired:
@@ -219,8 +220,8 @@ def background_report(path: Path) -> str:
     sent + received: each budget kind's range over the peers, the sum of those kinds at the public
     peer, at the homes and its mean over the peers, the goal (<= 10 KB/s at every peer) met or not;
     ``other`` (p2pd's framing and encryption, and what the public peer relays between the homes) beside
-    it, not counted; the busiest line while all were paused (and who did not pause); the commit and the
-    1-min load (when the meters were read, where the row has it, and at the row's end).
+    it, not counted; the busiest line while all were paused (and who did not answer the pause command);
+    the commit and the 1-min load (when the meters were read, where the row has it, and at the row's end).
     """
     lines = ["| run | matchmaking | progress | metrics | dht | sum: pub | sum: homes | **mean of 4** | "
              "goal <= 10 KB/s at every peer | other (p2pd; not counted): pub / homes | paused: busiest line, B/s | "
@@ -234,7 +235,7 @@ def background_report(path: Path) -> str:
         other = peers[PUBLIC].get("other", 0.0) / 1000, _span([peers[peer].get("other", 0.0) for peer in homes])
         paused = f"{max(sum(line.values()) for line in row['paused_line_bytes_per_s'].values()):.1f}"
         if row.get("not_paused"):
-            paused += f" ({', '.join(row['not_paused'])} did not pause)"
+            paused += f" (no answer to pause: {', '.join(row['not_paused'])})"
         load = (f"{row['load_while_training'][0]:.1f}; " if "load_while_training" in row else "") + f"{row['load'][0]:.1f}"
         commit = row["commit"][:7] + ("-dirty" if row["commit"].endswith("-dirty") else "") if "commit" in row else "not kept"
         lines.append(f"| {_run_label(row)} | "

@@ -52,5 +52,5 @@ def test_the_background_table_renders_each_run_from_the_peers_meters(tmp_path):
     assert cells[1][0] == "diloco, to loss 3.5 (reached at 290 s; 180 s of 4 training)"
     assert cells[1][4:10] == ["0.70-9.10", "11.20", "1.00", "**3.55**", "**not met** (worst pub: 11.20)",
                               "0.00 / 1.00"]
-    assert cells[1][10:] == ["0.0 (h1, h3 did not pause)", "fedcba9, 1.2"]
+    assert cells[1][10:] == ["0.0 (no answer to pause: h1, h3)", "fedcba9, 1.2"]
     assert cells[2][0] == "sync, 180 s of 4 training, best loss 3.10" and cells[2][11] == "not kept, 1.2"
