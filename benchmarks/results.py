@@ -76,6 +76,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "gradient-distance": _renderer("gradient_distance"),
     "gpu-plan": _renderer("gpu_plan", again=True),  # estimates by the memory model as it is now
     "wan": _renderer("wan"),
+    "wan-background": _renderer("wan", "background_report"),
     "db-year": _renderer("db_year"),
     "scale": _renderer("scale"),
     "scale-model": _renderer("scale_model"),

@@ -26,7 +26,8 @@ netem, see the lab's docstring). For each mode it measures:
 
 Numbers depend on this machine's load: each row of ``--json`` has the load, the commit,
 date and machine (``run_facts.py``). ``--report FILE`` prints the table of a ``--json``
-file that RESULTS.md shows (``benchmarks/results.py`` renders it there).
+file that RESULTS.md shows, ``--background-report FILE`` its background table
+(``benchmarks/results.py`` renders both there).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -95,6 +97,16 @@ def reached_at(daemon, run: str, target: float) -> float | None:
     return row[0]
 
 
+def paused(daemon) -> bool:
+    """``p2ptrain pause`` on ``daemon``; False where the CLI failed or had no answer in 2 minutes (a loaded
+    machine; the daemon may still pause): the row names those peers (``not_paused``) instead of losing what
+    was measured while they trained, and the paused lines show whether they went quiet."""
+    try:
+        return run_cli(daemon, "pause").returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def measure(mode: str, options, root: Path) -> dict:
     """One mode: a fresh lab and four daemons; returns the row of the results table."""
     lab = Lab(tag=mode[:2])
@@ -134,43 +146,103 @@ def measure(mode: str, options, root: Path) -> dict:
         samples = contributed(daemons) - samples_before
         peer_kinds = {name: ((daemon.status().get("local") or {}).get("traffic") or {}).get("bytes_per_s") or {}
                       for name, daemon in daemons.items()}
-        measured_until = time.time()  # the meters' rates are over their last minute
+        measured_until, load_while_training = time.time(), os.getloadavg()  # the meters' rates: their last minute
         kinds = {kind: sum(rates.get(kind, 0.0) for rates in peer_kinds.values()) / len(daemons)
                  for kind in {kind for rates in peer_kinds.values() for kind in rates}}
         training_lines = line_rates(lab, daemons, options.sample_s)
-        for daemon in daemons.values():
-            run_cli(daemon, "pause")
+        not_paused = [name for name, daemon in daemons.items() if not paused(daemon)]
         time.sleep(options.settle_s)
-        paused = line_rates(lab, daemons, options.pause_s)
+        paused_lines = line_rates(lab, daemons, options.pause_s)
         return {
-            "mode": mode, "target_loss": options.target_loss, "reached_s_from_creation": reached,
+            "mode": mode, "background_only": options.background_only, "target_loss": options.target_loss,
+            "reached_s_from_creation": reached,
             "all_training_s_from_creation": started - created, "wire_window_s": elapsed,
             "best_val_loss": best_val_loss(daemons["pub"], run), "samples": samples, "wire_bytes": wire,
             "wire_bytes_per_sample": wire / samples if samples else None,
             "training_kinds_bytes_per_s": kinds, "training_peer_kinds_bytes_per_s": peer_kinds,
             "training_line_bytes_per_s": training_lines, "measured_window": [measured_until - 60, measured_until],
-            "paused_line_bytes_per_s": paused,
+            "paused_line_bytes_per_s": paused_lines, "not_paused": not_paused,
             "shaping": {"upload_mbit": options.upload_mbit, "download_mbit": options.download_mbit,
                         "loss_pct": options.loss_pct},
-            "load": os.getloadavg(),
+            "load_while_training": load_while_training, "load": os.getloadavg(),
         }
     finally:
         end_lab(lab, daemons.values())
 
 
 def report(path: Path) -> str:
-    """The WAN table of a ``--json`` file: a row per measured mode, in the file's order."""
+    """The WAN table of a ``--json`` file: a row per measured mode, in the file's order (``--background-only``
+    rows sought no target)."""
     rows = read_rows(path)
     lines = ["| mode | target validation loss | all 4 training after | target reached after (from creation) | "
              "best validation loss | samples, all 4 training | bytes on the wire per sample (4 lines, sent + received) | "
              "1-min load at the end |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         reached = "not reached" if row["reached_s_from_creation"] is None else f"{row['reached_s_from_creation']:.0f} s"
+        target = f"{row['target_loss']:g}"
+        if row.get("background_only"):
+            target, reached = "none (background only)", "-"
         kb = row["wire_bytes_per_sample"] / 1000
         size = f"{kb:,.0f} KB" if kb >= 100 else f"{kb:.1f} KB"
-        lines.append(f"| {row['mode']} | {row['target_loss']:g} | {row['all_training_s_from_creation']:.0f} s | {reached} | "
+        lines.append(f"| {row['mode']} | {target} | {row['all_training_s_from_creation']:.0f} s | {reached} | "
                      f"{row['best_val_loss']:.2f} | {row['samples']:,} in {row['wire_window_s']:.0f} s | {size} | "
                      f"{row['load'][0]:.1f} |")
+    return "\n".join(lines)
+
+
+BACKGROUND_KINDS = ("matchmaking", "progress", "metrics", "dht")  # the budget's kinds: all but averaging and other
+BACKGROUND_GOAL = 10_000.0  # bytes per second per peer (issue 16)
+PUBLIC = "pub"
+
+
+def _span(values) -> str:
+    """A range of rates in KB/s: ``low-high``, or one value where they round alike."""
+    low, high = f"{min(values) / 1000:.2f}", f"{max(values) / 1000:.2f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def _run_label(row: dict) -> str:
+    window = f"{row['wire_window_s']:.0f} s of 4 training"
+    if row.get("background_only"):
+        return f"{row['mode']}, background only ({window})"
+    if "background_only" not in row and row["reached_s_from_creation"] is None:
+        # a row of before wan.py recorded the flag, no target reached: whether one was sought is not kept
+        return f"{row['mode']}, {window}, best loss {row['best_val_loss']:.2f}"
+    reached = row["reached_s_from_creation"]
+    outcome = "not reached" if reached is None else f"reached at {reached:.0f} s"
+    return f"{row['mode']}, to loss {row['target_loss']:g} ({outcome}; {window})"
+
+
+def background_report(path: Path) -> str:
+    """The background table of a ``--json`` file: a row per measured run, in the file's order.
+
+    Each peer's meter over the last minute of training (``training_peer_kinds_bytes_per_s``), KB/s
+    sent + received: each budget kind's range over the peers, the sum of those kinds at the public
+    peer, at the homes and its mean over the peers, the goal (<= 10 KB/s at every peer) met or not;
+    ``other`` (p2pd's framing and encryption, and what the public peer relays between the homes) beside
+    it, not counted; the busiest line while all were paused (and who did not answer the pause command);
+    the commit and the 1-min load (when the meters were read, where the row has it, and at the row's end).
+    """
+    lines = ["| run | matchmaking | progress | metrics | dht | sum: pub | sum: homes | **mean of 4** | "
+             "goal <= 10 KB/s at every peer | other (p2pd; not counted): pub / homes | paused: busiest line, B/s | "
+             "commit, 1-min load (training; end) |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+    for row in read_rows(path):
+        peers = row["training_peer_kinds_bytes_per_s"]
+        sums = {peer: sum(kinds.get(kind, 0.0) for kind in BACKGROUND_KINDS) for peer, kinds in peers.items()}
+        homes = [peer for peer in peers if peer != PUBLIC]
+        worst = max(sums, key=sums.get)
+        goal = ("met" if sums[worst] <= BACKGROUND_GOAL else "**not met**") + f" (worst {worst}: {sums[worst] / 1000:.2f})"
+        other = peers[PUBLIC].get("other", 0.0) / 1000, _span([peers[peer].get("other", 0.0) for peer in homes])
+        paused = f"{max(sum(line.values()) for line in row['paused_line_bytes_per_s'].values()):.1f}"
+        if row.get("not_paused"):
+            paused += f" (no answer to pause: {', '.join(row['not_paused'])})"
+        load = (f"{row['load_while_training'][0]:.1f}; " if "load_while_training" in row else "") + f"{row['load'][0]:.1f}"
+        commit = row["commit"][:7] + ("-dirty" if row["commit"].endswith("-dirty") else "") if "commit" in row else "not kept"
+        lines.append(f"| {_run_label(row)} | "
+                     + " | ".join(_span([kinds.get(kind, 0.0) for kinds in peers.values()]) for kind in BACKGROUND_KINDS)
+                     + f" | {sums[PUBLIC] / 1000:.2f} | {_span([sums[peer] for peer in homes])} | "
+                     f"**{sum(sums.values()) / len(sums) / 1000:.2f}** | {goal} | {other[0]:.2f} / {other[1]} | "
+                     f"{paused} | {commit}, {load} |")
     return "\n".join(lines)
 
 
@@ -193,11 +265,15 @@ def main() -> int:
     parser.add_argument("--train-s", type=float, default=180.0, help="with --background-only: seconds of training")
     parser.add_argument("--json", type=Path, help="append one JSON line per mode here")
     parser.add_argument("--report", type=Path, help="print the WAN table of a --json file and exit")
+    parser.add_argument("--background-report", type=Path, help="print the background table of a --json file and exit")
     parser.add_argument("--request-log", type=Path,
                         help="log every request of each peer under this directory (benchmarks/request_counts.py)")
     options = parser.parse_args()
     if options.report:
         print(report(options.report))
+        return 0
+    if options.background_report:
+        print(background_report(options.background_report))
         return 0
     return measure_each(options.modes, lambda mode, root: measure(mode, options, root), options.json, "p2ptrain-wan-")
 
