@@ -101,7 +101,8 @@ def reap_leftover_group(pgid_file: Path) -> int | None:
     if alive:
         log.warning("ending worker process group %d left behind by a previous daemon", pgid)
         kill_group(pgid, grace_s=5.0)
-    remove_shared_memory({pgid, *members})
+    # a pid alive now is another program's (the pid was reused since): its files are not ours
+    remove_shared_memory(pid for pid in {pgid, *members} if not psutil.pid_exists(pid))
     pgid_file.unlink(missing_ok=True)
     return pgid if alive else None
 
