@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from lab import lab_unavailable, remove_stale_labs
-from run_facts import facts, read_rows  # noqa: F401  (read_rows: the rows' reader for wan.py and scale.py)
+from run_facts import facts
 
 
 def measure_each(settings: Iterable, measure: Callable[[object, Path], dict], json_path: Path | None, prefix: str) -> int:

@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests"), str(ROOT / "tests" / "netlab")]
 
 from lab import Lab  # noqa: E402
-from lab_rows import end_lab, measure_each, read_rows  # noqa: E402
+from lab_rows import end_lab, measure_each  # noqa: E402
+from run_facts import read_rows  # noqa: E402
 from swarm import events, run_cli, start_on  # noqa: E402
 from wan import line_rates  # noqa: E402
 

@@ -24,10 +24,11 @@ below), picked at random so that the swarm's reads are spread over all of them,
 another one when one does not answer, and takes the newest of each peer's
 records in their answers. Every live peer stores to all of them, so each
 holds every record unless it joined in the last minute; with two answers, a new
-holder's missing records are filled in by the other. Only when no holder answers,
-or none holds a record, does it search as hivemind does. A peer whose routing table misses a nearer node may
-read an older record of some peer until it learns of that node (records carry
-their time and speed, and readers extrapolate from them).
+holder's missing records are filled in by the other. Only when no holder
+answers, or none holds a record, does it search as hivemind does. A peer whose
+routing table misses a nearer node may read an older record of some peer until
+it learns of that node (records carry their time and speed, and readers
+extrapolate from them).
 
 Stores cost the same way: hivemind's ``dht.store`` first searches for the
 nearest nodes with ``rpc_find`` requests, and each answer carries the key's
