@@ -1,29 +1,41 @@
 """Scale lab: how each peer's costs grow with the swarm, N real daemons in the network lab (issue 25).
 
 For each N in ``--peers``: a fresh lab (``tests/netlab/lab.py``: isolated
-namespaces, needs root, iproute2, iptables), one public peer that creates a
-sync run and N - 1 volunteers, each behind its own NAT router, that join it
-with the run's name and the public address, as a volunteer would. Every
-daemon trains the built-in model with one torch thread. It measures, per N:
+namespaces, needs root, iproute2, iptables), ``--public`` public peers (the
+first creates a sync run) and the rest volunteers, each behind its own NAT
+router, that join it with the run's name and the first public address, as a
+volunteer would. Every daemon trains the built-in model with one torch thread.
+With ``--churn`` the volunteers behind NAT come and go during the window on a
+random schedule (``churn.py``: exponential sessions and absences, some of
+them a pause and resume). It measures, per N:
 
 - join: seconds from a volunteer's ``join`` until its status first counts a
-  contributed sample (mean and worst over the volunteers);
-- rounds: the epochs the creator recorded while all N trained, their duration
-  (mean and spread), and for each peer the rounds it averaged in over those
-  epochs and the group sizes it averaged with (its ``averaged`` events);
+  contributed sample (mean and worst over the volunteers); with churn, the
+  same for every return in the window (``join`` again, or ``resume``);
+- state downloads: every ``state-downloaded`` event of the swarm and the peer
+  that served it (only the public peers can: a peer behind NAT averages as a
+  client, and a client shares no state);
+- rounds: the epochs the creator recorded in the window, their duration
+  (mean and spread), and for each peer the rounds it averaged in over the
+  epochs that ended while it was training (from its first contribution of a
+  session to the end of the session), and the group sizes it averaged with
+  (its ``averaged`` events);
 - used ÷ trained: each peer's contributed samples over its trained ones since
   it joined, at the window's end (the lowest peer is the one that counts);
 - traffic: bytes per second on each peer's line while all train (sent +
   received, the routers' forwarding counters; the public host's ``eth0``), and
   the background: what the peers' own meters put on anything but averaging
   (progress and metrics records, DHT upkeep, matchmaking, libp2p's own), mean
-  and worst. A paused peer costs nothing: its worker, DHT and p2pd end.
+  and worst, read every 30 s from the peers that had trained for the whole
+  minute the meters cover. A paused peer costs nothing: its worker, DHT and
+  p2pd end.
 
 This machine has 2 cores: N peers share them, so rounds get slower as N grows
 for a reason a real swarm lacks. The per-peer *network* costs are the point.
 Each row carries the commit, date, machine and load (``run_facts.py``).
 
     sudo .venv/bin/python benchmarks/scale.py --peers 2 4 8 --json benchmarks/scale_<date>.jsonl
+    sudo .venv/bin/python benchmarks/scale.py --peers 8 --public 2 --churn --train-s 600 --json FILE
     .venv/bin/python benchmarks/scale.py --report benchmarks/scale_<date>.jsonl
     sudo .venv/bin/python benchmarks/scale.py --peers 8 --request-log /tmp/requests   # which requests cost it
 """
@@ -42,17 +54,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests"), str(ROOT / "tests" / "netlab")]
 
+from churn import Churn, schedule  # noqa: E402
 from lab import Lab  # noqa: E402
 from lab_rows import end_lab, measure_each  # noqa: E402
 from run_facts import read_rows  # noqa: E402
 from swarm import events, run_cli, start_on  # noqa: E402
-from wan import line_rates  # noqa: E402
+from wan import line_counts  # noqa: E402
 
 from p2ptrain.paths import resolve_paths  # noqa: E402
 from p2ptrain.peers.net.request_log import ENVIRONMENT_VARIABLE as REQUEST_LOG  # noqa: E402
 
 RUN = "scale"
 SAMPLES_PER_PEER_PER_EPOCH = 64  # the run's target batch size is N times this: a round's work per peer stays the same
+SAMPLE_EVERY_S = 30.0  # rounds and meters are read this often during the window
+METER_WINDOW_S = 60.0  # a peer's meters cover its last minute: read only once it trained that long
 
 
 def local(daemon) -> dict:
@@ -96,66 +111,178 @@ def spread(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "worst": max(values), "stdev": statistics.pstdev(values)} if values else {}
 
 
+class Samples:
+    """Every ``SAMPLE_EVERY_S`` during the window: each peer's averaging rounds so far, its meters, and
+    whether it trained through the whole interval since the last sample (``churn.Churn.live``)."""
+
+    def __init__(self, daemons: dict):
+        self.daemons, self.rows, self._next = daemons, [], 0.0
+        self.live_since: dict[str, float] = {}
+
+    def __call__(self, live: list[str]) -> None:
+        now = time.time()
+        for name in list(self.live_since):
+            if name not in live:
+                del self.live_since[name]
+        for name in live:
+            self.live_since.setdefault(name, now)
+        if now < self._next:
+            return
+        self._next = now + SAMPLE_EVERY_S
+        self.rows.append({
+            "time": now, "live_since": dict(self.live_since),
+            "rounds": {name: rounds_by_group_size(daemon) for name, daemon in self.daemons.items()},
+            "meters": {name: (local(self.daemons[name]).get("traffic") or {}).get("bytes_per_s") or {}
+                       for name in self.live_since if now - self.live_since[name] >= METER_WINDOW_S},
+        })
+
+    def round_shares(self, creator) -> tuple[dict, dict]:
+        """Per peer: the rounds it took ÷ the creator's epochs, over the intervals between samples that it
+        trained through; and the group sizes of those rounds. Keeps those epochs per peer in
+        ``epochs_trained_through``."""
+        taken, epochs, sizes = Counter(), Counter(), {name: Counter() for name in self.daemons}
+        for before, after in zip(self.rows, self.rows[1:]):
+            ended = len(epochs_between(creator, before["time"], after["time"]))
+            for name in self.daemons:
+                if name in after["live_since"] and after["live_since"][name] <= before["time"]:
+                    difference = after["rounds"][name] - before["rounds"][name]
+                    taken[name] += sum(difference.values())
+                    sizes[name] += difference
+                    epochs[name] += ended
+        self.epochs_trained_through = dict(epochs)
+        shares = {name: (taken[name] / epochs[name] if epochs[name] else None) for name in self.daemons}
+        return shares, {name: {str(size): count for size, count in sorted(counts.items())} for name, counts in sizes.items()}
+
+    def background(self) -> dict[str, float]:
+        """Each peer's mean rate on anything but averaging, over the samples that had its meters."""
+        rates: dict[str, list[float]] = {}
+        for row in self.rows:
+            for name, kinds in row["meters"].items():
+                rates.setdefault(name, []).append(sum(rate for kind, rate in kinds.items() if kind != "averaging"))
+        return {name: statistics.fmean(values) for name, values in rates.items()}
+
+    def meters(self) -> dict[str, dict[str, float]]:
+        """Each peer's mean meter rates by kind, over the samples that had them."""
+        kinds: dict[str, dict[str, list[float]]] = {}
+        for row in self.rows:
+            for name, rates in row["meters"].items():
+                for kind, rate in rates.items():
+                    kinds.setdefault(name, {}).setdefault(kind, []).append(rate)
+        return {name: {kind: statistics.fmean(values) for kind, values in by_kind.items()} for name, by_kind in kinds.items()}
+
+
+def peer_ids(daemons: dict) -> dict[str, str]:
+    """Peer id (base58) -> name, from each peer's own address (``/p2p/<id>`` at its end)."""
+    ids = {}
+    for name, daemon in daemons.items():
+        for address in local(daemon).get("addresses") or []:
+            ids[address.rsplit("/p2p/", 1)[-1]] = name
+    return ids
+
+
+def state_downloads(daemons: dict, names_of: dict[str, str], since: float) -> dict:
+    """Every ``state-downloaded`` event since ``since``: how many, and by which peer served."""
+    served: Counter = Counter()
+    for daemon in daemons.values():
+        for event in events(daemon, "state-downloaded"):
+            if event["ts"] >= since:
+                source = (event.get("data") or {}).get("source")
+                served[names_of.get(source, source or "unknown")] += int(event.get("count") or 1)
+    return {"count": sum(served.values()), "by_server": dict(served.most_common())}
+
+
 def measure(peers: int, options, root: Path) -> dict:
     """One swarm of ``peers`` daemons in a fresh lab; returns the row of the results table."""
     lab = Lab(tag=f"s{peers}")
     daemons = {}
     try:
-        hosts = [lab.add_public("pub")] + [lab.add_home(f"h{index}") for index in range(1, peers)]
+        publics = min(max(options.public, 1), peers)
+        hosts = ([lab.add_public("pub")] + [lab.add_public(f"pub{index}") for index in range(2, publics + 1)]
+                 + [lab.add_home(f"h{index}") for index in range(1, peers - publics + 1)])
         for host in hosts:
             env = {REQUEST_LOG: str(options.request_log / f"n{peers}" / host.name)} if options.request_log else None
             daemons[host.name] = start_on(host, root / f"n{peers}", env=env)
         created = run_cli(daemons["pub"], "join", "--new-run", RUN, "--mode", "sync", "--micro-batch", "8",
                           "--target-batch-size", str(SAMPLES_PER_PEER_PER_EPOCH * peers))
         assert created.returncode == 0, created.stderr
-        joined_at = {"pub": time.time()}
+        created_at = time.time()
+        joined_at = {"pub": created_at}
         address = daemons["pub"].wait_until(lambda s: (s.get("local") or {}).get("addresses"), 600,
                                             what="the run")["local"]["addresses"][0]
+        join_arguments = [RUN, "--peers", address]
         for name in daemons:
             if name != "pub":
                 joined_at[name] = time.time()
-                assert run_cli(daemons[name], "join", RUN, "--peers", address).returncode == 0
+                assert run_cli(daemons[name], "join", *join_arguments).returncode == 0
         join_s = wait_for_contributions(daemons, joined_at, options.join_timeout_s)
-        rounds_before = {name: rounds_by_group_size(daemon) for name, daemon in daemons.items()}
+        names_of = peer_ids(daemons)
+        homes = [name for name in daemons if name.startswith("h")]
+        moves = schedule(homes, options.train_s, options.session_s, options.away_s, options.pause_share, options.seed) if options.churn else []
+        churn = Churn(daemons, run_cli, join_arguments, lambda daemon: int(local(daemon).get("contributed_samples") or 0))
+        samples = Samples(daemons)
+        lines_before = {name: line_counts(lab, name) for name in daemons}
         since = time.time()
-        training_lines = line_rates(lab, daemons, options.train_s)
+        churn.run(moves, options.train_s, sample=samples)
+        samples(churn.live())
         until = time.time()
+        training_lines = {name: {"sent": (line_counts(lab, name)[0] - lines_before[name][0]) / (until - since),
+                                 "received": (line_counts(lab, name)[1] - lines_before[name][1]) / (until - since)} for name in daemons}
         after = {name: local(daemon) for name, daemon in daemons.items()}
-        meters = {name: (state.get("traffic") or {}).get("bytes_per_s") or {} for name, state in after.items()}
         epochs = epochs_between(daemons["pub"], since, until)
-        taken = {name: rounds_by_group_size(daemon) - rounds_before[name] for name, daemon in daemons.items()}
+        shares, group_sizes = samples.round_shares(daemons["pub"])
         used = {name: (int(state.get("contributed_samples") or 0) / int(state["trained_samples"])
                        if state.get("trained_samples") else None) for name, state in after.items()}
-        background_training = [sum(rate for kind, rate in kinds.items() if kind != "averaging") for kinds in meters.values()]
+        background = samples.background()
+        returns = [entry["seconds"] for entry in churn.returns]
         return {
-            "peers": peers, "train_s": until - since, "join_s": join_s, "join": spread(list(join_s.values())),
+            "peers": peers, "public": publics, "train_s": until - since, "join_s": join_s, "join": spread(list(join_s.values())),
+            "churn": {"session_s": options.session_s, "away_s": options.away_s, "pause_share": options.pause_share,
+                      "seed": options.seed, "moves": churn.moves, "returns": churn.returns,
+                      "return_s": spread([value for value in returns if value is not None]),
+                      "returns_without_contribution": sum(value is None for value in returns)} if options.churn else None,
+            "state_downloads": state_downloads(daemons, names_of, created_at),
             "epochs": len(epochs), "epoch_duration_s": spread([row["duration_s"] for row in epochs if row["duration_s"]]),
-            "rounds_taken": {name: sum(sizes.values()) for name, sizes in taken.items()},
-            "round_share": {name: (sum(sizes.values()) / len(epochs) if epochs else None) for name, sizes in taken.items()},
-            "group_sizes": {name: {str(size): count for size, count in sorted(sizes.items())} for name, sizes in taken.items()},
-            "used_over_trained": used,
-            "training_line_bytes_per_s": training_lines, "meter_bytes_per_s": meters,
+            "round_share": shares, "group_sizes": group_sizes, "used_over_trained": used,
+            "epochs_trained_through": samples.epochs_trained_through,
+            "rounds_taken": {name: sum(int(count) for count in sizes.values()) for name, sizes in group_sizes.items()},
+            "training_line_bytes_per_s": training_lines, "meter_bytes_per_s": samples.meters(),
             "line_bytes_per_s_per_peer": spread([rates["sent"] + rates["received"] for rates in training_lines.values()]),
-            "background_bytes_per_s": spread(background_training), "window": [since, until],
+            "background_bytes_per_s": spread(list(background.values())), "window": [since, until],
             "load": os.getloadavg(),
         }
     finally:
         end_lab(lab, daemons.values())
 
 
+def stayed(row: dict, rounds: int = 5) -> list[str]:
+    """The peers that trained through at least ``rounds`` of the creator's epochs in the window (every
+    peer, in rows measured before that was recorded)."""
+    through = row.get("epochs_trained_through")
+    return [name for name in row["used_over_trained"] if through is None or through.get(name, 0) >= rounds]
+
+
 def report(path: Path) -> str:
     """The scale table of a ``--json`` file: a row per N, in the file's order."""
     rows = read_rows(path)
-    lines = ["| peers | commit | join to first used sample, mean / worst | epochs in the window | epoch duration, mean ± spread | "
-             "rounds taken ÷ epochs, lowest peer | used ÷ trained, lowest peer | line KB/s per peer training, mean / worst | "
+    lines = ["| peers (public) | commit | churn: moves in the window | join to first used sample, mean / worst | "
+             "after a return, mean / worst (no sample) | state downloads: top server's share | epochs in the window | "
+             "epoch duration, mean ± spread | rounds taken ÷ epochs trained through, lowest peer | "
+             "used ÷ trained, lowest peer of 5 epochs or more | line KB/s per peer, mean / worst | "
              "background KB/s per peer (all but averaging), mean / worst | 1-min load |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         shares = [share for share in row["round_share"].values() if share is not None]
-        used = [value for value in row["used_over_trained"].values() if value is not None]
-        duration = row["epoch_duration_s"]
+        used = [row["used_over_trained"][name] for name in stayed(row) if row["used_over_trained"][name] is not None]
+        duration, churn, downloads = row["epoch_duration_s"], row.get("churn"), row.get("state_downloads")
+        returned = churn and churn["return_s"]
+        served = downloads and downloads["count"] and max(downloads["by_server"].values()) / downloads["count"]
         lines.append(
-            f"| {row['peers']} | {row.get('commit', '?')[:7]} | {row['join']['mean']:.0f} s / {row['join']['worst']:.0f} s | {row['epochs']} in {row['train_s']:.0f} s | "
+            f"| {row['peers']} ({row.get('public', 1)}) | {row.get('commit', '?')[:7]} | "
+            + (f"{len(churn['moves'])}" if churn else "none") + " | "
+            f"{row['join']['mean']:.0f} s / {row['join']['worst']:.0f} s | "
+            + (f"{returned['mean']:.0f} s / {returned['worst']:.0f} s ({churn['returns_without_contribution']})" if returned else "–") + " | "
+            + (f"{served:.0%} of {downloads['count']}" if served else ("0" if downloads else "–")) + " | "
+            f"{row['epochs']} in {row['train_s']:.0f} s | "
             + (f"{duration['mean']:.1f} ± {duration['stdev']:.1f} s" if duration else "–") + " | "
             + (f"{min(shares):.0%}" if shares else "–") + " | " + (f"{min(used):.0%}" if used else "–") + " | "
             f"{row['line_bytes_per_s_per_peer']['mean'] / 1000:.0f} / {row['line_bytes_per_s_per_peer']['worst'] / 1000:.0f} | "
@@ -168,6 +295,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", nargs="+", type=int, default=[2, 4, 8], help="swarm sizes to measure, one lab each")
     parser.add_argument("--train-s", type=float, default=120.0, help="seconds of training measured once every peer contributed")
+    parser.add_argument("--public", type=int, default=1, help="peers with a public address (the first creates the run); the rest are behind NAT")
+    parser.add_argument("--churn", action="store_true", help="the peers behind NAT come and go during the window (churn.py)")
+    parser.add_argument("--session-s", type=float, default=180.0, help="with --churn: mean session length, seconds (exponential)")
+    parser.add_argument("--away-s", type=float, default=45.0, help="with --churn: mean absence, seconds (exponential)")
+    parser.add_argument("--pause-share", type=float, default=0.25, help="with --churn: share of absences that are a pause and resume")
+    parser.add_argument("--seed", type=int, default=1, help="with --churn: the schedule's seed")
     parser.add_argument("--join-timeout-s", type=float, default=600.0, help="give up when a peer contributed nothing after this long")
     parser.add_argument("--json", type=Path, help="append one JSON line per N here")
     parser.add_argument("--request-log", type=Path, help="log every request of each peer under DIR/n<N>/<host> "

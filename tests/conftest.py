@@ -14,6 +14,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("P2PTRAIN_STRICT_STATES", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left():
+    """Removes, after the run, the torch shared-memory files (``/dev/shm/torch_<pid>_*``) that the
+    run's ended processes left: hivemind peers that tests start straight, not through a daemon
+    (which removes its workers' own), share tensors through them, and /dev/shm is RAM."""
+    from p2ptrain.daemon.temp_files import SHARED_MEMORY, remove_shared_memory
+
+    def owners() -> set[int]:
+        try:
+            names = os.listdir(SHARED_MEMORY)
+        except OSError:
+            return set()
+        return {int(name.split("_")[1]) for name in names if name.startswith("torch_") and name.split("_")[1].isdigit()}
+
+    before = owners()
+    yield
+    remove_shared_memory(pid for pid in owners() - before if not Path(f"/proc/{pid}").exists())
+
+
 def pytest_collection_modifyitems(items):
     """Real swarms on 2 shared cores miss averaging deadlines now and then: a swarm test gets one
     more try (pytest-rerunfailures); failing twice fails the run."""

@@ -211,8 +211,10 @@ def test_diloco_workers_meet_at_outer_steps_and_a_late_joiner_catches_up(tmp_pat
         workers.append(late)
         late.joined()
         late.wait_for(lambda w: w.events("state-downloaded"), 60, "a state download")
-        downloaded = late.events("state-downloaded")[0]["data"]["epoch"]
-        assert downloaded >= swarm_epoch, f"late joiner started at epoch {downloaded}, the swarm was at {swarm_epoch}"
+        downloaded = late.events("state-downloaded")[0]["data"]
+        assert downloaded["epoch"] >= swarm_epoch, f"late joiner started at epoch {downloaded['epoch']}, the swarm was at {swarm_epoch}"
+        serving = {worker.of_type("joined")[0]["addresses"][0].rsplit("/p2p/", 1)[1] for worker in workers[:2]}
+        assert downloaded["source"] in serving, f"the download names {downloaded['source']!r}, not one of the peers serving {serving}"
     finally:
         stop_all(workers)
 

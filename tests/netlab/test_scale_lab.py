@@ -1,8 +1,10 @@
 """The scale lab's smoke run (``benchmarks/scale.py``): two daemons, one behind NAT, measured as the benchmark does.
 
 The benchmark itself measures N = 2, 4, 8 for minutes each (RESULTS.md); this
-runs it for N = 2 with short windows, so a change that breaks the lab or what it
-measures fails here, and checks the row against what two peers must show.
+runs it for N = 2 with a short window in which the peer behind NAT leaves and
+joins again (``--churn``, a seed whose schedule is one leave at 29 s and one
+join at 53 s), so a change that breaks the lab or what it measures fails here,
+and checks the row against what two peers must show.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ SCALE = Path(__file__).resolve().parents[2] / "benchmarks" / "scale.py"
 def test_two_peers_one_behind_nat_join_and_the_lab_measures_their_costs(lab_machine, tmp_path):
     data = tmp_path / "scale.jsonl"
     result = subprocess.run(
-        [sys.executable, str(SCALE), "--peers", "2", "--train-s", "60", "--json", str(data)],
+        [sys.executable, str(SCALE), "--peers", "2", "--train-s", "120", "--churn", "--session-s", "30", "--away-s", "15",
+         "--pause-share", "0.5", "--seed", "5", "--json", str(data)],
         capture_output=True, text=True, timeout=840,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -38,5 +41,10 @@ def test_two_peers_one_behind_nat_join_and_the_lab_measures_their_costs(lab_mach
     assert row["line_bytes_per_s_per_peer"]["mean"] > 0 and row["background_bytes_per_s"]["mean"] > 0, row["meter_bytes_per_s"]
     assert row["background_bytes_per_s"]["worst"] < 20_000, row["meter_bytes_per_s"]
     assert "commit" in row and "machine" in row and len(row["load"]) == 3
-    assert "| 2 |" in subprocess.run([sys.executable, str(SCALE), "--report", str(data)], capture_output=True,
+    # the churn: h1 left and joined again through the CLI, and its return was timed
+    assert [(move["action"], move["returncode"]) for move in row["churn"]["moves"]] == [("leave", 0), ("join", 0)], row["churn"]["moves"]
+    assert [entry["peer"] for entry in row["churn"]["returns"]] == ["h1"], row["churn"]["returns"]
+    # every state download names the peer that served it, and only pub can (h1 averages as a client)
+    assert row["state_downloads"]["count"] >= 1 and set(row["state_downloads"]["by_server"]) == {"pub"}, row["state_downloads"]
+    assert "| 2 (1) |" in subprocess.run([sys.executable, str(SCALE), "--report", str(data)], capture_output=True,
                                      text=True, timeout=60, check=True).stdout

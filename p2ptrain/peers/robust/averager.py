@@ -12,6 +12,7 @@
 - downloads state from the peers that share it, highest priority first as
   hivemind does, but skips banned peers and checks each download with
   ``state_check``: a refused state names its peer, and the next peer is tried;
+  the peer whose state was taken is ``last_state_source`` (who serves joiners);
 - reports each round's named peers to its ``trust.Trust`` through a queue
   (its rounds run in the averager's own process) and takes ban-list updates
   from it through hivemind's control pipe.
@@ -48,6 +49,7 @@ from p2ptrain.peers.robust.trust import Trust
 
 logger = get_logger(__name__)
 
+_PEER_ID_CHARS = 64  # a libp2p peer id in base58 is 46-52 characters
 AVERAGING_NAMES = {"_diloco": "pseudo-gradient", "_grad_averager": "gradient", "_state_averager": "state"}
 
 
@@ -67,6 +69,7 @@ class RobustAverager(DecentralizedAverager):
         # set before hivemind forks the averager's process, which keeps its own copies; a SimpleQueue
         # writes at once, so a report is there before the result it goes with (the host drains it each step)
         self._round_reports = multiprocessing.SimpleQueue()
+        self._state_source = multiprocessing.Array("c", _PEER_ID_CHARS)  # base58 of the peer whose state was taken last
         self._banned = {PeerID.from_base58(peer_id) for peer_id in self.trust.banned}
         self._judge: RoundJudge | None = None
         super().__init__(*args, **kwargs)
@@ -86,6 +89,11 @@ class RobustAverager(DecentralizedAverager):
         while not self._round_reports.empty():
             reports.append(self._round_reports.get())
         return reports
+
+    @property
+    def last_state_source(self) -> str | None:
+        """The peer id (base58) whose state this averager's last download took, or None before any."""
+        return self._state_source.value.decode() or None
 
     def set_banned(self, peer_ids: Iterable[str]) -> None:
         """Make the averager's process refuse and leave out exactly ``peer_ids`` (base58) from now on."""
@@ -160,6 +168,7 @@ class RobustAverager(DecentralizedAverager):
                     for other_peer, why, ratio, other in far_refused:
                         if not state_check.same_state(other, tensors, parameter_count):
                             self._refused_state(other_peer, f"{why}, and it differs from the state another peer served", ratio)
+                    self._state_source.value = peer.to_base58().encode()[:_PEER_ID_CHARS]
                     future.set_result(downloaded)
                     return
                 logger.info(f"Not taking the state of {peer} unless another peer serves the same: {far[0]}")

@@ -190,6 +190,10 @@ class DiLoCoTrainer:
             return {"epoch": self.local_epoch}, tensors
 
     @property
+    def state_source(self) -> str | None:
+        return self.averager.last_state_source
+
+    @property
     def pending_samples(self) -> int:
         """Samples behind this peer's local progress: its weight in the next average, which also
         bounds its pseudo-gradient's values in the others' reducers (``robust_reduce``)."""

@@ -19,6 +19,16 @@ weighted by their samples, one to two steps stale, as hivemind's own delayed
 parameter updates are one step stale. What hivemind does not allow: averaging
 them into the round that the swarm already finished (a finished all-reduce
 cannot be joined).
+
+A pre-scheduled gradient round that has found its group is used, even when the
+progress records do not show another peer yet. hivemind skips (cancels) such a
+round when its records count no other peer, as at a swarm's start, when the
+peers that just joined have not published progress. But a cancelled round whose
+group had formed still ran, at weight 0 here (``CountingGradientAverager``), and
+the others stepped on its average while the peer that cancelled it did not: the
+swarm split into two epochs. With one public peer and the rest behind NAT (who
+average as clients and share no state), that split stalled a 4-peer swarm for
+minutes in the scale lab. A group found is proof that others are there.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from typing import Sequence
 
 import hivemind
 import torch
+from hivemind.averaging.control import AveragingStage
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.utils import MPFuture
 
@@ -264,6 +275,23 @@ class SyncOptimizer(hivemind.Optimizer):
         super()._update_global_epoch(grad_scaler)
         self.account.add_contributed(samples)
 
+    def _begin_averaging_gradients(self, grad_scaler) -> bool:
+        scheduled = self.scheduled_grads
+        found_group = (scheduled is not None and not scheduled.triggered and not scheduled.done()
+                       and scheduled.stage == AveragingStage.AWAITING_TRIGGER)
+        if not found_group or self.tracker.global_progress.num_peers > 1:
+            return super()._begin_averaging_gradients(grad_scaler)
+        # hivemind would skip (cancel) this round for want of peers in the progress records: see the module doc
+        if grad_scaler is not None:
+            with grad_scaler.running_global_step():
+                assert grad_scaler.unscale_(self)
+        try:
+            self.scheduled_grads = self.grad_averager.step(control=scheduled, reset_accumulators=True, wait=False)
+            return True
+        except BaseException as error:
+            logger.exception(error)
+            return super()._begin_averaging_gradients(None)
+
     def _average_gradients_and_load_into_optimizer(self, maybe_step_control):
         self._round_rejected = False
         super()._average_gradients_and_load_into_optimizer(maybe_step_control)
@@ -372,6 +400,10 @@ class SyncTrainer:
     @property
     def local_epoch(self) -> int:
         return self.optimizer.local_epoch
+
+    @property
+    def state_source(self) -> str | None:
+        return self.optimizer.state_averager.last_state_source
 
     def wants_batch(self) -> bool:
         """Sync mode always takes the next batch."""

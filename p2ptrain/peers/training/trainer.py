@@ -51,6 +51,10 @@ class Trainer(Protocol):
     def local_epoch(self) -> int:
         """This peer's epoch: global steps (sync) or outer steps (DiLoCo) it has taken or downloaded."""
 
+    @property
+    def state_source(self) -> str | None:
+        """The peer id (base58) whose state the last download from the swarm took, or None before any."""
+
     def wants_batch(self) -> bool:
         """Whether the next batch is welcome now (False while DiLoCo waits for its round)."""
 

@@ -308,12 +308,15 @@ class Worker:
                 self.state_downloaded(previous_epoch=before)
 
     def state_downloaded(self, **data) -> None:
-        """The ``state-downloaded`` event: the new epoch, and the samples of local progress that
-        were too many epochs behind to keep (the ``late`` ones since the last such event)."""
-        epoch, late = self.trainer.local_epoch, self.trainer.account.unused["late"]
+        """The ``state-downloaded`` event: the new epoch, the peer that served the state (``source``),
+        and the samples of local progress that were too many epochs behind to keep (the ``late`` ones
+        since the last such event)."""
+        epoch, late, source = self.trainer.local_epoch, self.trainer.account.unused["late"], self.trainer.state_source
         dropped, self.late_reported = late - self.late_reported, late
         kept = f"; {dropped} samples of local progress were too far behind to use" if dropped else ""
-        self.event("state-downloaded", f"caught up with the swarm at epoch {epoch}{kept}", epoch=epoch, dropped_samples=dropped, **data)
+        served = f" from {source}" if source else ""
+        self.event("state-downloaded", f"caught up with the swarm at epoch {epoch}{served}{kept}", epoch=epoch,
+                   dropped_samples=dropped, source=source, **data)
 
     # --- checkpoints --------------------------------------------------
     def _checkpoint_file(self) -> Path:
