@@ -18,8 +18,9 @@ them a pause and resume). It measures, per N:
 - rounds: the epochs the creator recorded in the window, their duration
   (mean and spread), and for each peer the rounds it averaged in over the
   epochs that ended while it was training (from its first contribution of a
-  session to the end of the session), and the group sizes it averaged with
-  (its ``averaged`` events);
+  session to the end of the session), the group sizes it averaged with
+  (its ``averaged`` events), and the rounds it missed or took part in only
+  partly, by reason (its ``averaging-failed`` and ``averaging-incomplete`` events);
 - used ÷ trained: each peer's contributed samples over its trained ones since
   it joined, at the window's end (the lowest peer is the one that counts);
 - traffic: bytes per second on each peer's line while all train (sent +
@@ -180,6 +181,20 @@ def peer_ids(daemons: dict) -> dict[str, str]:
     return ids
 
 
+def missed_rounds(daemons: dict, since: float) -> dict[str, dict[str, int]]:
+    """Per peer, its rounds that failed (by reason) or came back partly averaged since ``since``: why a
+    peer missed the rounds the others took."""
+    missed = {}
+    for name, daemon in daemons.items():
+        counts: Counter = Counter()
+        for event in events(daemon):
+            if event["ts"] >= since and event["kind"] in ("averaging-failed", "averaging-incomplete"):
+                reason = (event.get("data") or {}).get("reason") or "incomplete"
+                counts[reason] += int(event.get("count") or 1)
+        missed[name] = dict(counts)
+    return missed
+
+
 def state_downloads(daemons: dict, names_of: dict[str, str], since: float) -> dict:
     """Every ``state-downloaded`` event since ``since``: how many, and by which peer served."""
     served: Counter = Counter()
@@ -240,7 +255,7 @@ def measure(peers: int, options, root: Path) -> dict:
                       "seed": options.seed, "moves": churn.moves, "returns": churn.returns,
                       "return_s": spread([value for value in returns if value is not None]),
                       "returns_without_contribution": sum(value is None for value in returns)} if options.churn else None,
-            "state_downloads": state_downloads(daemons, names_of, created_at),
+            "state_downloads": state_downloads(daemons, names_of, created_at), "missed_rounds": missed_rounds(daemons, since),
             "epochs": len(epochs), "epoch_duration_s": spread([row["duration_s"] for row in epochs if row["duration_s"]]),
             "round_share": shares, "group_sizes": group_sizes, "used_over_trained": used,
             "epochs_trained_through": samples.epochs_trained_through,
