@@ -18,19 +18,35 @@ os.environ.setdefault("P2PTRAIN_STRICT_STATES", "1")
 def no_shared_memory_left():
     """Removes, after the run, the torch shared-memory files (``/dev/shm/torch_<pid>_*``) that the
     run's ended processes left: hivemind peers that tests start straight, not through a daemon
-    (which removes its workers' own), share tensors through them, and /dev/shm is RAM."""
-    from p2ptrain.daemon.temp_files import SHARED_MEMORY, remove_shared_memory
+    (which removes its workers' own), share tensors through them, and /dev/shm is RAM. A file
+    still mapped by a live process stays (this one holds tensors its ended children made, and
+    torch unlinks those itself at exit: a file removed under it aborts the interpreter)."""
+    from p2ptrain.daemon.temp_files import SHARED_MEMORY
 
-    def owners() -> set[int]:
+    def names() -> set[str]:
         try:
-            names = os.listdir(SHARED_MEMORY)
+            return {name for name in os.listdir(SHARED_MEMORY) if name.startswith("torch_")}
         except OSError:
             return set()
-        return {int(name.split("_")[1]) for name in names if name.startswith("torch_") and name.split("_")[1].isdigit()}
 
-    before = owners()
+    before = names()
     yield
-    remove_shared_memory(pid for pid in owners() - before if not Path(f"/proc/{pid}").exists())
+    for name in names() - before - _mapped_shared_memory():
+        pid = name.split("_")[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            (SHARED_MEMORY / name).unlink(missing_ok=True)
+
+
+def _mapped_shared_memory() -> set[str]:
+    """The names of the /dev/shm files that live processes have mapped."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            lines = maps.read_text().splitlines()
+        except OSError:
+            continue
+        mapped.update(line.rsplit("/dev/shm/", 1)[1].split()[0] for line in lines if "/dev/shm/torch_" in line)
+    return mapped
 
 
 def pytest_collection_modifyitems(items):

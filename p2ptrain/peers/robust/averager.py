@@ -13,6 +13,11 @@
   hivemind does, but skips banned peers and checks each download with
   ``state_check``: a refused state names its peer, and the next peer is tried;
   the peer whose state was taken is ``last_state_source`` (who serves joiners);
+- spreads the downloads over the peers that can serve them: the priority a peer
+  declares is hivemind's (its epoch) less a fraction under 1 that grows with the
+  downloads it served in the last ``RECENT_SERVES_S`` seconds, so a newer epoch
+  still wins and, at the same epoch, the peer that served fewer lately does
+  (one donor took every joiner in hivemind's swarms: hivemind #169);
 - reports each round's named peers to its ``trust.Trust`` through a queue
   (its rounds run in the averager's own process) and takes ban-list updates
   from it through hivemind's control pipe.
@@ -27,7 +32,7 @@ from __future__ import annotations
 import multiprocessing
 import random
 import time
-from typing import Iterable
+from typing import AsyncIterator, Iterable
 
 import hivemind.optim.grad_averager
 from hivemind.averaging import DecentralizedAverager
@@ -50,6 +55,8 @@ from p2ptrain.peers.robust.trust import Trust
 logger = get_logger(__name__)
 
 _PEER_ID_CHARS = 64  # a libp2p peer id in base58 is 46-52 characters
+RECENT_SERVES_S = 300.0  # downloads served within this many seconds make this peer a later choice for the next
+_SERVES_KEPT = 32  # the serve times remembered (more within RECENT_SERVES_S count as this many)
 AVERAGING_NAMES = {"_diloco": "pseudo-gradient", "_grad_averager": "gradient", "_state_averager": "state"}
 
 
@@ -70,6 +77,7 @@ class RobustAverager(DecentralizedAverager):
         # writes at once, so a report is there before the result it goes with (the host drains it each step)
         self._round_reports = multiprocessing.SimpleQueue()
         self._state_source = multiprocessing.Array("c", _PEER_ID_CHARS)  # base58 of the peer whose state was taken last
+        self._serve_times = multiprocessing.Array("d", _SERVES_KEPT)  # when this peer served its state (time.time())
         self._banned = {PeerID.from_base58(peer_id) for peer_id in self.trust.banned}
         self._judge: RoundJudge | None = None
         super().__init__(*args, **kwargs)
@@ -89,6 +97,24 @@ class RobustAverager(DecentralizedAverager):
         while not self._round_reports.empty():
             reports.append(self._round_reports.get())
         return reports
+
+    @property
+    def state_sharing_priority(self) -> float:
+        """The priority this peer declares as a source of state: hivemind's (the epoch, set through the
+        setter) less ``n / (n + 1)`` for the ``n`` downloads it served in the last ``RECENT_SERVES_S``
+        seconds (see the module doc)."""
+        served = self.recent_serves
+        return DecentralizedAverager.state_sharing_priority.fget(self) - served / (served + 1)
+
+    @state_sharing_priority.setter
+    def state_sharing_priority(self, value: float):
+        DecentralizedAverager.state_sharing_priority.fset(self, value)
+
+    @property
+    def recent_serves(self) -> int:
+        """The downloads of this peer's state served in the last ``RECENT_SERVES_S`` seconds."""
+        since = time.time() - RECENT_SERVES_S
+        return sum(1 for served in self._serve_times[:] if served > since)
 
     @property
     def last_state_source(self) -> str | None:
@@ -132,6 +158,19 @@ class RobustAverager(DecentralizedAverager):
         else:
             async for _ in runner:
                 raise ValueError("aux peers should not receive averaged tensors")
+
+    async def rpc_download_state(self, request: averaging_pb2.DownloadRequest,
+                                 context: P2PContext) -> AsyncIterator[averaging_pb2.DownloadData]:
+        """hivemind's: this peer's state to a peer that downloads it; once served, its lower priority
+        is declared at once (see the module doc)."""
+        served = False
+        async for message in super().rpc_download_state(request, context):
+            served = True
+            yield message
+        if served:
+            times = self._serve_times
+            times[min(range(len(times)), key=times.__getitem__)] = time.time()
+            self._state_updated.set()  # hivemind's declaration loop re-declares on it
 
     async def _load_state_from_peers(self, future: MPFuture, timeout: float | None = None):
         """hivemind's download, over the peers that are not banned, each download checked (``state_check``)."""

@@ -1,0 +1,79 @@
+"""State downloads spread over the peers that can serve them (``RobustAverager.state_sharing_priority``).
+
+Eight real averagers on 127.0.0.1 (DHTs and averagers in this process): two
+donors at the swarm's epoch and six joiners behind it, who download the state
+one after another, 16 times. A joiner takes the highest declared priority; a
+donor declares its epoch less a fraction for each download it served lately.
+So at every moment the two donors have served within one download of each
+other. hivemind's priority (the epoch alone, ties broken at random) keeps the
+counts that close through 16 downloads about one time in 250.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from p2ptrain.peers.robust.averager import RECENT_SERVES_S
+from p2ptrain.peers.robust.reduce import RobustOptions
+from p2ptrain.peers.training.diloco import PseudoGradientAverager
+
+from test_state_download_check import SHAPES, Served, start_dhts, wait_for_sharers
+
+pytestmark = [pytest.mark.swarm]
+
+PREFIX = "spread_diloco"
+SWARM_EPOCH = 7
+
+
+def averager(dht, epoch: int, share: bool) -> PseudoGradientAverager:
+    tensors = [torch.ones(shape) * epoch for shape in SHAPES] + [torch.zeros(shape) for shape in SHAPES]
+    made = PseudoGradientAverager(
+        state_provider=Served({"epoch": epoch}, tensors), averaged_tensors=[torch.zeros(shape) for shape in SHAPES],
+        dht=dht, prefix=PREFIX, min_matchmaking_time=2.0, request_timeout=1.0, start=True, allow_state_sharing=share,
+        robust=RobustOptions.for_pseudo_gradients(max_weight=1e6, inner_lr=1e-3, rounds_held=1.0, parameter_count=len(SHAPES)))
+    if share:
+        made.state_sharing_priority = epoch
+    return made
+
+
+def declared(dht, donor) -> float | None:
+    found = dht.get(f"{PREFIX}.all_averagers", latest=True)
+    record = (found.value if found is not None else {}).get(donor.peer_id.to_bytes())
+    return None if record is None else record.value
+
+
+@pytest.mark.timeout(240)
+def test_sixteen_downloads_alternate_between_two_donors_at_the_same_epoch():
+    assert RECENT_SERVES_S > 120, "the test's downloads must all count as recent"
+    dhts = start_dhts(8)
+    averagers = []
+    try:
+        donors = [averager(dht, SWARM_EPOCH, share=True) for dht in dhts[:2]]
+        joiners = [averager(dht, 1, share=False) for dht in dhts[2:]]
+        averagers += donors + joiners
+        wait_for_sharers(dhts[2], PREFIX, 2)
+        served = {donor.peer_id.to_base58(): 0 for donor in donors}
+        for download in range(16):
+            joiner = joiners[download % len(joiners)]
+            loaded = joiner.load_state_from_peers(timeout=30)
+            assert loaded is not None and loaded[0] == {"epoch": SWARM_EPOCH}, f"download {download} failed"
+            source = joiner.last_state_source
+            served[source] += 1
+            assert max(served.values()) - min(served.values()) <= 1, f"after {download + 1} downloads: {served}"
+            # the donor re-declares its lower priority once it has served: let it reach the next joiner (a
+            # few tenths of a second; without the lower priority the declared value never changes)
+            donor = next(donor for donor in donors if donor.peer_id.to_base58() == source)
+            count, deadline = served[source], time.monotonic() + 10
+            while (declared(dhts[2 + (download + 1) % len(joiners)], donor) != pytest.approx(SWARM_EPOCH - count / (count + 1))
+                   and time.monotonic() < deadline):
+                time.sleep(0.1)
+        assert sorted(served.values()) == [8, 8]
+        assert sorted(donor.recent_serves for donor in donors) == [8, 8]
+    finally:
+        for made in averagers:
+            made.shutdown()
+        for dht in dhts:
+            dht.shutdown()
