@@ -31,8 +31,9 @@ def test_two_peers_one_behind_nat_join_and_the_lab_measures_their_costs(lab_mach
     assert result.returncode == 0, result.stderr[-3000:]
     (row,) = [json.loads(line) for line in data.read_text().splitlines()]
     assert row["peers"] == 2 and set(row["join_s"]) == {"pub", "h1"} and row["join"]["worst"] < 600
-    # Not asserted: that the window holds an epoch. A 2-peer sync swarm in this lab now and then makes none for
-    # a minute (the stall RESULTS.md reports at 4 peers): the benchmark measures it, this smoke run does not judge it.
+    # Not asserted: that the window holds an epoch. A 2-peer sync swarm in this lab now and then made none for a
+    # minute before a73a947 (the 4-peer stall in RESULTS.md, fixed there); the benchmark measures it, this smoke
+    # run does not judge it.
     for name in ("pub", "h1"):
         assert row["rounds_taken"][name] <= row["epochs"] + 1, (row["rounds_taken"], row["epochs"])
         assert set(row["group_sizes"][name]) <= {"1", "2"}, row["group_sizes"]
@@ -46,5 +47,6 @@ def test_two_peers_one_behind_nat_join_and_the_lab_measures_their_costs(lab_mach
     assert [entry["peer"] for entry in row["churn"]["returns"]] == ["h1"], row["churn"]["returns"]
     # every state download names the peer that served it, and only pub can (h1 averages as a client)
     assert row["state_downloads"]["count"] >= 1 and set(row["state_downloads"]["by_server"]) == {"pub"}, row["state_downloads"]
+    assert set(row["missed_rounds"]) == {"pub", "h1"}, row["missed_rounds"]
     assert "| 2 (1) |" in subprocess.run([sys.executable, str(SCALE), "--report", str(data)], capture_output=True,
                                      text=True, timeout=60, check=True).stdout
