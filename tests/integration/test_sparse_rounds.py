@@ -2,7 +2,8 @@
 
 Three peers send top-k 2-bit pseudo-gradients (``compression_sparse``): the round's result is the
 weighted mean of what they sent, zeros where nobody sent. Then the third restarts with a rung the
-run does not allow: the other two refuse its parts, say so in one log line, and average without it.
+run does not allow: the other two refuse its parts, say so in one log line, and average without it;
+the third's round fails, or gives it their average without its parts.
 """
 
 from __future__ import annotations
@@ -144,8 +145,12 @@ def test_a_sparse_round_averages_what_peers_sent_and_a_peer_on_a_forbidden_rung_
         assert [first[name]["refused"] for name in "abc"] == [0, 0, 0]
 
         second = run_round(peers)  # c came back with another rung
-        assert [second[name]["group"] for name in "abc"] == [3, 3, 0], "c's round failed"
+        assert [second[name]["group"] for name in "ab"] == [3, 3]
         without_c = weighted_mean(second, ["a", "b"])
+        if second["c"]["group"]:
+            # c's round fails (its parts are refused), except when its parts reach a loaded reducer after that
+            # reducer finished without them (CI, once): c then gets a and b's average, never one with its parts
+            assert_close_to(second["c"]["result"], without_c, [second[peer]["sent"] for peer in "ab"])
         for name in "ab":
             assert second[name]["refused"] >= 1
             assert_close_to(second[name]["result"], without_c, [second[peer]["sent"] for peer in "ab"])
