@@ -4,7 +4,8 @@ The benchmark itself measures N = 2, 4, 8 for minutes each (RESULTS.md); this
 runs it for N = 2 with a short window in which the peer behind NAT leaves and
 joins again (``--churn``, a seed whose schedule is one leave at 29 s and one
 join at 53 s), so a change that breaks the lab or what it measures fails here,
-and checks the row against what two peers must show.
+and checks the row against what two peers must show, and the peer behind NAT's
+request log: it serves no DHT request once its reachability was measured.
 """
 
 from __future__ import annotations
@@ -19,13 +20,27 @@ import pytest
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(900)]
 
 SCALE = Path(__file__).resolve().parents[2] / "benchmarks" / "scale.py"
+REACHABILITY_MEASURED_S = 30  # a worker's DHT serves until its dial-back check says nobody dials it directly
+
+
+def late_serves(log_directory: Path) -> list[str]:
+    """The DHT requests a peer answered later than ``REACHABILITY_MEASURED_S`` after its DHT process began
+    (its request log has a file a process, ``p2ptrain/peers/net/request_log.py``)."""
+    late = []
+    for path in sorted(log_directory.glob("*.tsv")):
+        lines = [line.split("\t") for line in path.read_text(errors="replace").splitlines()]
+        lines = [fields for fields in lines if len(fields) == 7]
+        began = float(lines[0][0]) if lines else 0.0
+        late += ["\t".join(fields) for fields in lines
+                 if fields[1] == "serve" and float(fields[0]) - began > REACHABILITY_MEASURED_S]
+    return late
 
 
 def test_two_peers_one_behind_nat_join_and_the_lab_measures_their_costs(lab_machine, tmp_path):
     data = tmp_path / "scale.jsonl"
     result = subprocess.run(
         [sys.executable, str(SCALE), "--peers", "2", "--train-s", "120", "--churn", "--session-s", "30", "--away-s", "15",
-         "--pause-share", "0.5", "--seed", "5", "--json", str(data)],
+         "--pause-share", "0.5", "--seed", "5", "--json", str(data), "--request-log", str(tmp_path / "requests")],
         capture_output=True, text=True, timeout=840,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -48,5 +63,9 @@ def test_two_peers_one_behind_nat_join_and_the_lab_measures_their_costs(lab_mach
     # every state download names the peer that served it, and only pub can (h1 averages as a client)
     assert row["state_downloads"]["count"] >= 1 and set(row["state_downloads"]["by_server"]) == {"pub"}, row["state_downloads"]
     assert set(row["missed_rounds"]) == {"pub", "h1"}, row["missed_rounds"]
+    # h1 is behind NAT: once it knew, it answered no DHT request (they came through pub's relay before)
+    assert list((tmp_path / "requests" / "n2" / "h1").glob("*.tsv")), "h1 logged no request"
+    late = late_serves(tmp_path / "requests" / "n2" / "h1")
+    assert not late, f"{len(late)} DHT requests answered by h1, the first: {late[:3]}"
     assert "| 2 (1) |" in subprocess.run([sys.executable, str(SCALE), "--report", str(data)], capture_output=True,
                                      text=True, timeout=60, check=True).stdout

@@ -266,3 +266,37 @@ def rank_addresses(addresses: list[str]) -> list[str]:
 def visible_addresses(dht) -> list[str]:
     """Multiaddrs (with ``/p2p/<peer id>``) that other peers can dial: public first, loopback last."""
     return rank_addresses([str(address) for address in dht.get_visible_maddrs(latest=True)])
+
+
+def stop_serving(dht) -> bool:
+    """Turn a running DHT into a client: it stops answering other peers' DHT requests and no longer
+    asks to be put in their routing tables, but stores and reads as before. Returns whether it served.
+
+    For a peer nobody can dial directly (behind NAT): every request to it comes through a relay,
+    which costs it and the relaying peer the request's bytes again, plus a relayed connection's
+    own framing for each (measured in the scale lab: issue 25). The routing tables that already
+    hold it drop it at the first request it no longer answers. It takes a new DHT node id: until
+    they do, searches still find its old one, and hivemind's searches fail when they find the
+    searching node's own id among the nearest nodes of a client.
+
+    Args:
+        dht: a running hivemind DHT (made by :func:`start_dht`).
+    """
+    served = dht.run_coroutine(_stop_serving)
+    dht._client_mode = True  # hivemind's cached answer to ``dht.client_mode`` in this process
+    return served
+
+
+async def _stop_serving(dht, node) -> bool:
+    """Run in the DHT process: hivemind's client mode, taken on after start (see :func:`stop_serving`)."""
+    from hivemind.dht.routing import DHTID
+    from hivemind.proto import dht_pb2
+
+    protocol = node.protocol
+    if protocol.client_mode:
+        return False
+    protocol.client_mode = True
+    protocol.node_info = dht_pb2.NodeInfo()  # an empty one: the peers it asks do not add it to their tables
+    node.node_id = protocol.node_id = DHTID.generate()  # the old one stays in other tables a while
+    await protocol.remove_p2p_handlers(protocol.p2p)
+    return True

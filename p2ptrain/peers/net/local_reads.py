@@ -52,7 +52,10 @@ searches for them rarely and cheaply:
   bit, so it finds the same nearest nodes, but no node stores a record under
   that id, so its answers carry node lists, not the run's records.
 
-A client-mode node stores as hivemind does.
+A client-mode node (a peer behind NAT: ``dht.stop_serving``) stores and reads
+the same way, to and from the holders a search found, never itself: no one
+stores to it, and its routing table knows only the serving nodes it has asked,
+so it always searches (once a key per :data:`HOLDERS_MEMORY_S`).
 
 :class:`LocalFirstDHT` gives hivemind's ProgressTracker the same reads and stores.
 """
@@ -108,7 +111,8 @@ async def _read(dht, node, key: str, local_copy_is_complete: bool):
                 log_read(key, "local")
                 return found
             why_not = "no local copy"
-        found = await _read_from_holders(node, key_id, trust_routing_table=local_copy_is_complete)
+        found = await _read_from_holders(node, key_id,
+                                         trust_routing_table=local_copy_is_complete and not node.protocol.client_mode)
         if found is not None:
             log_read(key, f"holders: {why_not}")
             return found
@@ -125,9 +129,9 @@ async def _read_from_holders(node, key_id, trust_routing_table: bool):
     Args:
         node: this process's DHT node.
         key_id: the key's DHT id.
-        trust_routing_table: the node has been in the swarm long enough for its routing table to know
-            the swarm: when it knows fewer other nodes than ``num_replicas``, they are all holders
-            (no search, as for a store). Otherwise the holders are found as for a store.
+        trust_routing_table: the node serves and has been in the swarm long enough for its routing
+            table to know the swarm: when it knows fewer other nodes than ``num_replicas``, they are
+            all holders (no search, as for a store). Otherwise the holders are found as for a store.
     """
     from hivemind.dht.node import _SearchState
 
@@ -207,7 +211,9 @@ async def _holder_candidates(node, key_id) -> list:
             search.add_done_callback(lambda _: searches.pop(key_id, None))
         found = await asyncio.shield(search)
         remembered = (time.monotonic() + HOLDERS_MEMORY_S, found)
-        if len(found) > node.num_replicas:  # a short answer (the search failed somewhere) is not kept
+        # a short answer (the search failed somewhere) is not kept by a serving node, which knows the
+        # swarm's other serving nodes; a client's answer is short whenever few peers serve
+        if len(found) > node.num_replicas or (node.protocol.client_mode and found):
             memory[key_id] = remembered
     candidates = dict(remembered[1])
     candidates.update(node.protocol.routing_table.get_nearest_neighbors(key_id, k=node.protocol.bucket_size,
@@ -251,19 +257,19 @@ async def _store(dht, node, key: str, subkey, value, expiration_time: float) -> 
 
     key_id, protocol = DHTID.generate(source=key), node.protocol
     with counted_as_key(key):
-        if protocol.client_mode:
-            return await node.store(key, value, expiration_time, subkey=subkey)
         record = DHTRecord(key_id.to_bytes(), protocol.serializer.dumps(subkey), protocol.serializer.dumps(value),
                            expiration_time)
         if protocol.record_validator is not None:
             record = dataclasses.replace(record, value=protocol.record_validator.sign_value(record))
             if not protocol.record_validator.validate(record):
                 return False
+        serving = not protocol.client_mode
         known = protocol.routing_table.get_nearest_neighbors(key_id, k=node.num_replicas, exclude=node.node_id)
-        if len(known) < node.num_replicas:  # every node it knows is a holder
+        if serving and len(known) < node.num_replicas:  # every node it knows is a holder
             return (await _store_to(node, [(node.node_id, node.peer_id), *known], key_id, subkey, record,
                                     expiration_time))[0]
-        candidates = await _holder_candidates(node, key_id)
+        candidates = [(node_id, peer_id) for node_id, peer_id in await _holder_candidates(node, key_id)
+                      if serving or node_id != node.node_id]  # a client holds nothing for others
         stored, answered = False, 0
         while answered < node.num_replicas and candidates:  # as hivemind: the nearest that answer
             wanted = node.num_replicas - answered

@@ -7,9 +7,11 @@ never reduces a part itself. That is the workaround for two limits of
 hivemind's p2pd (``docs/nat.md``): a relayed connection is reset after 128 KiB,
 while one averaging part is larger, and hole punching does not start in a swarm
 with few public peers. So no averaging data ever has to flow between two
-peers behind NAT. The role is fixed for the life of the worker (hivemind's
-averagers take it when they start); the reachability is checked again in the
-background and every change is reported to the daemon as a ``network`` report.
+peers behind NAT. Such a peer also stops serving the DHT (``dht.stop_serving``):
+other peers' requests would reach it only through a relay, at twice the bytes.
+The role is fixed for the life of the worker (hivemind's averagers take it when
+they start); the reachability is checked again in the background and every
+change is reported to the daemon as a ``network`` report.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class PeerNetwork:
 
     def join(self) -> None:
         """Serve other peers' dial-back requests, have this peer dialed back by those it is connected to,
-        and fix its role in averaging (``averaging_client``): a client when they could not dial it directly."""
+        and fix its role in averaging (``averaging_client``): a client when they could not dial it directly,
+        which then serves no DHT requests either."""
         try:
             self._dial_back.start()
             self._first = self._dial_back.check()
@@ -57,7 +60,13 @@ class PeerNetwork:
         self._take(self._first)
         self.averaging_client = self.client_mode or self.reachability not in (DIRECT, UNKNOWN)
         if self.averaging_client and not self.client_mode:
-            logger.info("Not directly reachable (%s): averaging as a client", self.reachability)
+            from p2ptrain.peers.net.dht import stop_serving
+
+            logger.info("Not directly reachable (%s): averaging as a client and serving no DHT requests", self.reachability)
+            try:
+                stop_serving(self.dht)
+            except Exception:
+                logger.exception("Could not stop serving the DHT; other peers' requests reach this one through a relay")
 
     def watch(self) -> None:
         """Check reachability again in the background, and measure traffic; each result goes to the daemon."""
