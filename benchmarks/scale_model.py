@@ -19,16 +19,22 @@ nodes asked per search and e the bytes of one peer's signed entry:
   list nodes, no records. Before ed0023b it searched before every store, and those answers carried
   the key's records.
 - **Reads.** A holder reads its own copy (``local_reads.read_record``), as does every peer while it
-  knows fewer than 5 others. Since 46082cf every other peer asks ``HOLDERS_PER_READ`` (2) of the
-  key's holders, found and remembered as for its stores, picked at random: 2 requests a read, each
-  answer the key's whole dictionary, N entries, and no cache store. That is 2 N e bytes a read,
-  O(N) a peer; the R holders share the swarm's reads, 2 / R of them each: O(N^2) bytes each. Before
+  knows fewer than 5 others. From 46082cf every other peer asked 2 of the key's holders, found and
+  remembered as for its stores, picked at random: 2 requests a read, each answer the key's whole
+  dictionary, N entries, and no cache store. That is 2 N e bytes a read, O(N) a peer; the R holders
+  share the swarm's reads, 2 / R of them each: O(N^2) bytes each. Now it asks
+  ``HOLDERS_PER_READ`` (1) and merges the answer into the earlier ones: N e bytes a read. Before
   46082cf it read with hivemind's ``latest=True``. That search never stops early, so it asks all V
   nodes, and each answer carries the N entries (a node that is not a holder answers from the copy
   it cached when it read): V x N e bytes a read, O(N) a peer past N = 21, O(N^2) below it. hivemind
   then caches the dictionary on one more node (``cache_nearest``): a store of N e bytes to a holder
   per read. The V nodes nearest to the key answer every read, and one holder takes every cache
-  store. ``Design.holders_per_read`` is 2 for the one, 0 for the other.
+  store. ``Design.holders_per_read`` is 1 or 2 for the one, 0 for the other.
+- **Who serves.** Since 4262333 a peer behind NAT serves nothing (``dht.stop_serving``): the S public
+  peers are the DHT. A peer behind NAT asks as any other, but its searches visit min(S, 20) nodes, it
+  always searches for a key's holders (every ``HOLDERS_MEMORY_S``) and reads from them, and nobody
+  asks it anything. The swarm's requests stay the same once S > 20; the S serving peers answer them
+  all. ``Design.serving_share`` is S / N (the projection takes ``PUBLIC_SHARE``); None: every peer.
 - **Matchmaking.** Each round, each peer runs a few searches of each matchmaking key (hivemind's
   declare and ``get_averagers``): V requests each, answers listing min(N - 2, 20) nodes. That grows
   until N = 21, then stays; the nodes nearest to a matchmaking key answer all N peers: O(N).
@@ -124,6 +130,9 @@ class Design:
             (``cache_nearest``), as before 46082cf.
         read_entries: a read returns at most this many entries (an aggregate or a sample of the
             records) instead of all N; None: all N.
+        serving_share: the share of peers that serve the DHT (the public ones: a peer behind NAT serves
+            nothing since 4262333, ``dht.stop_serving``); the others only ask, always through the key's
+            holders found by a search. None: every peer serves, as before.
     """
 
     name: str
@@ -131,6 +140,11 @@ class Design:
     paced_stores: bool = False
     holders_per_read: int = 0
     read_entries: int | None = None
+    serving_share: float | None = None
+
+    def servers(self, peers: int) -> int:
+        """How many of ``peers`` serve the DHT."""
+        return peers if self.serving_share is None else max(1, min(peers, round(self.serving_share * peers)))
 
     def store_path(self) -> str:
         """How a store reaches the holders, as the check table says it."""
@@ -146,14 +160,19 @@ class Design:
         return f"{self.holders_per_read} of the holders{entries}"
 
 
-NOW = Design(f"holders remembered, reads from {HOLDERS_PER_READ} holders (now)", holders_per_read=HOLDERS_PER_READ)
+PUBLIC_SHARE = 0.25  # peers with a public address in the projection (2 of 8 in the scale lab's churn runs)
+NOW = Design(f"+ peers behind NAT serve nothing, {PUBLIC_SHARE:.0%} public (now)", holders_per_read=HOLDERS_PER_READ,
+             serving_share=PUBLIC_SHARE)
 SEARCH_READS = Design("holders remembered, reads by hivemind's search (before 46082cf)")
 BEFORE = Design("a search before each store (before ed0023b)", search_before_store=True)
-REDESIGNS = (SEARCH_READS, NOW,
-             Design("+ progress stored every 10 s", paced_stores=True, holders_per_read=HOLDERS_PER_READ),
-             Design("+ reads from 1 holder", paced_stores=True, holders_per_read=1),
-             Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True, holders_per_read=1,
-                    read_entries=BOUNDED_READ_ENTRIES))
+TWO_HOLDERS = Design("holders remembered, reads from 2 holders (46082cf to 4262333)", holders_per_read=2)
+REDESIGNS = (SEARCH_READS, TWO_HOLDERS,
+             Design(f"+ reads from {HOLDERS_PER_READ} holder and the earlier answers", holders_per_read=HOLDERS_PER_READ),
+             NOW,
+             Design("+ progress stored every 10 s", paced_stores=True, holders_per_read=HOLDERS_PER_READ,
+                    serving_share=PUBLIC_SHARE),
+             Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True,
+                    holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE, read_entries=BOUNDED_READ_ENTRIES))
 # every measured row: its file, swarm size and commit, and the design of that commit (its store path and read
 # path; tests/unit/test_scale_model.py checks them against the commits' history)
 MEASURED = (("scale_2026-11-27.jsonl", 2, "b606afe", BEFORE), ("scale_2026-11-27.jsonl", 4, "b606afe", BEFORE),
@@ -335,6 +354,9 @@ class KeyTraffic:
             holders at random, one request each; 0: hivemind's search (every node among the ``visits`` nearest),
             then a store of the whole value to the second nearest node (``cache_nearest``; the nearest
             answered first).
+        client_searches: per node that serves nothing, searches a second for the key's holders (answers
+            without a value); its value searches are ``value_search[1]``.
+        client_reads: per node that serves nothing, reads a second, each of ``read_holders`` holders.
     """
 
     kind: str
@@ -346,6 +368,8 @@ class KeyTraffic:
     store_bytes: float = 0.0
     reads: float = 0.0
     read_holders: int = 0
+    client_searches: float = 0.0
+    client_reads: float = 0.0
 
     def value_searches(self) -> tuple:
         """Searches a second whose answers carry ``value_bytes``, reads included: (by a holder, by another node)."""
@@ -355,21 +379,26 @@ class KeyTraffic:
 
 
 class Swarm:
-    """Every node's load in a swarm of ``peers`` nodes: those near some key one by one, the rest as one."""
+    """Every node's load in a swarm of ``peers`` nodes, ``servers`` of which serve the DHT (all: None):
+    the serving nodes near some key one by one, the other serving ones as one, the clients as one."""
 
-    def __init__(self, peers: int):
-        self.peers, self.visits = peers, search_visits(peers)
-        self.answer = find_bytes(neighbours_in_answer(peers))
+    def __init__(self, peers: int, servers: int | None = None):
+        self.peers, self.servers = peers, servers or peers
+        self.clients = self.peers - self.servers
+        self.visits = search_visits(self.servers)  # by a serving node
+        self.client_visits = min(self.servers, BUCKET_SIZE)  # by a client: it is none of the nodes
+        self.answer = find_bytes(neighbours_in_answer(self.servers))
         self.special: dict[int, Load] = {}
-        self.anyone = Load()  # a node near no key
+        self.anyone = Load()  # a serving node near no key
+        self.client = Load()  # a node that serves nothing
 
     def holders(self) -> int:
         """Nodes that hold a key's records."""
-        return min(self.peers, NUM_REPLICAS)
+        return min(self.servers, NUM_REPLICAS)
 
     def is_holder(self, rank: int | None) -> bool:
-        """Whether a node of this rank reads its own copy: among the nearest, or the swarm too small."""
-        return self.peers - 1 < NUM_REPLICAS or (rank is not None and rank < NUM_REPLICAS)
+        """Whether a serving node of this rank reads its own copy: among the nearest, or too few serve."""
+        return self.servers - 1 < NUM_REPLICAS or (rank is not None and rank < NUM_REPLICAS)
 
     def node(self, node: int) -> Load:
         """A node near some key: until now it was like any other (the keys added before were far from it)."""
@@ -382,6 +411,7 @@ class Swarm:
         for node in set(self.special) | set(key.ranks):
             self.add_to(self.node(node), key, key.ranks.get(node))
         self.add_to(self.anyone, key, None)
+        self.add_to_client(key)
 
     def read_requests(self, key: KeyTraffic) -> list[tuple[int, float]]:
         """(requests, bytes each) of one read by a node that holds no copy (see ``KeyTraffic``)."""
@@ -397,9 +427,9 @@ class Swarm:
             rates: searches a second by (a holder, another node); each asks the ``visits`` nodes nearest
                 to the key other than itself.
         """
-        holders, others = self.holders(), self.peers - self.holders()
+        holders, others = self.holders(), self.servers - self.holders()
         total = holders * rates[0] + others * rates[1]
-        if self.peers - 1 <= self.visits or (rank is not None and rank < self.visits):
+        if self.servers - 1 <= self.visits or (rank is not None and rank < self.visits):
             return total - rates[0 if self.is_holder(rank) else 1]
         if rank == self.visits:  # asked only by the nodes nearer than itself
             return holders * rates[0] + (self.visits - holders) * rates[1]
@@ -408,42 +438,59 @@ class Swarm:
     def add_to(self, load: Load, key: KeyTraffic, rank: int | None) -> None:
         """Add to ``load`` what one key costs a node of ``rank`` (None: far from the key): what it asks, then what it answers."""
         holder, kind = self.is_holder(rank), key.kind
-        own, others = (0 if holder else 1), self.peers - self.holders()
+        own, others = (0 if holder else 1), self.servers - self.holders()
         with_value, whole_value = self.answer + key.value_bytes, key.value_bytes + store_overhead_bytes()
         load.add(kind, key.holder_search[own] * self.visits, self.answer)
         load.add(kind, key.value_search[own] * self.visits, with_value)
         load.add(kind, key.stores * (self.holders() - holder), key.store_bytes)
         load.add(kind, self._searched(key.holder_search, rank), self.answer)
         load.add(kind, self._searched(key.value_searches(), rank), with_value)
+        if self.servers <= self.client_visits or (rank is not None and rank < self.client_visits):
+            load.add(kind, self.clients * key.client_searches, self.answer)  # every client's searches ask it
+            load.add(kind, self.clients * key.value_search[1], with_value)
+        share = min(key.read_holders, self.holders()) / self.holders()
         if holder:  # every other peer's stores, and its share of the reads: each picks its holders at random
             load.add(kind, key.stores * (self.peers - 1), key.store_bytes)
             if key.read_holders:
-                load.add(kind, key.reads * others * min(key.read_holders, self.holders()) / self.holders(), with_value)
+                load.add(kind, key.reads * others * share, with_value)
+            load.add(kind, key.client_reads * self.clients * share, with_value)
         else:
             for requests, bytes_each in self.read_requests(key):
                 load.add(kind, key.reads * requests, bytes_each)
         if rank == 1 and not key.read_holders:  # hivemind's cache store after every read
             load.add(kind, key.reads * others, whole_value)
 
+    def add_to_client(self, key: KeyTraffic) -> None:
+        """Add to ``client`` what one key costs a node that serves nothing: only what it asks."""
+        with_value = self.answer + key.value_bytes
+        self.client.add(key.kind, key.client_searches * self.client_visits, self.answer)
+        self.client.add(key.kind, key.value_search[1] * self.client_visits, with_value)
+        self.client.add(key.kind, key.stores * self.holders(), key.store_bytes)
+        self.client.add(key.kind, key.client_reads * min(key.read_holders, self.holders()), with_value)
+
     def loads(self) -> tuple[Load, Load, int]:
-        """The worst node, the node near no key, and how many nodes are near no key."""
-        worst = max(list(self.special.values()) + [self.anyone], key=Load.total)
-        return worst, self.anyone, self.peers - len(self.special)
+        """The worst node, the serving node near no key, and how many serving nodes are near no key
+        (``client`` is each of the ``clients``)."""
+        nodes = list(self.special.values()) + [self.anyone] + ([self.client] if self.clients else [])
+        return max(nodes, key=Load.total), self.anyone, self.servers - len(self.special)
 
 
 def _ranks(peers: int, visits: int, seed: str) -> dict:
-    """Random nodes as the ``visits + 1`` nearest to one key, by rank."""
+    """Random nodes as the ``visits + 1`` nearest to one key, by rank (``peers``: the serving nodes)."""
     chosen = random.Random(seed).sample(range(peers), min(peers, visits + 1))
     return {node: rank for rank, node in enumerate(chosen)}
 
 
 def record_key(kind: str, swarm: Swarm, fitted: Fitted, activity: Activity, design: Design) -> KeyTraffic:
     """The requests of a record key (progress or metrics) under ``design``."""
-    peers, searching = swarm.peers, swarm.peers - 1 >= NUM_REPLICAS
+    peers, searching = swarm.peers, swarm.servers - 1 >= NUM_REPLICAS
     entries = min(peers, design.read_entries or peers)
     reads, stores = reads_per_s(kind, peers, activity), stores_per_s(kind, fitted, activity, design)
-    key = KeyTraffic(kind, _ranks(peers, swarm.visits, f"{peers} {kind}"), stores=stores,
+    key = KeyTraffic(kind, _ranks(swarm.servers, swarm.visits, f"{peers} {kind}"), stores=stores,
                      store_bytes=fitted.store_bytes[kind], value_bytes=entries * fitted.entry_bytes[kind])
+    if swarm.clients:  # a client searches for the holders and reads from them whatever the swarm's size
+        key.client_searches, key.client_reads = 1 / HOLDERS_MEMORY_S, reads
+        key.read_holders = design.holders_per_read
     if not searching:
         return key
     if design.search_before_store:
@@ -457,7 +504,7 @@ def record_key(kind: str, swarm: Swarm, fitted: Fitted, activity: Activity, desi
 def matchmaking_key(name: str, swarm: Swarm, fitted: Fitted, activity: Activity) -> KeyTraffic:
     """The searches of one matchmaking key: a few a round by every peer, as hivemind makes them."""
     searches = fitted.matchmaking_searches_per_epoch * activity.epochs_per_s
-    return KeyTraffic("matchmaking", _ranks(swarm.peers, swarm.visits, f"{swarm.peers} {name}"),
+    return KeyTraffic("matchmaking", _ranks(swarm.servers, swarm.visits, f"{swarm.peers} {name}"),
                       value_search=(searches, searches), value_bytes=fitted.matchmaking_value_bytes)
 
 
@@ -470,7 +517,7 @@ def model(peers: int, fitted: Fitted, activity: Activity, design: Design = NOW) 
         activity: epochs the swarm completes (progress stores and matchmaking follow them).
         design: how records are stored and read.
     """
-    swarm = Swarm(peers)
+    swarm = Swarm(peers, design.servers(peers))
     for kind in RECORD_KINDS:
         swarm.add_key(record_key(kind, swarm, fitted, activity, design))
     for name in ("grad", "state"):
@@ -479,7 +526,8 @@ def model(peers: int, fitted: Fitted, activity: Activity, design: Design = NOW) 
     loads = list(swarm.special.values())
 
     def summary(kinds_of) -> dict:
-        return {kind: (sum(kinds_of(load)[kind] for load in loads) + plain * kinds_of(anyone)[kind]) / peers
+        return {kind: (sum(kinds_of(load)[kind] for load in loads) + plain * kinds_of(anyone)[kind]
+                       + swarm.clients * kinds_of(swarm.client)[kind]) / peers
                 for kind in kinds_of(anyone)}
 
     def described(load_bytes: dict, load_requests: dict) -> dict:

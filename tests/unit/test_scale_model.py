@@ -6,8 +6,8 @@ was not fitted to: 2 and 4 peers within 25 % (mean peer), and the 8-peer runs wh
 first within 10 %, each row under the design of its own commit (every measured row read by hivemind's
 search: they predate 46082cf). The laws: a search asks the min(N - 1, 20) nodes nearest to the key
 (hivemind's own traverse_dht says so), a network read's answer grows linearly in N, a holder answers the
-stores of all N - 1 others, and since 46082cf a peer that holds no copy reads 2 holders, as the
-integration test measured.
+stores of all N - 1 others, from 46082cf a peer that holds no copy read 2 holders, as the
+integration test measured, and now 1; since 4262333 the peers behind NAT serve nothing: they only ask.
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def test_each_measured_row_is_checked_against_the_store_and_read_path_of_its_com
                                                      capture_output=True).returncode:
         pytest.skip("no git history here to date the commit")
     assert design.search_before_store == (not _descends_from(full, "ed0023b"))  # stores to remembered holders
-    assert (design.holders_per_read == scale_model.HOLDERS_PER_READ) == _descends_from(full, "46082cf")  # reads
-    assert design.holders_per_read in (0, scale_model.HOLDERS_PER_READ) and not design.paced_stores and not design.read_entries
+    assert (design.holders_per_read == 2) == (_descends_from(full, "46082cf") and not _descends_from(full, "4262333"))
+    assert (design.serving_share is not None) == _descends_from(full, "4262333")  # the peers behind NAT serve nothing
+    assert design.holders_per_read in (0, 2, scale_model.HOLDERS_PER_READ) and not design.paced_stores and not design.read_entries
 
 
 def test_without_the_search_before_each_store_the_model_sees_the_measured_drop():
@@ -87,17 +88,17 @@ def _read_bytes(design, peers=8, kind="metrics") -> float:
                swarm.read_requests(scale_model.record_key(kind, swarm, FITTED, ACTIVITY, design)))
 
 
-def test_a_peer_that_holds_no_copy_reads_two_answers_of_n_entries_as_the_code_does():
+def test_a_peer_that_holds_no_copy_reads_two_answers_of_n_entries_as_the_code_did():
     peers, entry = 8, FITTED.entry_bytes["metrics"]
     answer = scale_model.find_bytes(scale_model.neighbours_in_answer(peers)) + peers * entry
     whole_value = peers * entry + scale_model.store_overhead_bytes()
-    assert scale_model.HOLDERS_PER_READ == 2 and scale_model.NOW.holders_per_read == 2
-    assert _read_bytes(scale_model.NOW) == pytest.approx(2 * answer)
+    assert scale_model.HOLDERS_PER_READ == 1 and scale_model.NOW.holders_per_read == 1
+    assert _read_bytes(scale_model.TWO_HOLDERS) == pytest.approx(2 * answer)
     assert _read_bytes(scale_model.SEARCH_READS) == pytest.approx(7 * answer + whole_value)  # then cache_nearest
 
     # what the model charges the farthest peer (no holder, answering no read now) per read it makes
     with_reads, without = scale_model.Swarm(peers), scale_model.Swarm(peers)
-    key = scale_model.record_key("metrics", with_reads, FITTED, ACTIVITY, scale_model.NOW)
+    key = scale_model.record_key("metrics", with_reads, FITTED, ACTIVITY, scale_model.TWO_HOLDERS)
     with_reads.add_key(key)
     without.add_key(dataclasses.replace(key, reads=0.0))
     farthest = max(key.ranks, key=key.ranks.get)
@@ -115,7 +116,7 @@ def test_a_peer_that_holds_no_copy_reads_two_answers_of_n_entries_as_the_code_do
     nodes_only = scale_model.find_bytes(scale_model.neighbours_in_answer(peers))
     searched = 5 * answer + 2 * nodes_only
     assert 2 * answer / (searched + whole_value) < measured < 2 * answer / searched
-    assert _read_bytes(scale_model.NOW) / _read_bytes(scale_model.SEARCH_READS) < measured
+    assert _read_bytes(scale_model.TWO_HOLDERS) / _read_bytes(scale_model.SEARCH_READS) < measured
 
 
 @pytest.mark.parametrize("peers", [12, 60])
@@ -167,3 +168,27 @@ def test_the_data_file_is_what_the_model_says_now():
     assert {name: row[name] for name in now} == now, (
         "the model changed: nice -n 19 .venv/bin/python benchmarks/scale_model.py --json benchmarks/scale_model_<date>.jsonl, "
         "then .venv/bin/python benchmarks/results.py --write")
+
+
+def test_a_peer_behind_nat_answers_nothing_and_asks_its_stores_searches_and_reads():
+    peers, servers = 100, 25
+    swarm = scale_model.Swarm(peers, servers)
+    key = scale_model.record_key("progress", swarm, FITTED, ACTIVITY, scale_model.NOW)
+    swarm.add_key(key)
+    stores = scale_model.stores_per_s("progress", FITTED, ACTIVITY, scale_model.NOW)
+    asked = (stores * scale_model.NUM_REPLICAS + min(servers, scale_model.BUCKET_SIZE) / scale_model.HOLDERS_MEMORY_S
+             + key.client_reads * scale_model.HOLDERS_PER_READ)
+    assert swarm.client.requests["progress"] == pytest.approx(asked)
+    assert set(key.ranks) <= set(range(servers))  # only the serving peers are near a key
+
+
+def test_past_a_bucket_of_serving_peers_the_same_requests_are_answered_by_fewer():
+    # every search asks a bucket, every read one holder: the swarm's bytes stay, only who answers them changes
+    everyone = scale_model.model(400, FITTED, ACTIVITY, dataclasses.replace(scale_model.NOW, serving_share=None))
+    quarter = scale_model.model(400, FITTED, ACTIVITY, scale_model.NOW)
+    assert quarter["mean"]["bytes_per_s"] == pytest.approx(everyone["mean"]["bytes_per_s"], rel=0.02)
+    assert quarter["worst"]["bytes_per_s"] > everyone["worst"]["bytes_per_s"]
+    # below a bucket, a search asks every serving peer: fewer of them, fewer requests
+    small = [scale_model.model(8, FITTED, ACTIVITY, design)["mean"]["bytes_per_s"]
+             for design in (dataclasses.replace(scale_model.NOW, serving_share=None), scale_model.NOW)]
+    assert small[1] < small[0]

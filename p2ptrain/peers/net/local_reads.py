@@ -18,14 +18,17 @@ as before. In a larger swarm the peers nearest to each key read locally and the
 others ask the key's holders: hivemind's ``latest=True`` asks every node among
 the 20 nearest to the key (it never stops early), and every answer carries all
 N peers' records, so each read cost min(N - 1, 20) x N records (the scale
-model's first redesign, issue 25). A peer now asks :data:`HOLDERS_PER_READ` of
-the key's ``num_replicas`` nearest nodes that it remembers for its stores (see
-below), picked at random so that the swarm's reads are spread over all of them,
-another one when one does not answer, and takes the newest of each peer's
-records in their answers. Every live peer stores to all of them, so each
-holds every record unless it joined in the last minute; with two answers, a new
-holder's missing records are filled in by the other. Only when no holder
-answers, or none holds a record, does it search as hivemind does. A peer whose
+model's first redesign, issue 25). A peer now asks :data:`HOLDERS_PER_READ` (one)
+of the key's ``num_replicas`` nearest nodes that it remembers for its stores
+(see below), picked at random so that the swarm's reads are spread over all of
+them, another one when one does not answer. Every live peer stores to all of
+them, so each holds every record unless it joined in the last minute. The
+reader merges each answer into the records it read before (the newest of each
+peer's, until it expires), so a new holder's missing records are filled in
+from earlier answers; asking two holders for that (as until issue 25's last
+measure) made the holders, since peers behind NAT serve nothing the public
+peers, answer every read twice. Only when no holder answers, and the reader
+remembers no record, does it search as hivemind does. A peer whose
 routing table misses a nearer node may read an older record of some peer until
 it learns of that node (records carry their time and speed, and readers
 extrapolate from them).
@@ -81,7 +84,7 @@ FULL_COPY_AFTER_S = 60.0
 # as read_record assumes. One search a key per 30 s replaces one a store (3-4 a second at 8 peers).
 HOLDERS_MEMORY_S = 30.0
 # how many of a key's holders a peer that is none asks at each read (see the module docstring)
-HOLDERS_PER_READ = 2
+HOLDERS_PER_READ = 1
 
 
 def _why_not_every_record(node, key_id) -> str | None:
@@ -122,9 +125,9 @@ async def _read(dht, node, key: str, local_copy_is_complete: bool):
 
 async def _read_from_holders(node, key_id, trust_routing_table: bool):
     """Run in the DHT process: the newest record of each subkey (each peer) in the answers of
-    :data:`HOLDERS_PER_READ` of ``key_id``'s holders, decoded as ``node.get`` decodes it; None when no
-    holder answered or none held a record (the caller then searches as hivemind does: a peer that
-    found nobody's record would take itself to be alone).
+    :data:`HOLDERS_PER_READ` of ``key_id``'s holders and in the earlier answers, decoded as ``node.get``
+    decodes it; None when no holder answered, or none held a record and no earlier answer had one (the
+    caller then searches as hivemind does: a peer that found nobody's record would take itself to be alone).
 
     Args:
         node: this process's DHT node.
@@ -156,9 +159,32 @@ async def _read_from_holders(node, key_id, trust_routing_table: bool):
                 _forget_holders(node, key_id)
                 continue
             answered += 1
-            merged.add_candidate(answer[key_id][0], source_node_id=node_id)  # subkeys merged, the newest kept
+            merged.add_candidate(_with_earlier_answers(node, key_id, answer[key_id][0]), source_node_id=node_id)
     merged.finish_search()
     return await merged.future
+
+
+def _with_earlier_answers(node, key_id, candidate):
+    """Run in the DHT process: a holder's answer for ``key_id`` merged into what this node read of it
+    before (each subkey's newest entry that has not expired), remembered for the next read, and returned
+    as a copy; an answer without subkeys as it is."""
+    from hivemind.dht.storage import DictionaryDHTValue
+    from hivemind.utils import ValueWithExpiration
+
+    if candidate is not None and not isinstance(candidate.value, DictionaryDHTValue):
+        return candidate
+    memory = getattr(node, "p2ptrain_read_entries", None)
+    if memory is None:
+        memory = node.p2ptrain_read_entries = {}
+    entries = memory.setdefault(key_id, DictionaryDHTValue())
+    for subkey, entry in (candidate.value.items() if candidate is not None else ()):
+        entries.store(subkey, entry.value, entry.expiration_time)
+    merged = DictionaryDHTValue()
+    for subkey, entry in entries.items():  # expired entries leave here
+        merged.store(subkey, entry.value, entry.expiration_time)
+    if not len(merged):
+        return candidate
+    return ValueWithExpiration(merged, merged.latest_expiration_time)
 
 
 def mark_joined(dht) -> None:
