@@ -88,6 +88,7 @@ from hivemind.proto import dht_pb2  # noqa: E402
 from p2ptrain.peers.net.local_reads import HOLDERS_MEMORY_S, HOLDERS_PER_READ  # noqa: E402
 from p2ptrain.peers.net.traffic import kind_of_key  # noqa: E402
 from p2ptrain.peers.training.progress import MAX_REFRESH_PERIOD_S, MIN_REFRESH_PERIOD_S, REPORT_PERIOD_S  # noqa: E402
+from p2ptrain.peers.swarm.view import RECENT_READ_S  # noqa: E402
 from p2ptrain.peers.worker.training_worker import METRICS_INTERVAL_S, SWARM_REPORT_INTERVAL_S  # noqa: E402
 from run_facts import facts  # noqa: E402
 
@@ -133,6 +134,9 @@ class Design:
         serving_share: the share of peers that serve the DHT (the public ones: a peer behind NAT serves
             nothing since 4262333, ``dht.stop_serving``); the others only ask, always through the key's
             holders found by a search. None: every peer serves, as before.
+        view_remembers: the swarm view (every 15 s) takes what a holder answered in the last
+            ``view.RECENT_READ_S``: no read of progress of its own (the tracker's keep it fresh), metrics
+            read every 30 s. False: it reads both every 15 s, as before.
     """
 
     name: str
@@ -141,6 +145,7 @@ class Design:
     holders_per_read: int = 0
     read_entries: int | None = None
     serving_share: float | None = None
+    view_remembers: bool = False
 
     def servers(self, peers: int) -> int:
         """How many of ``peers`` serve the DHT."""
@@ -157,27 +162,33 @@ class Design:
         if not self.holders_per_read:
             return "hivemind's search (before 46082cf)"
         entries = f", at most {self.read_entries} entries" if self.read_entries else ""
-        return f"{self.holders_per_read} of the holders{entries}"
+        merged = " and the earlier answers" if self.holders_per_read == 1 else ""
+        serving = f"; {self.serving_share:.0%} of the peers serve" if self.serving_share is not None else ""
+        return f"{self.holders_per_read} of the holders{merged}{entries}{serving}"
 
 
 PUBLIC_SHARE = 0.25  # peers with a public address in the projection (2 of 8 in the scale lab's churn runs)
-NOW = Design(f"+ peers behind NAT serve nothing, {PUBLIC_SHARE:.0%} public (now)", holders_per_read=HOLDERS_PER_READ,
-             serving_share=PUBLIC_SHARE)
+NOW = Design("+ the swarm view reads no more than the tracker keeps fresh (now)", holders_per_read=HOLDERS_PER_READ,
+             serving_share=PUBLIC_SHARE, view_remembers=True)
 SEARCH_READS = Design("holders remembered, reads by hivemind's search (before 46082cf)")
 BEFORE = Design("a search before each store (before ed0023b)", search_before_store=True)
 TWO_HOLDERS = Design("holders remembered, reads from 2 holders (46082cf to 4262333)", holders_per_read=2)
+SERVING_PUBLIC = Design(f"+ peers behind NAT serve nothing, {PUBLIC_SHARE:.0%} public (022d5d1)",
+                        holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE)
 REDESIGNS = (SEARCH_READS, TWO_HOLDERS,
              Design(f"+ reads from {HOLDERS_PER_READ} holder and the earlier answers", holders_per_read=HOLDERS_PER_READ),
-             NOW,
+             SERVING_PUBLIC, NOW,
              Design("+ progress stored every 10 s", paced_stores=True, holders_per_read=HOLDERS_PER_READ,
-                    serving_share=PUBLIC_SHARE),
+                    serving_share=PUBLIC_SHARE, view_remembers=True),
              Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True,
-                    holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE, read_entries=BOUNDED_READ_ENTRIES))
+                    holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE, view_remembers=True,
+                    read_entries=BOUNDED_READ_ENTRIES))
 # every measured row: its file, swarm size and commit, and the design of that commit (its store path and read
 # path; tests/unit/test_scale_model.py checks them against the commits' history)
 MEASURED = (("scale_2026-11-27.jsonl", 2, "b606afe", BEFORE), ("scale_2026-11-27.jsonl", 4, "b606afe", BEFORE),
             ("scale_2026-11-27.jsonl", 8, "7126a1d", BEFORE), ("scale_2026-11-27_stores.jsonl", 8, "fb2631e", BEFORE),
-            ("scale_2026-11-27_stores.jsonl", 8, "6d2e971", SEARCH_READS))
+            ("scale_2026-11-27_stores.jsonl", 8, "6d2e971", SEARCH_READS),
+            ("scale_2026-11-27_clients.jsonl", 8, "09c314b", TWO_HOLDERS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,11 +312,13 @@ def tracker_reads_per_s(peers: int, epoch_s: float, epochs: int = 200) -> float:
     return reads / (epochs * epoch_s)
 
 
-def reads_per_s(kind: str, peers: int, activity: Activity) -> float:
-    """Reads of a record key by one peer: the swarm view every ``SWARM_REPORT_INTERVAL_S``, and for
-    progress the tracker's too."""
-    view = 1 / SWARM_REPORT_INTERVAL_S
-    return view + tracker_reads_per_s(peers, activity.epoch_s) if kind == "progress" else view
+def reads_per_s(kind: str, peers: int, activity: Activity, design: Design) -> float:
+    """Reads of a record key by one peer: the swarm view every ``SWARM_REPORT_INTERVAL_S`` (when it remembers,
+    at most every ``RECENT_READ_S`` and none of progress), and for progress the tracker's too."""
+    view = 1 / (max(SWARM_REPORT_INTERVAL_S, RECENT_READ_S) if design.view_remembers else SWARM_REPORT_INTERVAL_S)
+    if kind == "progress":
+        return tracker_reads_per_s(peers, activity.epoch_s) + (0.0 if design.view_remembers else view)
+    return view
 
 
 def stores_per_s(kind: str, fitted: Fitted, activity: Activity, design: Design) -> float:
@@ -485,7 +498,7 @@ def record_key(kind: str, swarm: Swarm, fitted: Fitted, activity: Activity, desi
     """The requests of a record key (progress or metrics) under ``design``."""
     peers, searching = swarm.peers, swarm.servers - 1 >= NUM_REPLICAS
     entries = min(peers, design.read_entries or peers)
-    reads, stores = reads_per_s(kind, peers, activity), stores_per_s(kind, fitted, activity, design)
+    reads, stores = reads_per_s(kind, peers, activity, design), stores_per_s(kind, fitted, activity, design)
     key = KeyTraffic(kind, _ranks(swarm.servers, swarm.visits, f"{peers} {kind}"), stores=stores,
                      store_bytes=fitted.store_bytes[kind], value_bytes=entries * fitted.entry_bytes[kind])
     if swarm.clients:  # a client searches for the holders and reads from them whatever the swarm's size

@@ -297,3 +297,34 @@ def test_a_reader_asks_one_holder_and_keeps_the_records_that_earlier_answers_had
         one_answer = asked / 10
         print(f"a read of {len(peers)} records from one holder: {one_answer:.0f} B")
         assert one_answer < 10_000  # one answer of these 8 records is 6.8 KB here; two were 13.5
+
+
+async def _answered_long_ago(dht, node):
+    """Run in a DHT process: every holder answer it remembers, made older than any ``max_age_s`` (moved back)."""
+    node.p2ptrain_answered_at = {key_id: moment - 3600 for key_id, moment in node.p2ptrain_answered_at.items()}
+
+
+@pytest.mark.timeout(240)
+def test_a_read_that_a_recent_answer_serves_asks_nobody(tmp_path, meter):
+    key = "local-run_progress"
+    with loopback_dhts(tmp_path, 8) as peers:
+        reader = peers[by_distance(peers, key)[-1]]  # no holder
+        for dht in peers:
+            record = {"peer_id": dht.peer_id.to_base58(), "samples_accumulated": 1, "time": get_dht_time()}
+            assert store_record(dht, key, own_public_key(dht), record, get_dht_time() + 60)
+        a_minute_in_the_swarm(reader)
+        assert len(read_record(reader, key).value) == len(peers)  # asks a holder
+
+        # the swarm view's read (max_age_s): what the holder answered a moment ago, no request
+        before = sent_and_received(meter, "progress")
+        assert len(read_record(reader, key, max_age_s=30).value) == len(peers)
+        assert sent_and_received(meter, "progress") == before
+        # ... the ProgressTracker's (no max_age_s) asks again
+        assert len(read_record(reader, key).value) == len(peers)
+        assert sent_and_received(meter, "progress") > before
+
+        # an answer older than max_age_s is not enough
+        reader.run_coroutine(_answered_long_ago)
+        before = sent_and_received(meter, "progress")
+        assert len(read_record(reader, key, max_age_s=30).value) == len(peers)
+        assert sent_and_received(meter, "progress") > before

@@ -100,9 +100,10 @@ def _why_not_every_record(node, key_id) -> str | None:
     return f"not among the {node.num_replicas} nodes nearest to the key of {len(node.protocol.routing_table.uid_to_peer_id)} known"
 
 
-async def _read(dht, node, key: str, local_copy_is_complete: bool):
+async def _read(dht, node, key: str, local_copy_is_complete: bool, max_age_s: float = 0.0):
     """Run in the DHT process: the record under ``key``, from the local copy when it is complete, else
-    from the key's holders, else from hivemind's search."""
+    from what a holder answered at most ``max_age_s`` ago, else from the key's holders, else from
+    hivemind's search."""
     from hivemind.dht.routing import DHTID
 
     key_id = DHTID.generate(source=key)
@@ -114,6 +115,12 @@ async def _read(dht, node, key: str, local_copy_is_complete: bool):
                 log_read(key, "local")
                 return found
             why_not = "no local copy"
+        answered_at = getattr(node, "p2ptrain_answered_at", {}).get(key_id)
+        if answered_at is not None and time.monotonic() - answered_at <= max_age_s:
+            found = await _decoded(node, key_id, _with_earlier_answers(node, key_id, None))
+            if found is not None:
+                log_read(key, f"remembered: {why_not}")
+                return found
         found = await _read_from_holders(node, key_id,
                                          trust_routing_table=local_copy_is_complete and not node.protocol.client_mode)
         if found is not None:
@@ -136,8 +143,6 @@ async def _read_from_holders(node, key_id, trust_routing_table: bool):
             table to know the swarm: when it knows fewer other nodes than ``num_replicas``, they are
             all holders (no search, as for a store). Otherwise the holders are found as for a store.
     """
-    from hivemind.dht.node import _SearchState
-
     protocol = node.protocol
     known = protocol.routing_table.get_nearest_neighbors(key_id, k=node.num_replicas, exclude=node.node_id)
     if trust_routing_table and len(known) < node.num_replicas:
@@ -146,8 +151,7 @@ async def _read_from_holders(node, key_id, trust_routing_table: bool):
         holders = [(node_id, peer_id) for node_id, peer_id in await _holder_candidates(node, key_id)
                    if node_id != node.node_id][:node.num_replicas]  # this node's own copy is not complete
     random.shuffle(holders)  # spread the swarm's reads over every holder, not the nearest two
-    merged = _SearchState(key_id, sufficient_expiration_time=float("inf"), serializer=protocol.serializer,
-                          record_validator=protocol.record_validator)
+    merged = _search_state(node, key_id)
     answered = 0  # holders that answered, with or without a record
     while answered < HOLDERS_PER_READ and holders:
         wanted = HOLDERS_PER_READ - answered
@@ -160,8 +164,29 @@ async def _read_from_holders(node, key_id, trust_routing_table: bool):
                 continue
             answered += 1
             merged.add_candidate(_with_earlier_answers(node, key_id, answer[key_id][0]), source_node_id=node_id)
+    if answered:
+        if getattr(node, "p2ptrain_answered_at", None) is None:
+            node.p2ptrain_answered_at = {}
+        node.p2ptrain_answered_at[key_id] = time.monotonic()
     merged.finish_search()
     return await merged.future
+
+
+def _search_state(node, key_id):
+    """hivemind's merge of the answers of a read, which decodes the result as ``node.get`` does."""
+    from hivemind.dht.node import _SearchState
+
+    return _SearchState(key_id, sufficient_expiration_time=float("inf"), serializer=node.protocol.serializer,
+                        record_validator=node.protocol.record_validator)
+
+
+async def _decoded(node, key_id, candidate):
+    """Run in the DHT process: ``candidate`` (a value as a holder answers it) decoded as ``node.get``
+    decodes it; None for None."""
+    state = _search_state(node, key_id)
+    state.add_candidate(candidate, source_node_id=node.node_id)
+    state.finish_search()
+    return await state.future
 
 
 def _with_earlier_answers(node, key_id, candidate):
@@ -192,7 +217,7 @@ def mark_joined(dht) -> None:
     dht.p2ptrain_started = time.monotonic()
 
 
-def read_record(dht, key: str, return_future: bool = False):
+def read_record(dht, key: str, return_future: bool = False, max_age_s: float = 0.0):
     """``dht.get(key, latest=True)``, answered from this peer's own copy when it holds every
     peer's latest record, else by :data:`HOLDERS_PER_READ` of the key's holders (see the module docstring).
 
@@ -200,10 +225,13 @@ def read_record(dht, key: str, return_future: bool = False):
         dht: a running hivemind DHT (made by ``p2ptrain.peers.net.dht.start_dht``, which marks its start).
         key: the DHT key.
         return_future: return hivemind's MPFuture instead of waiting (as ``DHT.get``).
+        max_age_s: what a holder answered this many seconds ago or less, merged with the earlier
+            answers, is fresh enough: no request (the swarm view, every 15 s, takes the progress the
+            ProgressTracker's reads keep fresh). 0: ask.
     """
     started = getattr(dht, "p2ptrain_started", None)
     complete = started is not None and time.monotonic() - started >= FULL_COPY_AFTER_S
-    return dht.run_coroutine(functools.partial(_read, key=key, local_copy_is_complete=complete),
+    return dht.run_coroutine(functools.partial(_read, key=key, local_copy_is_complete=complete, max_age_s=max_age_s),
                              return_future=return_future)
 
 

@@ -161,9 +161,10 @@ def withdraw_metrics(dht, run_id: str, expiration_s: float = METRICS_EXPIRATION_
     return bool(stored)
 
 
-def read_metrics(dht, run_id: str) -> list[LocalMetrics]:
+def read_metrics(dht, run_id: str, max_age_s: float = 0.0) -> list[LocalMetrics]:
     """Every peer's current metrics for ``run_id``: from this peer's own copy once it holds every
-    record, else the newest state the DHT's nodes have (``local_reads.read_record``).
+    record, else the newest state the DHT's nodes have (``local_reads.read_record``; ``max_age_s``:
+    what a holder answered this recently is fresh enough, as there).
 
     Records that fail the schema, or whose ``peer_id`` is not the one of the
     key they are signed with, are logged and dropped. Signatures are checked
@@ -176,7 +177,7 @@ def read_metrics(dht, run_id: str) -> list[LocalMetrics]:
     from hivemind.dht.protocol import DHTProtocol
 
     follow_run(dht, run_id)
-    found = read_record(dht, metrics_key(run_id))
+    found = read_record(dht, metrics_key(run_id), max_age_s=max_age_s)
     if found is None or not isinstance(found.value, dict):
         return []
     peers = []

@@ -21,6 +21,10 @@ from p2ptrain.worker_pipe import PeerRow, Swarm
 
 logger = logging.getLogger(__name__)
 
+# a read of the swarm's records that a holder answered this recently is what the view shows, without
+# asking again: the ProgressTracker reads progress every 2-30 s, and metrics records change every 30 s
+RECENT_READ_S = 30.0
+
 
 @dataclass
 class _Progress:
@@ -35,7 +39,7 @@ class _Progress:
 def _read_progress(dht, prefix: str) -> list[_Progress]:
     from hivemind.p2p import PeerID
 
-    found = read_record(dht, f"{prefix}_progress")
+    found = read_record(dht, f"{prefix}_progress", max_age_s=RECENT_READ_S)
     if found is None or not isinstance(found.value, dict):
         return []
     progress = []
@@ -87,7 +91,7 @@ def read_swarm(
 
     now = get_dht_time()
     progress = _read_progress(dht, progress_prefix or averaging_prefix_for(run_id, manifest_hash))
-    metrics = read_metrics(dht, run_id)
+    metrics = read_metrics(dht, run_id, max_age_s=RECENT_READ_S)
     own_peer_id = dht.peer_id.to_base58()
 
     servers = [entry for entry in progress if not entry.client_mode] or progress
