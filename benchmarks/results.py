@@ -80,6 +80,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "db-year": _renderer("db_year"),
     "scale": _renderer("scale"),
     "scale-model": _renderer("scale_model"),
+    "request-framing": _renderer("request_framing"),
     "heterogeneous": _renderer("heterogeneous"),
 }
 
