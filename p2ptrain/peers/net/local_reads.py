@@ -25,9 +25,9 @@ them, another one when one does not answer. Every live peer stores to all of
 them, so each holds every record unless it joined in the last minute. The
 reader merges each answer into the records it read before (the newest of each
 peer's, until it expires), so a new holder's missing records are filled in
-from earlier answers; asking two holders for that (as until issue 25's last
-measure) made the holders, since peers behind NAT serve nothing the public
-peers, answer every read twice. Only when no holder answers, and the reader
+from earlier answers. Asking two holders for that (until 022d5d1) made the
+holders answer every read twice, and since peers behind NAT serve nothing the
+holders are the few public peers. Only when no holder answers, and the reader
 remembers no record, does it search as hivemind does. A peer whose
 routing table misses a nearer node may read an older record of some peer until
 it learns of that node (records carry their time and speed, and readers
