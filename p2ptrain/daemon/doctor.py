@@ -211,7 +211,7 @@ def check_reachability(home: str | None, config) -> dict:
     message = {"relayed": "peers reach this one only through a relay",
                "unreachable": "peers of the run cannot dial this one (behind NAT or a firewall)"}[reachability]
     if local.averaging_client:
-        message += "; it averages as a client (sends its share, never reduces)"
+        message += "; it averages as a client (sends its share, never reduces) and serves no DHT requests"
     return check("reachability", False, message, fix, level="warning")
 
 

@@ -317,7 +317,7 @@ class RunView:
             UNREACHABLE: "other peers cannot dial this one (behind NAT or a firewall)",
         }[reachability]
         if local.get("averaging_client"):
-            message += "; it averages as a client (sends its share, never reduces)"
+            message += "; it averages as a client (sends its share, never reduces) and serves no DHT requests"
         return [Health(level="warning", message=message, fix=fix)]
 
 
