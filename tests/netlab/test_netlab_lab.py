@@ -121,6 +121,13 @@ def test_teardown_ends_processes_and_deletes_namespaces(lab_machine):
     lab = Lab(tag="gone")
     host = lab.add_home("h1")
     sleeper = subprocess.Popen(host.command(["sleep", "600"]))
+    # `ip netns exec` enters the namespace, then runs sleep in its own pid: wait for that, or a loaded
+    # machine tears down first and the sleeper enters a namespace nobody lists (CI's run of 73d2f3c)
+    deadline = time.monotonic() + 30
+    while str(sleeper.pid) not in subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True,
+                                                 text=True).stdout.split():
+        assert time.monotonic() < deadline, "the sleeper never entered its namespace"
+        time.sleep(0.05)
     lab.teardown()
     assert sleeper.wait(10) is not None
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
