@@ -24,6 +24,7 @@ from p2ptrain.peers.training.sync import CheckedTrainingStateAverager
 pytestmark = [pytest.mark.swarm]
 
 SHAPES = [(64, 32), (32,)]
+ROGUE_PRIORITY = 1000.0  # the rogue shares its state first
 
 
 def start_dhts(count: int) -> list[DHT]:
@@ -56,24 +57,28 @@ def rogue_averager(dht: DHT, class_name: str, prefix: str, served: Served, tenso
     """A stock hivemind averager under the honest class name that shares ``served`` with top priority."""
     rogue_class = type(class_name, (DecentralizedAverager,), {"get_current_state": lambda self: served()})
     averager = rogue_class(averaged_tensors=tensors, dht=dht, prefix=prefix, min_matchmaking_time=2.0, request_timeout=1.0, start=True)
-    averager.state_sharing_priority = 1000.0
+    averager.state_sharing_priority = ROGUE_PRIORITY
     return averager
 
 
-def wait_for_sharers(dht: DHT, prefix: str, count: int, timeout: float = 30) -> None:
-    """Wait until ``count`` peers announce that they share their state under ``prefix``, the rogue with
-    its top priority: an averager declares itself at start and again, later, once its priority is set,
-    and a download that read the first declaration asked an honest peer first (the rogue went unnamed
-    in CI's run of 73d2f3c)."""
+def wait_for_sharers(dht: DHT, prefix: str, count: int, top_priority: float = 0.0, timeout: float = 30) -> None:
+    """Wait until ``count`` peers announce that they share their state under ``prefix``.
+
+    Args:
+        top_priority: also wait until one declaration has at least this priority (the rogue's): an
+            averager declares itself at start and again, later, once its priority is set, and a
+            download that read the first declaration asked an honest peer first (the rogue went
+            unnamed in CI's run of 73d2f3c).
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = dht.get(f"{prefix}.all_averagers", latest=True)
         entries = found.value.values() if found is not None and isinstance(found.value, dict) else []
         priorities = [entry.value for entry in entries if isinstance(entry.value, (int, float))]
-        if len(priorities) >= count and max(priorities) >= 1000.0:
+        if len(priorities) >= count and max(priorities) >= top_priority:
             return
         time.sleep(0.2)
-    raise AssertionError(f"fewer than {count} peers share their state under {prefix}, or the rogue's priority is not seen")
+    raise AssertionError(f"fewer than {count} peers share their state under {prefix} with a top priority of {top_priority}")
 
 
 def named_for_bad_states(averager) -> set[str]:
@@ -97,7 +102,7 @@ def test_a_diloco_peer_refuses_bad_states_and_downloads_the_next_peers():
         rogue = rogue_averager(dhts[2], "PseudoGradientAverager", "check_diloco", rogue_state, [torch.zeros(shape) for shape in SHAPES])
         averagers.append(rogue)
         rogue_id = rogue.peer_id.to_base58()
-        wait_for_sharers(dhts[0], "check_diloco", 3)
+        wait_for_sharers(dhts[0], "check_diloco", 3, top_priority=ROGUE_PRIORITY)
         attacks = {
             "scaled noise": [100 * torch.randn(shape) for shape in SHAPES],
             "sign flip": [-tensor for tensor in swarm],
@@ -148,7 +153,7 @@ def test_a_newcomer_takes_a_state_far_from_its_initial_weights_but_not_a_sign_fl
         rogue = rogue_averager(dhts[2], "PseudoGradientAverager", "check_diloco", Served({"epoch": 41}, [-t for t in trained] + momentum),
                                [torch.zeros(shape) for shape in SHAPES])
         averagers.append(rogue)
-        wait_for_sharers(dhts[0], "check_diloco", 3)
+        wait_for_sharers(dhts[0], "check_diloco", 3, top_priority=ROGUE_PRIORITY)
         metadata, tensors = newcomer.load_state_from_peers(timeout=30)
         assert metadata == {"epoch": 40} and torch.equal(tensors[0], trained[0])
         assert named_for_bad_states(newcomer) == {rogue.peer_id.to_base58()}
@@ -185,7 +190,7 @@ def test_a_sync_peer_refuses_a_sign_flipped_state_and_loads_the_honest_one():
         rogue = rogue_averager(dhts[2], "CheckedTrainingStateAverager", "check_state_averager", Served({**metadata, "epoch": 4}, flipped),
                                [torch.zeros(shape, requires_grad=True) for shape in SHAPES])
         averagers.append(rogue)
-        wait_for_sharers(dhts[0], "check_state_averager", 3)
+        wait_for_sharers(dhts[0], "check_state_averager", 3, top_priority=ROGUE_PRIORITY)
 
         downloader.load_state_from_peers(timeout=30)
         assert downloader.local_epoch == 3
