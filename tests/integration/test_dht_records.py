@@ -23,6 +23,7 @@ from p2ptrain.peers.net.dht import (
     start_dht,
     visible_addresses,
 )
+from p2ptrain.peers.net.identity import peer_id_of_public_key
 from p2ptrain.peers.swarm.manifest import ManifestError, averaging_prefix, manifest_key, new_manifest
 from p2ptrain.peers.swarm.records import LocalMetrics, metrics_key
 from p2ptrain.peers.swarm.run_records import fetch_manifest, publish_manifest, publish_metrics, read_manifests, read_metrics, withdraw_metrics
@@ -98,7 +99,27 @@ def test_identity_persists_across_restart(peers, tmp_path):
     second = peers("a")
     assert second.peer_id == peer_id
     assert own_public_key(second) == public_key
+    # a new identity is an Ed25519 key, and the peer id p2pd derives from it is the one records are checked against
+    assert public_key.startswith(b"[owner:ssh-ed25519 ")
+    assert peer_id.to_base58() == peer_id_of_public_key(signing_key(second).get_public_key())
     assert stat.S_IMODE((tmp_path / "a.key").stat().st_mode) == 0o600
+
+
+@pytest.mark.timeout(90)
+def test_an_rsa_identity_made_before_ed25519_keeps_its_peer_id_and_its_records_are_read(peers, tmp_path):
+    from hivemind.p2p import PeerID
+    from hivemind.proto import crypto_pb2
+
+    identity = crypto_pb2.PrivateKey(key_type=crypto_pb2.RSA, data=RSAPrivateKey().to_bytes()).SerializeToString()
+    (tmp_path / "old.key").write_bytes(identity)
+    alice = peers("a")
+    old = peers("old", alice)
+    assert old.peer_id == PeerID.from_identity(identity) and own_public_key(old).startswith(b"[owner:ssh-rsa ")
+    assert publish_metrics(old, "mixed-run", metrics_of(old, "old"))
+    assert publish_metrics(alice, "mixed-run", metrics_of(alice, "alice"))
+    for reader in (alice, old):
+        found = wait_for(lambda: read_metrics(reader, "mixed-run"), lambda records: len(records) == 2)
+        assert sorted(record.nickname for record in found) == ["alice", "old"]
 
 
 @pytest.mark.timeout(90)

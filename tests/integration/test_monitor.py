@@ -224,7 +224,7 @@ def test_records_failing_their_signature_or_schema_are_not_shown(swarm, monitor,
     from hivemind.utils.crypto import RSAPrivateKey
 
     from p2ptrain.peers.swarm.records import metrics_key
-    from p2ptrain.peers.swarm.validators import peer_id_of_public_key
+    from p2ptrain.peers.net.identity import peer_id_of_public_key
 
     _, address, _ = swarm
     signing_key = RSAPrivateKey()

@@ -1,8 +1,8 @@
 """Starting this peer's hivemind DHT, with a persistent identity, and describing how others reach it.
 
 One key file is this peer's identity for everything: libp2p derives the peer
-id from it, and the same RSA key signs our DHT records (manifest, metrics,
-hivemind's progress). So a restart keeps the peer id *and* ownership of our
+id from it, and the same key (Ed25519; RSA for identities made before, see
+``identity``) signs our DHT records (manifest, metrics, hivemind's progress). So a restart keeps the peer id *and* ownership of our
 records, and validators can check that a record's ``peer_id`` belongs to the
 key that signed it.
 
@@ -36,41 +36,23 @@ class DHTStartError(RuntimeError):
 
 
 def load_or_create_identity(identity_path: Path):
-    """This peer's RSA key (hivemind's RSAPrivateKey), read from ``identity_path`` or created there (mode 0600).
+    """This peer's key (``identity.Ed25519PrivateKey``, or hivemind's RSAPrivateKey for an identity
+    made before Ed25519), read from ``identity_path`` or created there (see ``identity``).
 
-    The file holds a libp2p private-key protobuf, the format p2pd reads, so the
-    same file gives p2pd its peer id.
-
-    :raises DHTStartError: if the file exists but is not an RSA identity.
+    :raises DHTStartError: if the file exists but is not a peer identity.
     """
-    from cryptography.hazmat.primitives import serialization
-    from hivemind.proto import crypto_pb2
-    from hivemind.utils.crypto import RSAPrivateKey
+    from p2ptrain.peers.net.identity import create_identity, read_identity
 
     identity_path = Path(identity_path)
     if not identity_path.exists():
-        identity_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        key = RSAPrivateKey()
-        protobuf = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.RSA, data=key.to_bytes())
-        # O_EXCL: two workers starting at once must not both write a key.
-        descriptor = os.open(identity_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(protobuf.SerializeToString())
-        logger.info("created a new peer identity in %s", identity_path)
-        return key
+        return create_identity(identity_path)
     try:
-        protobuf = crypto_pb2.PrivateKey.FromString(identity_path.read_bytes())
-        if protobuf.key_type != crypto_pb2.KeyType.RSA:
-            raise ValueError("not an RSA key")
-        serialization.load_der_private_key(protobuf.data, password=None)
-    except Exception as error:  # protobuf and cryptography raise several unrelated types
+        return read_identity(identity_path.read_bytes())
+    except ValueError as error:
         raise DHTStartError(
             f"{identity_path} is not a peer identity ({error})",
             "move the file away and start again to create a new identity",
         ) from None
-    key = RSAPrivateKey.__new__(RSAPrivateKey)
-    key.__setstate__({"_private_key": protobuf.data})  # hivemind's own way to rebuild a key from DER
-    return key
 
 
 def _relay_only_through(original):
@@ -157,16 +139,16 @@ def start_dht(
         listening port taken while ``announce_maddrs`` names it, too).
     :raises ValueError: if an address is not a multiaddr.
 
-    Side effect: the key becomes hivemind's process-wide RSA key, so the
+    Side effect: the key becomes hivemind's process-wide signing key, so the
     ProgressTracker that hivemind.Optimizer creates signs with it too (there is
     one DHT per training worker; in a process with several DHTs, pass
     :func:`signing_key` explicitly to ProgressTracker).
     """
     import hivemind
-    from hivemind.dht.crypto import RSASignatureValidator
     from hivemind.p2p import P2P
     from hivemind.utils.crypto import RSAPrivateKey
 
+    from p2ptrain.peers.net.identity import OwnerSignatureValidator, install_peer_ids_of_ed25519_identities
     from p2ptrain.peers.net.local_reads import mark_joined
 
     peers = [validate_multiaddr(address) for address in initial_peers]
@@ -175,7 +157,8 @@ def start_dht(
     identity_path = Path(identity_path)
     new_identity = not identity_path.exists()
     private_key = load_or_create_identity(identity_path)
-    RSAPrivateKey._process_wide_key = private_key
+    RSAPrivateKey._process_wide_key = private_key  # hivemind's ProgressTracker signs with it
+    install_peer_ids_of_ed25519_identities()  # hivemind's check that the identity is free reads it
     # hivemind puts p2pd's and its clients' sockets in /tmp, and leaves them there when killed:
     # follow TMPDIR instead (the daemon gives each worker its own, and removes it)
     P2P._UNIX_SOCKET_PREFIX = f"/unix{tempfile.gettempdir()}/hivemind-"
@@ -206,7 +189,7 @@ def start_dht(
             startup_timeout=start_timeout,
             # A key made a moment ago cannot be in use elsewhere: skip hivemind's probe (an extra p2pd).
             check_if_identity_free=not new_identity,
-            record_validators=[RSASignatureValidator(private_key)],
+            record_validators=[OwnerSignatureValidator(private_key)],
             **relays,
         )
     except Exception as error:
@@ -235,14 +218,14 @@ def port_moves(dht) -> list:
 
 
 def signing_key(dht):
-    """The RSA key that signs this DHT's records (give it to a ProgressTracker as ``private_key``)."""
+    """The key that signs this DHT's records (give it to a ProgressTracker as ``private_key``)."""
     from hivemind.utils.crypto import RSAPrivateKey
 
     return getattr(dht, "p2ptrain_private_key", None) or RSAPrivateKey.process_wide()
 
 
 def own_public_key(dht) -> bytes:
-    """The subkey under which this peer publishes signed records (``b"[owner:ssh-rsa ...]"``)."""
+    """The subkey under which this peer publishes signed records (``b"[owner:ssh-ed25519 ...]"``)."""
     from hivemind.dht.crypto import RSASignatureValidator
 
     return RSASignatureValidator(signing_key(dht)).local_public_key

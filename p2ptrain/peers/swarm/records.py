@@ -1,7 +1,7 @@
 """Per-peer metrics records: what each peer in a run says about itself.
 
 Every peer publishes a :class:`LocalMetrics` under the DHT key
-``{run_id}_metrics``, subkey = its own RSA public key, signed. The key uses the
+``{run_id}_metrics``, subkey = its own public key (``identity``), signed. The key uses the
 plain run id (not the averaging prefix) so peers with another manifest are
 still seen, marked incompatible by their ``manifest_hash``.
 

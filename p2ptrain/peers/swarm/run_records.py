@@ -89,7 +89,7 @@ def fetch_manifest(dht, run_id: str, timeout: float = 30.0) -> Manifest:
 def publish_manifest(dht, manifest: Manifest, expiration_s: float = MANIFEST_EXPIRATION_S) -> None:
     """Publish ``manifest`` under ``p2ptrain/{run_id}/manifest``, signed with this peer's key.
 
-    The subkey is this peer's RSA public key, so only this peer can change its
+    The subkey is this peer's public key, so only this peer can change its
     own entry. Call it when creating a run, and again (with the manifest you
     fetched) from every peer that trains in it, so the run outlives its creator.
 
@@ -168,7 +168,7 @@ def read_metrics(dht, run_id: str, max_age_s: float = 0.0) -> list[LocalMetrics]
 
     Records that fail the schema, or whose ``peer_id`` is not the one of the
     key they are signed with, are logged and dropped. Signatures are checked
-    when a record reaches this peer (the RSASignatureValidator that
+    when a record reaches this peer (the OwnerSignatureValidator that
     :func:`p2ptrain.peers.net.dht.start_dht` installs), so no record under another
     peer's key without its signature gets here; the other checks are repeated
     here because this peer's own storage may hold records it accepted before

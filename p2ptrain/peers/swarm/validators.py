@@ -4,9 +4,9 @@ hivemind stores records under hashed keys, so a validator can only recognise
 the keys of runs it was told about: :func:`follow_run` registers a run, after which this peer refuses to store, and ignores when
 reading, any manifest or metrics record of that run that
 
-- is not under a public-key subkey (the RSASignatureValidator installed next
-  to this one then checks the signature, so nobody can write under another
-  peer's key), or
+- is not under a public-key subkey (the ``identity.OwnerSignatureValidator``
+  installed next to this one then checks the signature, so nobody can write
+  under another peer's key), or
 - fails the schema (:class:`~p2ptrain.peers.swarm.manifest.Manifest`, or
   :class:`~p2ptrain.peers.swarm.records.LocalMetrics`), or
 - claims a ``peer_id`` that is not the one of the key that signed it.
@@ -16,42 +16,31 @@ Records of runs this peer does not follow pass unchecked, as hivemind's own do.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
-import multihash
-from cryptography.hazmat.primitives import serialization
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.p2p import PeerID
-from hivemind.proto import crypto_pb2
 from hivemind.utils import MSGPackSerializer
-from hivemind.utils.crypto import RSAPublicKey
 
+from p2ptrain.peers.net.identity import peer_id_of_public_key, public_key_from_bytes
 from p2ptrain.peers.swarm.manifest import Manifest, manifest_key
 from p2ptrain.peers.swarm.records import LocalMetrics, metrics_key
 
 logger = logging.getLogger(__name__)
 
 
-def peer_id_of_public_key(public_key: RSAPublicKey) -> str:
-    """The libp2p peer id (base58) of an RSA public key, as libp2p derives it."""
-    encoded = public_key._public_key.public_bytes(
-        encoding=serialization.Encoding.DER, format=serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    protobuf = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=encoded).SerializeToString()
-    digest = multihash.encode(hashlib.sha256(protobuf).digest(), multihash.coerce_code("sha2-256"))
-    return PeerID(digest).to_base58()
-
-
 def owner_peer_id(subkey: bytes) -> str | None:
-    """The peer id of the public key in a record's subkey (``b"[owner:ssh-rsa ...]"``), or None if there is none."""
+    """The peer id of the public key in a record's subkey (``b"[owner:ssh-ed25519 ...]"``), or None if
+    there is none or it is not a key."""
     owners = RSASignatureValidator._PUBLIC_KEY_RE.findall(subkey)
     if len(owners) != 1:
         return None
-    return peer_id_of_public_key(RSAPublicKey.from_bytes(owners[0]))
+    try:
+        return peer_id_of_public_key(public_key_from_bytes(owners[0]))
+    except (ValueError, TypeError):
+        return None
 
 
 class RunRecordValidator(RecordValidatorBase):
@@ -86,7 +75,7 @@ class RunRecordValidator(RecordValidatorBase):
             if value is None:  # a peer that left clears its entry
                 return True
             metrics = LocalMetrics.model_validate(value, strict=True)
-            return metrics.peer_id == peer_id_of_public_key(RSAPublicKey.from_bytes(owners[0]))
+            return metrics.peer_id == peer_id_of_public_key(public_key_from_bytes(owners[0]))
         except Exception as error:  # a validator must never raise: msgpack, pydantic and key parsing all can
             logger.debug("refused a %s record of run %s: %s", kind, run_id, error)
             return False
