@@ -67,6 +67,7 @@ import argparse
 import asyncio
 import copy
 import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -83,8 +84,13 @@ from hivemind.dht.node import DHTNode  # noqa: E402
 from hivemind.dht.routing import DHTID, RoutingTable  # noqa: E402
 from hivemind.dht.traverse import traverse_dht  # noqa: E402
 from hivemind.optim.progress_tracker import ProgressTracker  # noqa: E402
+from hivemind.dht.validation import DHTRecord  # noqa: E402
+from hivemind.p2p import PeerID  # noqa: E402
 from hivemind.proto import dht_pb2  # noqa: E402
+from hivemind.utils import MSGPackSerializer  # noqa: E402
+from hivemind.utils.crypto import RSAPrivateKey  # noqa: E402
 
+from p2ptrain.peers.net.identity import Ed25519PrivateKey, OwnerSignatureValidator, peer_id_of_public_key  # noqa: E402
 from p2ptrain.peers.net.local_reads import HOLDERS_MEMORY_S, HOLDERS_PER_READ  # noqa: E402
 from p2ptrain.peers.net.traffic import kind_of_key  # noqa: E402
 from p2ptrain.peers.training.progress import MAX_REFRESH_PERIOD_S, MIN_REFRESH_PERIOD_S, REPORT_PERIOD_S  # noqa: E402
@@ -137,6 +143,8 @@ class Design:
         view_remembers: the swarm view (every 15 s) takes what a holder answered in the last
             ``view.RECENT_READ_S``: no read of progress of its own (the tracker's keep it fresh), metrics
             read every 30 s. False: it reads both every 15 s, as before.
+        ed25519_records: records are signed with the peers' Ed25519 identities (since 375d8aa): each
+            entry and store is :func:`ed25519_saving` bytes smaller. False: RSA-2048, as the fit's run.
     """
 
     name: str
@@ -146,6 +154,7 @@ class Design:
     read_entries: int | None = None
     serving_share: float | None = None
     view_remembers: bool = False
+    ed25519_records: bool = False
 
     def servers(self, peers: int) -> int:
         """How many of ``peers`` serve the DHT."""
@@ -168,8 +177,10 @@ class Design:
 
 
 PUBLIC_SHARE = 0.25  # peers with a public address in the projection (2 of 8 in the scale lab's churn runs)
-NOW = Design("+ the swarm view reads no more than the tracker keeps fresh (now)", holders_per_read=HOLDERS_PER_READ,
-             serving_share=PUBLIC_SHARE, view_remembers=True)
+VIEW_REMEMBERS = Design("+ the swarm view reads no more than the tracker keeps fresh (27ce1ff)",
+                        holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE, view_remembers=True)
+NOW = Design("+ records signed with Ed25519 keys (now)", holders_per_read=HOLDERS_PER_READ,
+             serving_share=PUBLIC_SHARE, view_remembers=True, ed25519_records=True)
 SEARCH_READS = Design("holders remembered, reads by hivemind's search (before 46082cf)")
 BEFORE = Design("a search before each store (before ed0023b)", search_before_store=True)
 TWO_HOLDERS = Design("holders remembered, reads from 2 holders (46082cf to 4262333)", holders_per_read=2)
@@ -177,12 +188,12 @@ SERVING_PUBLIC = Design(f"+ peers behind NAT serve nothing, {PUBLIC_SHARE:.0%} p
                         holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE)
 REDESIGNS = (SEARCH_READS, TWO_HOLDERS,
              Design(f"+ reads from {HOLDERS_PER_READ} holder and the earlier answers", holders_per_read=HOLDERS_PER_READ),
-             SERVING_PUBLIC, NOW,
+             SERVING_PUBLIC, VIEW_REMEMBERS, NOW,
              Design("+ progress stored every 10 s", paced_stores=True, holders_per_read=HOLDERS_PER_READ,
-                    serving_share=PUBLIC_SHARE, view_remembers=True),
+                    serving_share=PUBLIC_SHARE, view_remembers=True, ed25519_records=True),
              Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True,
                     holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE, view_remembers=True,
-                    read_entries=BOUNDED_READ_ENTRIES))
+                    ed25519_records=True, read_entries=BOUNDED_READ_ENTRIES))
 # every measured row: its file, swarm size and commit, and the design of that commit (its store path and read
 # path; tests/unit/test_scale_model.py checks them against the commits' history)
 MEASURED = (("scale_2026-11-27.jsonl", 2, "b606afe", BEFORE), ("scale_2026-11-27.jsonl", 4, "b606afe", BEFORE),
@@ -240,6 +251,22 @@ def store_overhead_bytes() -> int:
                                    in_cache=[True], peer=dht_pb2.NodeInfo(node_id=_node_id()))
     answer = dht_pb2.StoreResponse(store_ok=[True], peer=dht_pb2.NodeInfo(node_id=_node_id()))
     return request.ByteSize() + answer.ByteSize()
+
+
+@functools.cache
+def ed25519_saving(kind: str) -> int:
+    """Bytes one signed entry of ``kind`` (progress or metrics) loses when its owner's key is Ed25519, not
+    RSA-2048 (``identity``): the public key in its subkey and the signature in its value, less the longer
+    peer id its record carries (raw bytes in a progress record, base58 in a metrics one)."""
+    sizes = {}
+    for key in (Ed25519PrivateKey(), RSAPrivateKey()):
+        validator = OwnerSignatureValidator(key)
+        peer_id = peer_id_of_public_key(key.get_public_key())
+        value = MSGPackSerializer.dumps(PeerID.from_base58(peer_id).to_bytes() if kind == "progress" else peer_id)
+        record = DHTRecord(key=bytes(DHTID.HASH_NBYTES), subkey=MSGPackSerializer.dumps(validator.local_public_key),
+                           value=value, expiration_time=1.0)
+        sizes[type(key)] = len(record.subkey) + len(validator.sign_value(record))
+    return sizes[RSAPrivateKey] - sizes[Ed25519PrivateKey]
 
 
 def neighbours_in_answer(peers: int) -> int:
@@ -499,8 +526,9 @@ def record_key(kind: str, swarm: Swarm, fitted: Fitted, activity: Activity, desi
     peers, searching = swarm.peers, swarm.servers - 1 >= NUM_REPLICAS
     entries = min(peers, design.read_entries or peers)
     reads, stores = reads_per_s(kind, peers, activity, design), stores_per_s(kind, fitted, activity, design)
+    saving = ed25519_saving(kind) if design.ed25519_records else 0
     key = KeyTraffic(kind, _ranks(swarm.servers, swarm.visits, f"{peers} {kind}"), stores=stores,
-                     store_bytes=fitted.store_bytes[kind], value_bytes=entries * fitted.entry_bytes[kind])
+                     store_bytes=fitted.store_bytes[kind] - saving, value_bytes=entries * (fitted.entry_bytes[kind] - saving))
     if swarm.clients:  # a client searches for the holders and reads from them whatever the swarm's size
         key.client_searches, key.client_reads = 1 / HOLDERS_MEMORY_S, reads
         key.read_holders = design.holders_per_read

@@ -138,9 +138,13 @@ def test_a_network_read_grows_linearly_in_the_swarm():
 
 
 def test_the_worst_peer_grows_as_n_squared_and_the_mean_as_n():
-    small, large = (scale_model.model(peers, FITTED, ACTIVITY) for peers in (100, 1000))
+    small, middle, large = (scale_model.model(peers, FITTED, ACTIVITY) for peers in (100, 550, 1000))
     assert large["worst"]["bytes_per_s"] / small["worst"]["bytes_per_s"] > 50  # the nodes nearest to the key
-    assert 5 < large["mean"]["bytes_per_s"] / small["mean"]["bytes_per_s"] < 20
+
+    def growth(side):  # 2 when linear in N, (1000^2 - 100^2) / (550^2 - 100^2) = 3.4 when quadratic
+        return (large[side]["bytes_per_s"] - small[side]["bytes_per_s"]) / (middle[side]["bytes_per_s"] - small[side]["bytes_per_s"])
+
+    assert 1.9 < growth("mean") < 2.1 and growth("worst") > 3
 
 
 @pytest.mark.parametrize("design", [scale_model.NOW, scale_model.REDESIGNS[-1]], ids=["now", "bounded"])
