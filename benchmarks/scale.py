@@ -206,6 +206,24 @@ def state_downloads(daemons: dict, names_of: dict[str, str], since: float) -> di
     return {"count": sum(served.values()), "by_server": dict(served.most_common())}
 
 
+def join_phases(daemons: dict, joined_at: dict[str, float], used_s: dict[str, float]) -> dict[str, dict]:
+    """Where each first join's seconds went, from the ``join`` command: to its worker's ``calibrated`` event
+    (the worker started, imported torch and hivemind, joined the DHT, was dialed back, read the manifest,
+    loaded the model and timed its first passes), to ``joined`` (it downloaded the swarm's state), and to
+    its first used sample (it trained until a round took its samples)."""
+    phases = {}
+    for name, daemon in daemons.items():
+        found = {}
+        for kind in ("calibrated", "joined"):
+            times = [event["ts"] for event in events(daemon, kind) if event["ts"] >= joined_at[name]]
+            if times:
+                found[kind] = min(times) - joined_at[name]
+        if name in used_s:
+            found["used"] = used_s[name]
+        phases[name] = found
+    return phases
+
+
 def measure(peers: int, options, root: Path) -> dict:
     """One swarm of ``peers`` daemons in a fresh lab; returns the row of the results table."""
     lab = Lab(tag=f"s{peers}")
@@ -230,6 +248,7 @@ def measure(peers: int, options, root: Path) -> dict:
                 joined_at[name] = time.time()
                 assert run_cli(daemons[name], "join", *join_arguments).returncode == 0
         join_s = wait_for_contributions(daemons, joined_at, options.join_timeout_s)
+        first_join_phases = join_phases(daemons, joined_at, join_s)
         names_of = peer_ids(daemons)
         homes = [name for name in daemons if name.startswith("h")]
         moves = schedule(homes, options.train_s, options.session_s, options.away_s, options.pause_share, options.seed) if options.churn else []
@@ -251,6 +270,7 @@ def measure(peers: int, options, root: Path) -> dict:
         returns = [entry["seconds"] for entry in churn.returns]
         return {
             "peers": peers, "public": publics, "train_s": until - since, "join_s": join_s, "join": spread(list(join_s.values())),
+            "join_phases": first_join_phases,
             "churn": {"session_s": options.session_s, "away_s": options.away_s, "pause_share": options.pause_share,
                       "seed": options.seed, "moves": churn.moves, "returns": churn.returns,
                       "return_s": spread([value for value in returns if value is not None]),
@@ -280,21 +300,24 @@ def report(path: Path) -> str:
     """The scale table of a ``--json`` file: a row per N, in the file's order."""
     rows = read_rows(path)
     lines = ["| peers (public) | commit | churn: moves in the window | join to first used sample, mean / worst | "
-             "after a return, mean / worst (no sample) | state downloads: top server's share | epochs in the window | "
+             "first joins: calibrated / joined / first used, mean s | after a return, mean / worst (no sample) | state downloads: top server's share | epochs in the window | "
              "epoch duration, mean ± spread | rounds taken ÷ epochs trained through, lowest peer | "
              "used ÷ trained, lowest peer of 5 epochs or more | line KB/s per peer, mean / worst | "
              "background KB/s per peer (all but averaging), mean / worst | 1-min load |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         shares = [share for share in row["round_share"].values() if share is not None]
         used = [row["used_over_trained"][name] for name in stayed(row) if row["used_over_trained"][name] is not None]
         duration, churn, downloads = row["epoch_duration_s"], row.get("churn"), row.get("state_downloads")
         returned = churn and churn["return_s"]
+        phases = row.get("join_phases")
         served = downloads and downloads["count"] and max(downloads["by_server"].values()) / downloads["count"]
         lines.append(
             f"| {row['peers']} ({row.get('public', 1)}) | {row.get('commit', '?')[:7]} | "
             + (f"{len(churn['moves'])}" if churn else "none") + " | "
             f"{row['join']['mean']:.0f} s / {row['join']['worst']:.0f} s | "
+            + (" / ".join(f"{statistics.fmean(found[phase] for found in phases.values() if phase in found):.0f}"
+                          for phase in ("calibrated", "joined", "used")) if phases else "–") + " | "
             + (f"{returned['mean']:.0f} s / {returned['worst']:.0f} s ({churn['returns_without_contribution']})" if returned else "–") + " | "
             + (f"{served:.0%} of {downloads['count']}" if served else ("0" if downloads else "–")) + " | "
             f"{row['epochs']} in {row['train_s']:.0f} s | "
