@@ -96,6 +96,14 @@ def test_peers_that_stop_serving_store_and_read_every_record_and_are_asked_nothi
         print(f"a client's record stored to {SERVING} holders: {direct:.0f} B straight, {searched:.0f} B by hivemind")
         assert 0 < direct < searched / 2
 
+        # a read carries every peer's entry: signed with Ed25519 identities, each costs ~0.3 KB on the wire
+        # (RSA-2048's key and signature alone took 747 B an entry: ``identity``)
+        before = sent_and_received(meter, "progress")
+        assert samples_read_by(client)[own_public_key(client)] == 31  # hivemind's store, the last
+        read = sent_and_received(meter, "progress") - before
+        print(f"a client's read of {len(peers)} records: {read:.0f} B")
+        assert 0 < read < len(peers) * 450
+
         # nobody asked a client anything, and the serving peers' tables hold only serving peers
         assert [client.run_coroutine(_answers) for client in clients] == [0] * len(clients)
         serving_ids = {dht.peer_id.to_base58() for dht in servers}
