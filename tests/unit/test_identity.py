@@ -51,7 +51,7 @@ def test_an_rsa_identity_made_before_still_reads(tmp_path):
 @pytest.mark.parametrize("data, says", [
     (b"not a key", None),
     (crypto_pb2.PrivateKey(key_type=crypto_pb2.Secp256k1, data=bytes(32)).SerializeToString(), "Secp256k1"),
-    (crypto_pb2.PrivateKey(key_type=crypto_pb2.Ed25519, data=bytes(10)).SerializeToString(), "32 or 64 bytes"),
+    (crypto_pb2.PrivateKey(key_type=crypto_pb2.Ed25519, data=bytes(10)).SerializeToString(), "64 bytes, not 10"),
     (crypto_pb2.PrivateKey(key_type=crypto_pb2.Ed25519, data=bytes(64)).SerializeToString(), "does not match"),
 ])
 def test_anything_else_is_one_value_error(data, says):

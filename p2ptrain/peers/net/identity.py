@@ -65,11 +65,14 @@ class Ed25519PrivateKey(PrivateKey):
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Ed25519PrivateKey:
-        """The key of :meth:`to_bytes`' encoding (or the bare 32-byte seed)."""
-        if len(data) not in (32, 64):
-            raise ValueError(f"an Ed25519 key has 32 or 64 bytes, not {len(data)}")
+        """The key of :meth:`to_bytes`' encoding.
+
+        :raises ValueError: if ``data`` is not 64 bytes, or its public half is not its seed's.
+        """
+        if len(data) != 64:
+            raise ValueError(f"an Ed25519 identity has 64 bytes, not {len(data)}")
         key = cls(ed25519.Ed25519PrivateKey.from_private_bytes(data[:32]))
-        if len(data) == 64 and key.get_public_key().raw_bytes() != data[32:]:
+        if key.get_public_key().raw_bytes() != data[32:]:
             raise ValueError("the Ed25519 key's public half does not match its seed")
         return key
 
