@@ -2,9 +2,9 @@
 
 One key file is this peer's identity for everything: libp2p derives the peer
 id from it, and the same key (Ed25519; RSA for identities made before, see
-``identity``) signs our DHT records (manifest, metrics, hivemind's progress). So a restart keeps the peer id *and* ownership of our
-records, and validators can check that a record's ``peer_id`` belongs to the
-key that signed it.
+``identity``) signs our DHT records (manifest, metrics, hivemind's progress).
+So a restart keeps the peer id *and* ownership of our records, and validators
+can check that a record's ``peer_id`` belongs to the key that signed it.
 
 Addresses are checked with :func:`p2ptrain.multiaddr.validate_multiaddr`;
 hivemind is imported inside the functions.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import tempfile
 from pathlib import Path
 
