@@ -196,14 +196,17 @@ def missed_rounds(daemons: dict, since: float) -> dict[str, dict[str, int]]:
 
 
 def state_downloads(daemons: dict, names_of: dict[str, str], since: float) -> dict:
-    """Every ``state-downloaded`` event since ``since``: how many, and by which peer served."""
+    """Every ``state-downloaded`` event since ``since``: how many, by which peer served, and by which peer
+    made (more than its returns: it fell behind the swarm while it trained, and skipped rounds to catch up)."""
     served: Counter = Counter()
-    for daemon in daemons.values():
+    made: Counter = Counter()
+    for name, daemon in daemons.items():
         for event in events(daemon, "state-downloaded"):
             if event["ts"] >= since:
                 source = (event.get("data") or {}).get("source")
                 served[names_of.get(source, source or "unknown")] += int(event.get("count") or 1)
-    return {"count": sum(served.values()), "by_server": dict(served.most_common())}
+                made[name] += int(event.get("count") or 1)
+    return {"count": sum(served.values()), "by_server": dict(served.most_common()), "by_peer": dict(made)}
 
 
 def join_phases(daemons: dict, joined_at: dict[str, float], used_s: dict[str, float]) -> dict[str, dict]:
