@@ -254,19 +254,28 @@ def store_overhead_bytes() -> int:
 
 
 @functools.cache
-def ed25519_saving(kind: str) -> int:
-    """Bytes one signed entry of ``kind`` (progress or metrics) loses when its owner's key is Ed25519, not
-    RSA-2048 (``identity``): the public key in its subkey and the signature in its value, less the longer
-    peer id its record carries (raw bytes in a progress record, base58 in a metrics one)."""
+def signed_entry_bytes(kind: str | None) -> dict[str, int]:
+    """Bytes of one signed entry's subkey and value, by the kind of its owner's key ("rsa": RSA-2048,
+    "ed25519": ``identity``'s): its public key, its signature, and for ``kind`` "progress" or "metrics" the
+    peer id its record carries (raw bytes in a progress record, base58 in a metrics one); None: an empty value,
+    the key and the signature alone."""
     sizes = {}
-    for key in (Ed25519PrivateKey(), RSAPrivateKey()):
+    for name, key in (("ed25519", Ed25519PrivateKey()), ("rsa", RSAPrivateKey())):
         validator = OwnerSignatureValidator(key)
         peer_id = peer_id_of_public_key(key.get_public_key())
-        value = MSGPackSerializer.dumps(PeerID.from_base58(peer_id).to_bytes() if kind == "progress" else peer_id)
+        value = (b"" if kind is None else
+                 MSGPackSerializer.dumps(PeerID.from_base58(peer_id).to_bytes() if kind == "progress" else peer_id))
         record = DHTRecord(key=bytes(DHTID.HASH_NBYTES), subkey=MSGPackSerializer.dumps(validator.local_public_key),
                            value=value, expiration_time=1.0)
-        sizes[type(key)] = len(record.subkey) + len(validator.sign_value(record))
-    return sizes[RSAPrivateKey] - sizes[Ed25519PrivateKey]
+        sizes[name] = len(record.subkey) + len(validator.sign_value(record))
+    return sizes
+
+
+def ed25519_saving(kind: str) -> int:
+    """Bytes one signed entry of ``kind`` (progress or metrics) loses when its owner's key is Ed25519, not
+    RSA-2048 (:func:`signed_entry_bytes`)."""
+    sizes = signed_entry_bytes(kind)
+    return sizes["rsa"] - sizes["ed25519"]
 
 
 def neighbours_in_answer(peers: int) -> int:
@@ -778,7 +787,8 @@ def run() -> dict:
                                      "store_path": design.store_path(), "read_path": design.read_path()}
                                     for file, peers, commit, design in MEASURED],
                        "activity": dataclasses.asdict(activity)},
-            "protocol": {"bucket_size": BUCKET_SIZE, "num_replicas": NUM_REPLICAS, "holders_memory_s": HOLDERS_MEMORY_S,
+            "protocol": {"signed_entry_bytes": {str(kind): signed_entry_bytes(kind) for kind in (None, *RECORD_KINDS)},
+                         "bucket_size": BUCKET_SIZE, "num_replicas": NUM_REPLICAS, "holders_memory_s": HOLDERS_MEMORY_S,
                          "holders_per_read": HOLDERS_PER_READ,
                          "report_period_s": REPORT_PERIOD_S, "metrics_interval_s": METRICS_INTERVAL_S,
                          "swarm_report_interval_s": SWARM_REPORT_INTERVAL_S,
@@ -866,6 +876,11 @@ def tables(row: dict) -> str:
               f"(metrics), a store {fitted['store_bytes']['progress']:.0f} B and {fitted['store_bytes']['metrics']:.0f} B, "
               f"{fitted['progress_stores_per_epoch']:.1f} progress stores and {fitted['matchmaking_searches_per_epoch']:.1f} "
               f"searches of each matchmaking key per peer per epoch")
+    signed = row["protocol"].get("signed_entry_bytes")
+    if signed:  # rows since the Ed25519 design
+        header += (f". A signed entry's key and signature: {signed['None']['rsa']} B with an RSA-2048 key, "
+                   f"{signed['None']['ed25519']} B with an Ed25519 one; with its peer id, "
+                   + ", ".join(f"{kind} {signed[kind]['rsa']} and {signed[kind]['ed25519']} B" for kind in RECORD_KINDS))
     return "\n".join([header, "", *check_table(row), "", *requests_table(row), "", *projection_table(row), "",
                       *redesign_table(row)])
 
