@@ -100,6 +100,10 @@ class PolicySettings(_Section):
     max_vram_share: float = Field(0.9, gt=0, le=1, description="share of free GPU memory training may take")
     max_ram_share: float = Field(0.5, gt=0, le=1, description="share of available RAM for CPU training")
     max_cpu_threads: int | None = Field(None, ge=1, description="cap on CPU threads (unset: all cores)")
+    max_compute_share: float = Field(
+        1.0, gt=0, le=1, description="the most of the time training computes, like BOINC's 'use at most X % of CPU time': "
+        "it rests the remainder after each step (0.5: half the heat and fan noise, half the contribution); "
+        "applies at the next pause and resume")
     max_monthly_traffic_gb: float | None = Field(
         None, gt=0, description="pause training once this machine's peers sent and received this many GB "
         "this calendar month (unset: no limit); the DHT stays up, so a few KB/s go on while paused")

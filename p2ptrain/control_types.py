@@ -280,6 +280,7 @@ class Plan(Record):
         "micro_batch": INT,
         "grad_accum": INT,
         "cpu_threads": INT,
+        "compute_share": with_default(FLOAT, 1.0),  # absent from the plans of daemons before it
         "seq_len": INT,
         "memory_estimate_gib": FLOAT,
         "memory_allowed_gib": FLOAT,

@@ -127,6 +127,8 @@ class WorkerPlan(Message):
             worker grows its micro-batch only while its peak resident set stays
             under it. None: no cap (the device's memory).
         cpu_threads: threads torch may use; None: torch's default.
+        compute_share: the most of the wall time the training loop computes
+            (``duty_cycle``); it rests the remainder after each step. 1: never rests.
         device_name: the device's model (``NVIDIA RTX 4090``, the CPU's name),
             which keys the measured speed in the plan cache.
         compression: the compression rung it sends pseudo-gradients with
@@ -140,6 +142,7 @@ class WorkerPlan(Message):
     micro_batch: int | None = None
     grad_accum: int = 1
     cpu_threads: int | None = None
+    compute_share: float = 1.0
     device_name: str = ""
     compression: str | None = None
     gradient_checkpointing: bool = False

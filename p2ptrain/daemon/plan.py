@@ -77,6 +77,8 @@ class PlanPolicy:
     `ram_share`: the same for available RAM when training on the CPU, lower
     because the desktop's own programs grow into RAM while we train.
     `max_cpu_threads`: a cap on torch threads (None: all physical cores).
+    `compute_share`: the most of the wall time the training loop computes (it
+    rests the remainder after each step; 1: it never rests).
     `enough_micro_batch`: a micro-batch that keeps a GPU busy. The plan takes
     the fastest way to train (no gradient checkpointing, no quantization) that
     fits this many samples at once, or the manifest's micro-batch if smaller;
@@ -91,6 +93,7 @@ class PlanPolicy:
     memory_share: float = 0.9
     ram_share: float = 0.5
     max_cpu_threads: int | None = None
+    compute_share: float = 1.0
     enough_micro_batch: int = 4
     max_micro_batch: int = 64
     round_upload_s: float = ROUND_UPLOAD_S
@@ -99,7 +102,7 @@ class PlanPolicy:
     def from_settings(cls, settings: PolicySettings) -> PlanPolicy:
         """The caps of the volunteer's ``[policy]`` table that shape the plan."""
         return cls(memory_share=settings.max_vram_share, ram_share=settings.max_ram_share,
-                   max_cpu_threads=settings.max_cpu_threads)
+                   max_cpu_threads=settings.max_cpu_threads, compute_share=settings.max_compute_share)
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,8 @@ class Plan:
     precision and quantization (the plan cache), and `calibrated` says it was
     at this plan's micro-batch and seq_len. `compression` is the rung this
     peer sends averaged tensors with (None when the manifest names none).
+    `compute_share` is the most of the wall time the training loop computes
+    (the volunteer's `max_compute_share`; 1: it never rests).
     """
 
     model: str
@@ -145,6 +150,7 @@ class Plan:
     compression: str | None = None
     samples_per_second: float | None = None
     calibrated: bool = False
+    compute_share: float = 1.0
 
     @property
     def samples_per_step(self) -> int:
@@ -265,6 +271,9 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
         f"samples per step, {micro_batch} fit at once (needs {format_gib(chosen.total(micro_batch))})",
         _threads_reason(device, policy, cpu_threads),
     ]
+    if policy.compute_share < 1:
+        rationale.append(f"computes {policy.compute_share:.0%} of the time: capped by max_compute_share = {policy.compute_share} "
+                         f"(rests the remainder after each step)")
     compression = None
     if "compression" in manifest and manifest.get("mode") == "diloco":
         compression, reason = choose_compression(manifest, facts.trainable_parameters, device.uplink_mbit_s, policy)
@@ -285,6 +294,7 @@ def make_plan(facts: ModelFacts, manifest: dict, device: DeviceFacts, policy: Pl
         memory_cap_gib=round((allowed - chosen.context) / GIB, 2),
         rationale=rationale,
         compression=compression,
+        compute_share=policy.compute_share,
     )
 
 

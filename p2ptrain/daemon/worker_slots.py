@@ -192,7 +192,8 @@ def worker_plan(slot: WorkerSlot, plan: Plan) -> WorkerPlan:
     """What the worker trains with: ``plan`` on the worker's own name for its device."""
     return WorkerPlan(
         device=slot.worker_device, precision=plan.precision, quantization=plan.quantization,
-        micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, cpu_threads=plan.cpu_threads, device_name=slot.device.name,
+        micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, cpu_threads=plan.cpu_threads, compute_share=plan.compute_share,
+        device_name=slot.device.name,
         compression=plan.compression, gradient_checkpointing=plan.gradient_checkpointing,
         memory_cap_bytes=int(plan.memory_cap_gib * GIB) if plan.memory_cap_gib else None,
     )

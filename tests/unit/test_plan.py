@@ -147,6 +147,15 @@ def test_policy_caps_memory_share_and_cpu_threads():
     assert plan_for("tiny", PROFILES["cpu"]).cpu_threads == 8
 
 
+def test_a_compute_share_below_one_is_in_the_plan_and_its_rationale():
+    full = plan_for("tiny", PROFILES["cpu"])
+    half = plan_for("tiny", PROFILES["cpu"], PlanPolicy(compute_share=0.5))
+    assert (full.compute_share, half.compute_share) == (1.0, 0.5)
+    assert not any("max_compute_share" in line for line in full.rationale)
+    assert any("computes 50% of the time" in line and "max_compute_share = 0.5" in line for line in half.rationale)
+    assert half.to_status().compute_share == 0.5
+
+
 def test_micro_batch_divides_the_samples_per_step():
     plan = make_plan(model_facts("tinyllama-1.1b", LORA), {"seq_len": 512, "micro_batch_hint": 12},
                      PROFILES["t4"])

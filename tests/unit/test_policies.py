@@ -173,15 +173,17 @@ def test_switching_a_policy_off_ends_its_pause():
 
 @pytest.mark.parametrize("bad", [{"schedule": {"someday": []}}, {"schedule": {"mon": ["9-17"]}},
                                  {"max_gpu_temperature_c": 70, "resume_gpu_temperature_c": 75},
-                                 {"max_vram_share": 1.5}, {"pause_on_batery": True}])
+                                 {"max_vram_share": 1.5}, {"pause_on_batery": True},
+                                 {"max_compute_share": 0}, {"max_compute_share": 1.2}])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValidationError):
         PolicySettings(**bad)
 
 
 def test_settings_shape_the_plan():
-    policy = PlanPolicy.from_settings(PolicySettings(max_vram_share=0.5, max_cpu_threads=3))
-    assert (policy.memory_share, policy.max_cpu_threads) == (0.5, 3)
+    policy = PlanPolicy.from_settings(PolicySettings(max_vram_share=0.5, max_cpu_threads=3, max_compute_share=0.25))
+    assert (policy.memory_share, policy.max_cpu_threads, policy.compute_share) == (0.5, 3, 0.25)
+    assert PlanPolicy.from_settings(PolicySettings()).compute_share == 1.0
 
 
 def test_system_sensors_read_nvml_and_skip_our_own_workers():

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from p2ptrain import processes
 from p2ptrain.peers.training.divergence import Divergence, DivergenceGuard
+from p2ptrain.peers.worker.duty_cycle import DutyCycle
 from p2ptrain.peers.worker.out_of_memory import is_out_of_memory
 from p2ptrain.peers.worker.known_peers import peers_file, remember_peers
 from p2ptrain.peers.worker.run_setup import WorkerFailure, join_dht, load_data, load_model, make_trainer, run_manifest
@@ -142,6 +143,8 @@ class Worker:
         self.peer_id = ""
         self.left = False
         self.guard = DivergenceGuard()
+        self.duty = DutyCycle(1.0)  # the plan's compute share, once the plan is read
+        self.rest_s = 0.0  # the duty cycle's rest after the last step: not idle time
         self.command_handlers = {Pause: self.on_pause, Resume: self.on_resume, Finish: self.on_finish, Leave: self.leave, Unban: self.on_unban,
                                  UsePlan: self.on_use_plan}
 
@@ -242,6 +245,7 @@ class Worker:
             torch.set_num_threads(plan.cpu_threads)
         self.device, self.precision, self.quantization = plan.device, plan.precision, plan.quantization
         self.grad_accum = plan.grad_accum
+        self.duty = DutyCycle(plan.compute_share)
         self.manifest_hash = manifest.manifest_hash()
         self.peer_id = self.dht.peer_id.to_base58()
         checkpoint = self._read_checkpoint()
@@ -399,6 +403,10 @@ class Worker:
                 self.after_step(self.trainer.tick())
                 time.sleep(0.05)
                 continue
+            rest = self.duty.rest_left_s()
+            if rest > 0:
+                self.conn.poll(min(rest, 0.2))  # a command ends the wait early
+                continue
             self.train_one_step()
 
     def set_state(self, state: str, reason: str | None = None) -> None:
@@ -496,6 +504,7 @@ class Worker:
 
         losses = []
         self.count_idle_time()
+        started = time.monotonic()
         for _ in range(self.grad_accum):
             loss = causal_lm_loss(self.loaded.model, next(self.batches))
             if not torch.isfinite(loss):
@@ -523,6 +532,7 @@ class Worker:
             return
         outcome = self.trainer.step(samples)
         self.computed_at, self.idle_before = time.monotonic(), outcome.waited_s
+        self.rest_s = self.duty.computed(self.computed_at - started - outcome.waited_s)
         self.last_loss = sum(losses) / len(losses)
         self.window["samples"] += samples
         self.window["losses"].append(self.last_loss)
@@ -575,7 +585,7 @@ class Worker:
 
     def count_idle_time(self) -> None:
         if self.computed_at is not None:
-            idle = self.idle_before + time.monotonic() - self.computed_at
+            idle = self.idle_before + max(0.0, time.monotonic() - self.computed_at - self.rest_s)
             self.window["idle_s"] += idle
             self.window["longest_idle_s"] = max(self.window["longest_idle_s"], idle)
 
