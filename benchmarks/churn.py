@@ -99,7 +99,8 @@ class Churn:
                     arrived = time.time()
                     with self._lock:
                         if self._waiting.get(name) is record:
-                            self.returns.append({"peer": name, "action": record["action"], "seconds": arrived - record["at"]})
+                            self.returns.append({"peer": name, "action": record["action"], "at": record["at"],
+                                                 "seconds": arrived - record["at"]})
                             self.training[name].append([arrived, None])
                             del self._waiting[name]
             if sample is not None:

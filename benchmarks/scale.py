@@ -32,11 +32,18 @@ them a pause and resume). It measures, per N:
   p2pd end.
 
 This machine has 2 cores: N peers share them, so rounds get slower as N grows
-for a reason a real swarm lacks. The per-peer *network* costs are the point.
+for a reason a real swarm lacks, and a peer that starts (imports, calibration,
+state download) waits for the CPU behind N trainers. ``--compute-share S``
+sets every peer's ``policy.max_compute_share``: each trains S of the time and
+rests the remainder, which leaves cores free for the ones starting, as each
+volunteer's own machine would. The per-peer *network* costs are the point.
+With churn, each return's seconds are split the same way as a first join's
+(``return_phases``).
 Each row carries the commit, date, machine and load (``run_facts.py``).
 
     sudo .venv/bin/python benchmarks/scale.py --peers 2 4 8 --json benchmarks/scale_<date>.jsonl
     sudo .venv/bin/python benchmarks/scale.py --peers 8 --public 2 --churn --train-s 600 --json FILE
+    sudo .venv/bin/python benchmarks/scale.py --peers 16 --public 4 --churn --compute-share 0.06 --train-s 600 --json FILE
     .venv/bin/python benchmarks/scale.py --report benchmarks/scale_<date>.jsonl
     sudo .venv/bin/python benchmarks/scale.py --peers 8 --request-log /tmp/requests   # which requests cost it
 """
@@ -214,17 +221,26 @@ def join_phases(daemons: dict, joined_at: dict[str, float], used_s: dict[str, fl
     (the worker started, imported torch and hivemind, joined the DHT, was dialed back, read the manifest,
     loaded the model and timed its first passes), to ``joined`` (it downloaded the swarm's state), and to
     its first used sample (it trained until a round took its samples)."""
-    phases = {}
-    for name, daemon in daemons.items():
-        found = {}
-        for kind in ("calibrated", "joined"):
-            times = [event["ts"] for event in events(daemon, kind) if event["ts"] >= joined_at[name]]
-            if times:
-                found[kind] = min(times) - joined_at[name]
-        if name in used_s:
-            found["used"] = used_s[name]
-        phases[name] = found
-    return phases
+    return {name: phases_after(daemon, joined_at[name], used_s.get(name)) for name, daemon in daemons.items()}
+
+
+def phases_after(daemon, since: float, used_s: float | None) -> dict[str, float]:
+    """Seconds from ``since`` (a ``join`` or ``resume``) to the first ``calibrated`` and ``joined`` events
+    of ``daemon``'s worker after it, and ``used_s`` (to its first used sample) when known."""
+    found = {}
+    for kind in ("calibrated", "joined"):
+        times = [event["ts"] for event in events(daemon, kind) if event["ts"] >= since]
+        if times:
+            found[kind] = min(times) - since
+    if used_s is not None:
+        found["used"] = used_s
+    return found
+
+
+def return_phases(daemons: dict, returns: list[dict]) -> list[dict]:
+    """Where each return's seconds went (``phases_after``), for the returns that contributed again."""
+    return [{"peer": entry["peer"], "action": entry["action"], **phases_after(daemons[entry["peer"]], entry["at"], entry["seconds"])}
+            for entry in returns if entry.get("seconds") is not None and "at" in entry]
 
 
 def measure(peers: int, options, root: Path) -> dict:
@@ -238,6 +254,9 @@ def measure(peers: int, options, root: Path) -> dict:
         for host in hosts:
             env = {REQUEST_LOG: str(options.request_log / f"n{peers}" / host.name)} if options.request_log else None
             daemons[host.name] = start_on(host, root / f"n{peers}", env=env)
+            if options.compute_share < 1:
+                limited = run_cli(daemons[host.name], "config", "set", "policy.max_compute_share", str(options.compute_share))
+                assert limited.returncode == 0, limited.stderr
         created = run_cli(daemons["pub"], "join", "--new-run", RUN, "--mode", "sync", "--micro-batch", "8",
                           "--target-batch-size", str(SAMPLES_PER_PEER_PER_EPOCH * peers))
         assert created.returncode == 0, created.stderr
@@ -272,10 +291,11 @@ def measure(peers: int, options, root: Path) -> dict:
         background = samples.background()
         returns = [entry["seconds"] for entry in churn.returns]
         return {
-            "peers": peers, "public": publics, "train_s": until - since, "join_s": join_s, "join": spread(list(join_s.values())),
+            "peers": peers, "public": publics, "compute_share": options.compute_share, "train_s": until - since, "join_s": join_s, "join": spread(list(join_s.values())),
             "join_phases": first_join_phases,
             "churn": {"session_s": options.session_s, "away_s": options.away_s, "pause_share": options.pause_share,
                       "seed": options.seed, "moves": churn.moves, "returns": churn.returns,
+                      "return_phases": return_phases(daemons, churn.returns),
                       "return_s": spread([value for value in returns if value is not None]),
                       "returns_without_contribution": sum(value is None for value in returns)} if options.churn else None,
             "state_downloads": state_downloads(daemons, names_of, created_at), "missed_rounds": missed_rounds(daemons, since),
@@ -299,29 +319,37 @@ def stayed(row: dict, rounds: int = 5) -> list[str]:
     return [name for name in row["used_over_trained"] if through is None or through.get(name, 0) >= rounds]
 
 
+def mean_phases(phases: list[dict]) -> str:
+    """``calibrated / joined / used``: each phase's mean seconds over ``phases`` (``phases_after``), or –."""
+    means = [[found[phase] for found in phases if phase in found] for phase in ("calibrated", "joined", "used")]
+    return " / ".join(f"{statistics.fmean(values):.0f}" if values else "–" for values in means) if phases else "–"
+
+
 def report(path: Path) -> str:
     """The scale table of a ``--json`` file: a row per N, in the file's order."""
     rows = read_rows(path)
     lines = ["| peers (public) | commit | churn: moves in the window | join to first used sample, mean / worst | "
-             "first joins: calibrated / joined / first used, mean s | after a return, mean / worst (no sample) | state downloads: top server's share | epochs in the window | "
+             "first joins: calibrated / joined / first used, mean s | after a return, mean / worst (no sample) | "
+             "returns: calibrated / joined / first used, mean s | state downloads: top server's share | epochs in the window | "
              "epoch duration, mean ± spread | rounds taken ÷ epochs trained through, lowest peer | "
              "used ÷ trained, lowest peer of 5 epochs or more | line KB/s per peer, mean / worst | "
              "background KB/s per peer (all but averaging), mean / worst | 1-min load |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         shares = [share for share in row["round_share"].values() if share is not None]
         used = [row["used_over_trained"][name] for name in stayed(row) if row["used_over_trained"][name] is not None]
         duration, churn, downloads = row["epoch_duration_s"], row.get("churn"), row.get("state_downloads")
         returned = churn and churn["return_s"]
-        phases = row.get("join_phases")
+        phases, comeback = row.get("join_phases"), churn and churn.get("return_phases")
+        share = row.get("compute_share", 1.0)
         served = downloads and downloads["count"] and max(downloads["by_server"].values()) / downloads["count"]
         lines.append(
-            f"| {row['peers']} ({row.get('public', 1)}) | {row.get('commit', '?')[:7]} | "
+            f"| {row['peers']} ({row.get('public', 1)}){f' at {share:.0%}' if share < 1 else ''} | {row.get('commit', '?')[:7]} | "
             + (f"{len(churn['moves'])}" if churn else "none") + " | "
             f"{row['join']['mean']:.0f} s / {row['join']['worst']:.0f} s | "
-            + (" / ".join(f"{statistics.fmean(found[phase] for found in phases.values() if phase in found):.0f}"
-                          for phase in ("calibrated", "joined", "used")) if phases else "–") + " | "
+            + mean_phases(list(phases.values()) if phases else []) + " | "
             + (f"{returned['mean']:.0f} s / {returned['worst']:.0f} s ({churn['returns_without_contribution']})" if returned else "–") + " | "
+            + mean_phases(comeback or []) + " | "
             + (f"{served:.0%} of {downloads['count']}" if served else ("0" if downloads else "–")) + " | "
             f"{row['epochs']} in {row['train_s']:.0f} s | "
             + (f"{duration['mean']:.1f} ± {duration['stdev']:.1f} s" if duration else "–") + " | "
@@ -342,6 +370,9 @@ def main() -> int:
     parser.add_argument("--away-s", type=float, default=45.0, help="with --churn: mean absence, seconds (exponential)")
     parser.add_argument("--pause-share", type=float, default=0.25, help="with --churn: share of absences that are a pause and resume")
     parser.add_argument("--seed", type=int, default=1, help="with --churn: the schedule's seed")
+    parser.add_argument("--compute-share", type=float, default=1.0,
+                        help="every peer's policy.max_compute_share: below 1 the peers rest between steps and leave "
+                        "cores free for the ones starting (this machine hosts all N)")
     parser.add_argument("--join-timeout-s", type=float, default=600.0, help="give up when a peer contributed nothing after this long")
     parser.add_argument("--json", type=Path, help="append one JSON line per N here")
     parser.add_argument("--request-log", type=Path, help="log every request of each peer under DIR/n<N>/<host> "

@@ -3,9 +3,10 @@
 The benchmark itself measures N = 2, 4, 8 for minutes each (RESULTS.md); this
 runs it for N = 2 with a short window in which the peer behind NAT leaves and
 joins again (``--churn``, a seed whose schedule is one leave at 29 s and one
-join at 53 s), so a change that breaks the lab or what it measures fails here,
-and checks the row against what two peers must show, and the peer behind NAT's
-request log: it serves no DHT request once its reachability was measured.
+join at 53 s; every peer computes half the time, ``--compute-share 0.5``), so a
+change that breaks the lab or what it measures fails here, and checks the row
+against what two peers must show, and the peer behind NAT's request log: it
+serves no DHT request once its reachability was measured.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def test_two_peers_one_behind_nat_join_and_the_lab_measures_their_costs(lab_mach
     data = tmp_path / "scale.jsonl"
     result = subprocess.run(
         [sys.executable, str(SCALE), "--peers", "2", "--train-s", "120", "--churn", "--session-s", "30", "--away-s", "15",
-         "--pause-share", "0.5", "--seed", "5", "--json", str(data), "--request-log", str(tmp_path / "requests")],
+         "--pause-share", "0.5", "--seed", "5", "--compute-share", "0.5", "--json", str(data), "--request-log", str(tmp_path / "requests")],
         capture_output=True, text=True, timeout=840,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -63,6 +64,8 @@ def test_two_peers_one_behind_nat_join_and_the_lab_measures_their_costs(lab_mach
     # the churn: h1 left and joined again through the CLI, and its return was timed
     assert [(move["action"], move["returncode"]) for move in row["churn"]["moves"]] == [("leave", 0), ("join", 0)], row["churn"]["moves"]
     assert [entry["peer"] for entry in row["churn"]["returns"]] == ["h1"], row["churn"]["returns"]
+    for phases in row["churn"]["return_phases"]:  # the return's worker started, downloaded the state, then contributed
+        assert phases["peer"] == "h1" and 0 < phases["calibrated"] <= phases["joined"] <= phases["used"], row["churn"]
     # every state download names the peer that served it, and only pub can (h1 averages as a client)
     assert row["state_downloads"]["count"] >= 1 and set(row["state_downloads"]["by_server"]) == {"pub"}, row["state_downloads"]
     assert set(row["state_downloads"]["by_peer"]) == {"h1"}, row["state_downloads"]  # the one that returned downloads
@@ -71,5 +74,6 @@ def test_two_peers_one_behind_nat_join_and_the_lab_measures_their_costs(lab_mach
     assert list((tmp_path / "requests" / "n2" / "h1").glob("*.tsv")), "h1 logged no request"
     late = late_serves(tmp_path / "requests" / "n2" / "h1")
     assert not late, f"{len(late)} DHT requests answered by h1, the first: {late[:3]}"
-    assert "| 2 (1) |" in subprocess.run([sys.executable, str(SCALE), "--report", str(data)], capture_output=True,
+    assert row["compute_share"] == 0.5  # every daemon was set to rest half the time, through the CLI
+    assert "| 2 (1) at 50% |" in subprocess.run([sys.executable, str(SCALE), "--report", str(data)], capture_output=True,
                                      text=True, timeout=60, check=True).stdout
