@@ -68,7 +68,11 @@ class Churn:
         daemons: name -> daemon (``tests/daemons.py``) of every peer in the swarm.
         command: runs the CLI against a daemon: ``command(daemon, *arguments)`` returns a completed process.
         join_arguments: the ``join`` command's arguments (the run's name, ``--peers`` and its address).
-        contributed: reads a daemon's contributed samples for the run now (its status).
+        contributed: reads a daemon's contributed samples for the run now (its status), or None while
+            it has no training worker. A return's baseline is the first number its new worker shows:
+            a worker that joins again shows its checkpoint's totals at once, and only samples past
+            those are new (a round that ended before the first reading makes the return look one
+            round slower, never faster).
     """
 
     daemons: dict
@@ -95,7 +99,10 @@ class Churn:
             with self._lock:
                 waiting = list(self._waiting.items())
             for name, record in waiting:
-                if self.contributed(self.daemons[name]) > record["baseline"]:
+                now = self.contributed(self.daemons[name])
+                if now is not None and record["baseline"] is None:
+                    record["baseline"] = now
+                elif now is not None and now > record["baseline"]:
                     arrived = time.time()
                     with self._lock:
                         if self._waiting.get(name) is record:
@@ -129,7 +136,8 @@ class Churn:
             if time.time() >= end:
                 return
             daemon = self.daemons[move.peer]
-            record = {"peer": move.peer, "action": move.action, "at": time.time(), "baseline": self.contributed(daemon)}
+            record = {"peer": move.peer, "action": move.action, "at": time.time(),
+                      "baseline": None if move.action not in RETURNS else self.contributed(daemon)}
             with self._lock:
                 if move.action in RETURNS:
                     spans = self.training[move.peer]

@@ -36,14 +36,16 @@ for a reason a real swarm lacks, and a peer that starts (imports, calibration,
 state download) waits for the CPU behind N trainers. ``--compute-share S``
 sets every peer's ``policy.max_compute_share``: each trains S of the time and
 rests the remainder, which leaves cores free for the ones starting, as each
-volunteer's own machine would. The per-peer *network* costs are the point.
+volunteer's own machine would; ``--stagger-s`` spaces the volunteers' first
+joins (all at once, 15 workers import torch on 2 cores together). The
+per-peer *network* costs are the point.
 With churn, each return's seconds are split the same way as a first join's
 (``return_phases``).
 Each row carries the commit, date, machine and load (``run_facts.py``).
 
     sudo .venv/bin/python benchmarks/scale.py --peers 2 4 8 --json benchmarks/scale_<date>.jsonl
     sudo .venv/bin/python benchmarks/scale.py --peers 8 --public 2 --churn --train-s 600 --json FILE
-    sudo .venv/bin/python benchmarks/scale.py --peers 16 --public 4 --churn --compute-share 0.06 --train-s 600 --json FILE
+    sudo .venv/bin/python benchmarks/scale.py --peers 16 --public 4 --churn --compute-share 0.12 --stagger-s 5 --train-s 600 --json FILE
     .venv/bin/python benchmarks/scale.py --report benchmarks/scale_<date>.jsonl
     sudo .venv/bin/python benchmarks/scale.py --peers 8 --request-log /tmp/requests   # which requests cost it
 """
@@ -80,6 +82,14 @@ METER_WINDOW_S = 60.0  # a peer's meters cover its last minute: read only once i
 
 def local(daemon) -> dict:
     return daemon.status().get("local") or {}
+
+
+def contributed_now(daemon) -> int | None:
+    """The peer's contributed samples, or None while no worker of it trains (left, paused, joining)."""
+    state = local(daemon)
+    if not any(worker.get("state") == "training" for worker in state.get("workers") or []):
+        return None
+    return int(state.get("contributed_samples") or 0)
 
 
 def wait_for_contributions(daemons: dict, joined_at: dict, timeout_s: float) -> dict[str, float]:
@@ -267,6 +277,7 @@ def measure(peers: int, options, root: Path) -> dict:
         join_arguments = [RUN, "--peers", address]
         for name in daemons:
             if name != "pub":
+                time.sleep(options.stagger_s)
                 joined_at[name] = time.time()
                 assert run_cli(daemons[name], "join", *join_arguments).returncode == 0
         join_s = wait_for_contributions(daemons, joined_at, options.join_timeout_s)
@@ -274,7 +285,7 @@ def measure(peers: int, options, root: Path) -> dict:
         names_of = peer_ids(daemons)
         homes = [name for name in daemons if name.startswith("h")]
         moves = schedule(homes, options.train_s, options.session_s, options.away_s, options.pause_share, options.seed) if options.churn else []
-        churn = Churn(daemons, run_cli, join_arguments, lambda daemon: int(local(daemon).get("contributed_samples") or 0))
+        churn = Churn(daemons, run_cli, join_arguments, contributed_now)
         samples = Samples(daemons)
         lines_before = {name: line_counts(lab, name) for name in daemons}
         since = time.time()
@@ -291,7 +302,8 @@ def measure(peers: int, options, root: Path) -> dict:
         background = samples.background()
         returns = [entry["seconds"] for entry in churn.returns]
         return {
-            "peers": peers, "public": publics, "compute_share": options.compute_share, "train_s": until - since, "join_s": join_s, "join": spread(list(join_s.values())),
+            "peers": peers, "public": publics, "compute_share": options.compute_share, "stagger_s": options.stagger_s,
+            "train_s": until - since, "join_s": join_s, "join": spread(list(join_s.values())),
             "join_phases": first_join_phases,
             "churn": {"session_s": options.session_s, "away_s": options.away_s, "pause_share": options.pause_share,
                       "seed": options.seed, "moves": churn.moves, "returns": churn.returns,
@@ -373,6 +385,9 @@ def main() -> int:
     parser.add_argument("--compute-share", type=float, default=1.0,
                         help="every peer's policy.max_compute_share: below 1 the peers rest between steps and leave "
                         "cores free for the ones starting (this machine hosts all N)")
+    parser.add_argument("--stagger-s", type=float, default=0.0,
+                        help="seconds between the volunteers' first joins (0: all at once, each worker importing torch "
+                        "and hivemind on this machine's cores at the same time)")
     parser.add_argument("--join-timeout-s", type=float, default=600.0, help="give up when a peer contributed nothing after this long")
     parser.add_argument("--json", type=Path, help="append one JSON line per N here")
     parser.add_argument("--request-log", type=Path, help="log every request of each peer under DIR/n<N>/<host> "
