@@ -77,6 +77,7 @@ class RobustAverager(DecentralizedAverager):
         # writes at once, so a report is there before the result it goes with (the host drains it each step)
         self._round_reports = multiprocessing.SimpleQueue()
         self._state_source = multiprocessing.Array("c", _PEER_ID_CHARS)  # base58 of the peer whose state was taken last
+        self._state_downloads = multiprocessing.Value("i", 0)  # states taken so far
         self._serve_times = multiprocessing.Array("d", _SERVES_KEPT)  # when this peer served its state (time.time())
         self._banned = {PeerID.from_base58(peer_id) for peer_id in self.trust.banned}
         self._judge: RoundJudge | None = None
@@ -115,6 +116,11 @@ class RobustAverager(DecentralizedAverager):
         """The downloads of this peer's state served in the last ``RECENT_SERVES_S`` seconds."""
         since = time.time() - RECENT_SERVES_S
         return sum(1 for served in self._serve_times[:] if served > since)
+
+    @property
+    def state_downloads(self) -> int:
+        """How many states this averager downloaded and took so far."""
+        return self._state_downloads.value
 
     @property
     def last_state_source(self) -> str | None:
@@ -208,6 +214,8 @@ class RobustAverager(DecentralizedAverager):
                         if not state_check.same_state(other, tensors, parameter_count):
                             self._refused_state(other_peer, f"{why}, and it differs from the state another peer served", ratio)
                     self._state_source.value = peer.to_base58().encode()[:_PEER_ID_CHARS]
+                    with self._state_downloads.get_lock():
+                        self._state_downloads.value += 1
                     future.set_result(downloaded)
                     return
                 logger.info(f"Not taking the state of {peer} unless another peer serves the same: {far[0]}")

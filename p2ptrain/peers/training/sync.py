@@ -396,6 +396,7 @@ class SyncTrainer:
         )
         self.tracker = self.optimizer.tracker
         self._state_rejections_seen = 0
+        self._downloads_seen = 0
 
     @property
     def local_epoch(self) -> int:
@@ -450,10 +451,14 @@ class SyncTrainer:
             rejected = [max(self.tracker.global_progress.num_peers, 2)]
         self._state_rejections_seen = state_rejections
         share, failed_exchanges = self.optimizer.pop_exchange_outcome()
+        # a download inside hivemind's step: this peer was behind, and skipped the round(s) it missed
+        # (counted, not read from the epoch: a peer one epoch behind moves by one, as a round would)
+        downloads = self.optimizer.state_averager.state_downloads
+        downloaded, self._downloads_seen = downloads > self._downloads_seen, downloads
         return StepOutcome(
             epoch_advanced=self.local_epoch > epoch_before,
             averaged_with=groups[-1] if groups else None,
-            loaded_state=self.local_epoch > epoch_before + 1,
+            loaded_state=downloaded,
             non_finite_average=rejected[-1] if rejected else None,
             failed_rounds=failed,
             averaged_share=share if groups else 1.0,
@@ -487,6 +492,7 @@ class SyncTrainer:
         """Download the newest state from the swarm; True if the epoch moved."""
         epoch_before = self.local_epoch
         self.optimizer.load_state_from_peers()
+        self._downloads_seen = self.optimizer.state_averager.state_downloads  # the caller reports this one
         return self.local_epoch != epoch_before
 
     def state_dict(self) -> dict:

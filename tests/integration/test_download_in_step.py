@@ -1,0 +1,54 @@
+"""A state download that hivemind's step makes is reported, though it moves the epoch by only one.
+
+Two real sync trainers (hivemind DHTs on 127.0.0.1, one process). A is one
+epoch ahead; B's next step sees it (hivemind checks once an epoch that a peer
+is on the swarm's epoch exactly) and downloads A's state instead of taking part
+in a round. The outcome said so only when the epoch moved by two or more, so a
+peer one epoch behind skipped a round with no ``state-downloaded`` event and no
+reason in the scale lab's counts (8 peers: rounds missed without a failure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import hivemind
+import pytest
+import torch
+
+from p2ptrain.peers.training.settings import SwarmSettings
+from p2ptrain.peers.training.sync import SyncTrainer
+
+pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
+
+
+def trainer(dht) -> SyncTrainer:
+    parameters = [torch.nn.Parameter(torch.zeros(8))]
+    return SyncTrainer(SwarmSettings(dht=dht, prefix="download-in-step", parameters=parameters, target_batch_size=10_000,
+                                     batch_size_per_step=8, inner_lr=1e-3, compression="none", matchmaking_time=3.0,
+                                     averaging_timeout=30.0))
+
+
+def test_a_peer_one_epoch_behind_reports_the_download_its_step_made():
+    first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    second = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
+    peers = []
+    try:
+        ahead, behind = trainer(first), trainer(second)
+        peers += [ahead, behind]
+        ahead.optimizer.state_averager.local_epoch = 1  # as after a round the other peer was not in
+        ahead.optimizer.state_averager.state_sharing_priority = 1
+        ahead.tracker.report_local_progress(1, 0)
+        # what B's tracker reads once A's record reaches it (set here: its next read could be 30 s away)
+        behind.tracker.global_progress = dataclasses.replace(behind.tracker.global_progress, epoch=1, num_peers=2)
+        behind.tracker.fetched_global_progress_this_epoch.set()
+        behind.parameters[0].grad = torch.ones(8)
+        outcome = behind.step(8)
+        assert behind.local_epoch == 1 and behind.state_source == first.peer_id.to_base58()
+        assert outcome.loaded_state, "a download inside the step went unreported"
+        assert not behind.tick().loaded_state  # reported once
+    finally:
+        for peer in peers:
+            peer.shutdown()
+        second.shutdown()
+        first.shutdown()
