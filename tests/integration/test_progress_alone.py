@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from hivemind.utils import get_dht_time
 
 from metered_peers import loopback_dhts
 from p2ptrain.peers.net.dht import signing_key
@@ -50,3 +51,23 @@ def test_a_peer_that_sees_only_another_peers_record_is_not_alone(tmp_path):
         finally:
             for tracker in trackers:
                 tracker.shutdown()
+
+
+@pytest.mark.timeout(90)
+def test_after_an_epoch_update_the_swarm_is_read_at_once_not_at_the_next_scheduled_read(tmp_path):
+    """hivemind checks once an epoch, at the first read after the update, that a peer is on the swarm's
+    epoch; a read that came only at the next epoch's end made a peer download the state every other round."""
+    with loopback_dhts(tmp_path, 1) as (dht,):
+        tracker = QuietProgressTracker(dht, prefix="prompt", target_batch_size=64, start=True, private_key=signing_key(dht))
+        try:
+            tracker.report_local_progress(0, 8)
+            wait_for(tracker.fetched_global_progress_this_epoch.is_set, 30, "the first read")
+            tracker.global_progress.next_fetch_time = get_dht_time() + 60  # as when the swarm's end looked far
+            tracker.global_state_updated.set()  # the fetcher takes the new time: its next read is a minute away
+            time.sleep(1)
+            with tracker.pause_updates():
+                tracker.update_epoch(1)
+                assert not tracker.fetched_global_progress_this_epoch.is_set()
+            wait_for(tracker.fetched_global_progress_this_epoch.is_set, 10, "a read of the swarm early in epoch 1")
+        finally:
+            tracker.shutdown()

@@ -24,6 +24,14 @@ own copy of the records where that copy is complete (``local_reads``: in runs
 of up to five serving peers, after the first minute), so most of them send
 nothing.
 (A paused peer reads nothing: its worker has left the swarm.)
+
+After each epoch update it reads the swarm's records at once (``update_epoch``):
+hivemind checks once an epoch, at the first read after the update, that this
+peer is on the swarm's epoch exactly, and downloads the state if not. Left to
+its schedule, that first read could come as late as the next epoch's end; once
+a peer's reads fell there (a peer that had just joined again, in the 8-peer
+lab), the peers that reduce had already moved on at each check, and it
+downloaded the state instead of averaging every other round.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from __future__ import annotations
 import time
 
 from hivemind.optim.progress_tracker import ProgressTracker
+from hivemind.utils import get_dht_time
 
 from p2ptrain.peers.net.local_reads import LocalFirstDHT
 
@@ -88,3 +97,11 @@ class QuietProgressTracker(ProgressTracker):
         else:
             # super() asked the reporter thread to store now; take it back (it usually stored already)
             self.should_report_progress.clear()
+
+    def update_epoch(self, new_epoch: int | None = None) -> int:
+        """hivemind's, then a read of the swarm's records at once, early in the new epoch (see the
+        module docstring); returns the new epoch."""
+        epoch = super().update_epoch(new_epoch)
+        self.global_progress.next_fetch_time = get_dht_time()
+        self.global_state_updated.set()  # wakes the fetcher, which then finds its next read due now
+        return epoch
