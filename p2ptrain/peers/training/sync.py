@@ -29,6 +29,15 @@ the others stepped on its average while the peer that cancelled it did not: the
 swarm split into two epochs. With one public peer and the rest behind NAT (who
 average as clients and share no state), that split stalled a 4-peer swarm for
 minutes in the scale lab. A group found is proof that others are there.
+
+A round that has found no group a while after the step triggered it is
+abandoned (``GROUP_WAIT_MATCHMAKINGS`` matchmaking windows and
+``GROUP_WAIT_EXTRA_S``): the others have averaged without this peer, which
+steps on its own gradients and catches up at the next epoch's check. hivemind
+waits for a group until the averaging timeout, which is sized for streaming
+tensors (120 s on the internet): in the 8-peer lab two peers that missed a
+group stood still for 2 minutes, skipped 6 epochs, and one's ``pause`` waited
+that long too.
 """
 
 from __future__ import annotations
@@ -66,6 +75,10 @@ INTERNET_AVERAGING = {"matchmaking_time": 15.0, "averaging_timeout": 120.0}
 # a late peer's local progress (DiLoCo's delta, sync's accumulated gradients) is kept up to this
 # many epochs behind the swarm; further behind it is too stale to help and is dropped
 MAX_ROUNDS_BEHIND = 2
+# a triggered gradient round still without a group after this many matchmaking windows, plus this
+# many seconds, is abandoned (the module doc): 11 s on 127.0.0.1, 35 s on the internet
+GROUP_WAIT_MATCHMAKINGS = 2
+GROUP_WAIT_EXTRA_S = 5.0
 
 
 @dataclasses.dataclass
@@ -294,6 +307,8 @@ class SyncOptimizer(hivemind.Optimizer):
 
     def _average_gradients_and_load_into_optimizer(self, maybe_step_control):
         self._round_rejected = False
+        if maybe_step_control is not None:
+            self._abandon_unless_grouped(maybe_step_control)
         super()._average_gradients_and_load_into_optimizer(maybe_step_control)
         # the real group size comes from hivemind's round result (GroupInfo-keyed dict)
         if maybe_step_control is None:
@@ -312,6 +327,18 @@ class SyncOptimizer(hivemind.Optimizer):
                 self._failed_exchanges += 1
             else:
                 self._failed_rounds += 1
+
+    def _abandon_unless_grouped(self, control) -> None:
+        """Cancel the triggered round ``control`` if it finds no group in time (the module doc); hivemind
+        then steps on the local gradients and this round counts as failed for want of a group."""
+        deadline = time.monotonic() + GROUP_WAIT_MATCHMAKINGS * self.matchmaking_time + GROUP_WAIT_EXTRA_S
+        while not control.done() and control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP):
+            if time.monotonic() > deadline:
+                logger.info("The gradient round found no group %.0f s after its step: stepping on the local gradients",
+                            GROUP_WAIT_MATCHMAKINGS * self.matchmaking_time + GROUP_WAIT_EXTRA_S)
+                control.cancel()
+                return
+            time.sleep(0.1)
 
     def _load_averaged_gradients_into_optimizer_(self):
         # raising here makes hivemind fall back to the local gradients, as after a
