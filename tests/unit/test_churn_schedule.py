@@ -1,4 +1,4 @@
-"""The scale lab's churn schedule (``benchmarks/churn.py``): volunteers' sessions and absences."""
+"""The scale lab's churn (``benchmarks/churn.py``): volunteers' sessions and absences, and how a return is timed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from churn import RETURNS, schedule  # noqa: E402
+import subprocess  # noqa: E402
+
+from churn import RETURNS, Churn, Move, schedule  # noqa: E402
 
 PEERS = ["h1", "h2", "h3"]
 
@@ -46,3 +48,25 @@ def test_sessions_and_absences_have_the_asked_means_and_pauses_their_share():
 
 def test_no_churn_without_time_for_it():
     assert schedule(PEERS, window_s=0, session_s=60, away_s=20, pause_share=0.5, seed=1) == []
+
+
+class Volunteer:
+    """A daemon as the churn sees it: its contributed samples, or None while no worker of it trains."""
+
+    def __init__(self):
+        self.readings = [None]
+
+    def contributed(self) -> int | None:
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+
+def test_a_return_counts_from_the_first_number_its_new_worker_shows_not_from_its_checkpoint():
+    """A worker that joins again shows its checkpoint's totals at once: those are not new samples."""
+    volunteer = Volunteer()
+    volunteer.readings = [300, None, None, 300, 300, 364]  # leave; away; the new worker: its checkpoint, then a round
+    churn = Churn({"h1": volunteer}, lambda daemon, *arguments: subprocess.CompletedProcess(arguments, 0, "", ""),
+                  ["run"], lambda daemon: daemon.contributed())
+    churn.run([Move(0.0, "h1", "leave"), Move(0.05, "h1", "join")], window_s=1.0, every_s=0.01)
+    (returned,) = churn.returns
+    assert returned["action"] == "join" and returned["seconds"] is not None
+    assert volunteer.readings == [364], "the return was counted before the round that used its samples"
