@@ -16,17 +16,9 @@ import hivemind
 import pytest
 import torch
 
-from p2ptrain.peers.training.settings import SwarmSettings
-from p2ptrain.peers.training.sync import SyncTrainer
+from sync_trainers import sync_trainer
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
-
-
-def trainer(dht) -> SyncTrainer:
-    parameters = [torch.nn.Parameter(torch.zeros(8))]
-    return SyncTrainer(SwarmSettings(dht=dht, prefix="download-in-step", parameters=parameters, target_batch_size=10_000,
-                                     batch_size_per_step=8, inner_lr=1e-3, compression="none", matchmaking_time=3.0,
-                                     averaging_timeout=30.0))
 
 
 def test_a_peer_one_epoch_behind_reports_the_download_its_step_made():
@@ -34,7 +26,7 @@ def test_a_peer_one_epoch_behind_reports_the_download_its_step_made():
     second = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
     peers = []
     try:
-        ahead, behind = trainer(first), trainer(second)
+        ahead, behind = sync_trainer(first, "download-in-step"), sync_trainer(second, "download-in-step")
         peers += [ahead, behind]
         ahead.optimizer.state_averager.local_epoch = 1  # as after a round the other peer was not in
         ahead.optimizer.state_averager.state_sharing_priority = 1

@@ -21,17 +21,10 @@ import pytest
 import torch
 from hivemind.averaging.control import AveragingStage
 
-from p2ptrain.peers.training.settings import SwarmSettings
 from p2ptrain.peers.training.sync import SyncTrainer
+from sync_trainers import sync_trainer
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
-
-
-def trainer(dht) -> SyncTrainer:
-    parameters = [torch.nn.Parameter(torch.zeros(8))]
-    return SyncTrainer(SwarmSettings(dht=dht, prefix="found-group", parameters=parameters, target_batch_size=10_000,
-                                     batch_size_per_step=8, inner_lr=1e-3, compression="none", matchmaking_time=3.0,
-                                     averaging_timeout=30.0))
 
 
 def accumulate(trainer: SyncTrainer, value: float, samples: int) -> None:
@@ -44,7 +37,7 @@ def test_a_round_that_found_its_group_averages_though_the_records_show_nobody_el
     second = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
     peers = []
     try:
-        a, b = trainer(first), trainer(second)
+        a, b = sync_trainer(first, "found-group"), sync_trainer(second, "found-group")
         peers += [a, b]
         accumulate(a, 1.0, 8)
         accumulate(b, 4.0, 24)

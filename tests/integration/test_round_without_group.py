@@ -18,8 +18,8 @@ import hivemind
 import pytest
 import torch
 
-from p2ptrain.peers.training.settings import SwarmSettings
-from p2ptrain.peers.training.sync import GROUP_WAIT_EXTRA_S, GROUP_WAIT_MATCHMAKINGS, SyncTrainer
+from p2ptrain.peers.training.sync import GROUP_WAIT_EXTRA_S, GROUP_WAIT_MATCHMAKINGS
+from sync_trainers import sync_trainer
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(180)]
 MATCHMAKING_S = 3.0
@@ -30,12 +30,9 @@ def test_a_round_that_finds_no_group_is_abandoned_long_before_the_averaging_time
     dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     trainer = None
     try:
-        parameters = [torch.nn.Parameter(torch.zeros(8))]
-        trainer = SyncTrainer(SwarmSettings(dht=dht, prefix="no-group", parameters=parameters, target_batch_size=10_000,
-                                            batch_size_per_step=8, inner_lr=1e-3, compression="none",
-                                            matchmaking_time=MATCHMAKING_S, averaging_timeout=AVERAGING_TIMEOUT_S))
+        trainer = sync_trainer(dht, "no-group", matchmaking_time=MATCHMAKING_S, averaging_timeout=AVERAGING_TIMEOUT_S)
         optimizer = trainer.optimizer
-        parameters[0].grad = torch.ones(8)
+        trainer.parameters[0].grad = torch.ones(8)
         optimizer.grad_averager.accumulate_grads_(8)
         # the records show a second peer, who never comes to the round
         optimizer.tracker.global_progress = dataclasses.replace(optimizer.tracker.global_progress, num_peers=2)
