@@ -6,6 +6,9 @@ A tiny parameter vector and a target batch no test reaches, so a test drives the
 
 from __future__ import annotations
 
+import contextlib
+
+import hivemind
 import torch
 
 from p2ptrain.peers.training.settings import SwarmSettings
@@ -24,3 +27,21 @@ def sync_trainer(dht, prefix: str, matchmaking_time: float = 3.0, averaging_time
     return SyncTrainer(SwarmSettings(dht=dht, prefix=prefix, parameters=parameters, target_batch_size=10_000,
                                      batch_size_per_step=8, inner_lr=1e-3, compression="none",
                                      matchmaking_time=matchmaking_time, averaging_timeout=averaging_timeout))
+
+
+@contextlib.contextmanager
+def sync_pair(prefix: str):
+    """Two ``sync_trainer``s in the run ``prefix``, each on its own DHT on 127.0.0.1 (the second bootstrapped
+    from the first); yields ``(first_trainer, second_trainer, first_dht)``; all shut down on leaving the block."""
+    first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    second = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
+    trainers = []
+    try:
+        trainers.append(sync_trainer(first, prefix))
+        trainers.append(sync_trainer(second, prefix))
+        yield trainers[0], trainers[1], first
+    finally:
+        for trainer in trainers:
+            trainer.shutdown()
+        second.shutdown()
+        first.shutdown()

@@ -12,22 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 
-import hivemind
 import pytest
 import torch
 
-from sync_trainers import sync_trainer
+from sync_trainers import sync_pair
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
 
 
 def test_a_peer_one_epoch_behind_reports_the_download_its_step_made():
-    first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    second = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
-    peers = []
-    try:
-        ahead, behind = sync_trainer(first, "download-in-step"), sync_trainer(second, "download-in-step")
-        peers += [ahead, behind]
+    with sync_pair("download-in-step") as (ahead, behind, first):
         ahead.optimizer.state_averager.local_epoch = 1  # as after a round the other peer was not in
         ahead.optimizer.state_averager.state_sharing_priority = 1
         ahead.tracker.report_local_progress(1, 0)
@@ -39,8 +33,3 @@ def test_a_peer_one_epoch_behind_reports_the_download_its_step_made():
         assert behind.local_epoch == 1 and behind.state_source == first.peer_id.to_base58()
         assert outcome.loaded_state, "a download inside the step went unreported"
         assert not behind.tick().loaded_state  # reported once
-    finally:
-        for peer in peers:
-            peer.shutdown()
-        second.shutdown()
-        first.shutdown()

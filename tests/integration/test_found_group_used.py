@@ -16,13 +16,12 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import hivemind
 import pytest
 import torch
 from hivemind.averaging.control import AveragingStage
 
 from p2ptrain.peers.training.sync import SyncTrainer
-from sync_trainers import sync_trainer
+from sync_trainers import sync_pair
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
 
@@ -33,15 +32,11 @@ def accumulate(trainer: SyncTrainer, value: float, samples: int) -> None:
 
 
 def test_a_round_that_found_its_group_averages_though_the_records_show_nobody_else():
-    first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    second = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
-    peers = []
-    try:
-        a, b = sync_trainer(first, "found-group"), sync_trainer(second, "found-group")
-        peers += [a, b]
+    with sync_pair("found-group") as (a, b, _):
+        peers = [a, b]
         accumulate(a, 1.0, 8)
         accumulate(b, 4.0, 24)
-        for peer in (a, b):
+        for peer in peers:
             peer.optimizer.scheduled_grads = peer.optimizer.grad_averager.schedule_step(timeout=30.0)
         deadline = time.monotonic() + 30
         while not all(peer.optimizer.scheduled_grads.stage == AveragingStage.AWAITING_TRIGGER for peer in peers):
@@ -56,8 +51,3 @@ def test_a_round_that_found_its_group_averages_though_the_records_show_nobody_el
         for peer in peers:
             with peer.optimizer.grad_averager.get_tensors() as averaged:
                 assert torch.allclose(averaged[0], torch.full((8,), expected)), averaged[0]
-    finally:
-        for peer in peers:
-            peer.shutdown()
-        second.shutdown()
-        first.shutdown()
