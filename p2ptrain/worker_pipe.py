@@ -95,6 +95,9 @@ class DhtOptions(Message):
         use_relay, use_auto_relay: libp2p circuit relays, for peers behind NAT.
         client_mode: this peer accepts no connections.
         start_timeout_s: how long the DHT may take to start and reach a bootstrap peer.
+        check_identity_free: check that no other peer of the swarm uses this identity before
+            starting (hivemind's probe, seconds on a loaded machine); the daemon skips it for a
+            worker that returns soon after its own left (``daemon/identity_use.py``).
     """
 
     host_maddrs: list[str] = dataclasses.field(default_factory=list)
@@ -103,6 +106,7 @@ class DhtOptions(Message):
     use_auto_relay: bool = False
     client_mode: bool = False
     start_timeout_s: float = 60.0
+    check_identity_free: bool = True
 
 
 @dataclasses.dataclass

@@ -21,6 +21,7 @@ from typing import Protocol
 from p2ptrain.control_types import Health
 from p2ptrain.daemon.config_file import ConfigFile
 from p2ptrain.daemon.event_log import EventLog
+from p2ptrain.daemon.identity_use import IdentityUse
 from p2ptrain.daemon.model_facts import ModelFactsError
 from p2ptrain.daemon.plan import DeviceFacts, PlanError, PlanPolicy
 from p2ptrain.daemon.run_view import RunView
@@ -107,6 +108,7 @@ class WorkerPool:
         self.slots: list[WorkerSlot] = []  # the workers of the current run, first one first
         self.processes: dict[str, WorkerProcess] = {}  # by slot name: the running ones
         self.restarts: dict[str, WorkerRestarts] = {}
+        self.identities = IdentityUse()  # for the whole daemon: a worker that returns soon skips hivemind's check
         self.stopping = False  # the daemon is stopping: workers that end are not restarted
 
     # ----- which devices ---------------------------------------------------------
@@ -175,7 +177,8 @@ class WorkerPool:
                 self._plan_failed(slot.name, failure)
                 raise
         spec = worker_spec(slot, run_request, self.config.config, self.paths, plan, len(self.slots),
-                           banned_peers=sorted(self.run.banned))
+                           banned_peers=sorted(self.run.banned),
+                           check_identity_free=self.identities.needs_check(str(slot.identity_key)))
         self.restarts[slot.name].ran_out_of_memory = False
         name = slot.name
         # the callbacks name their worker: after a fatal error and a quick new
@@ -279,6 +282,9 @@ class WorkerPool:
     def joined(self, name: str) -> None:
         """Worker ``name`` is in the swarm again: its crashes are forgiven."""
         self.restarts[name].crashes_in_a_row = 0
+        process = self.processes.get(name)
+        if process is not None:
+            self.identities.joined(process.spec.paths.identity_key)
 
     def release_all(self) -> None:
         """End every worker for a pause: one in the swarm checkpoints and leaves after its
@@ -299,6 +305,7 @@ class WorkerPool:
             restarts.out_of_memory_at = (report.micro_batch, report.grad_accum)
 
     def _ended(self, name: str, process: WorkerProcess, exitcode: int | None) -> None:
+        self.identities.ended(process.spec.paths.identity_key)
         if self.processes.get(name) is not process:
             return  # a worker of an earlier run, which had already been given up on
         del self.processes[name]

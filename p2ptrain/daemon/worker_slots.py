@@ -206,7 +206,7 @@ def restart_delay_s(crashes_in_a_row: int) -> int:
 
 def worker_spec(
     slot: WorkerSlot, run_request: dict, config: Config, paths: Paths, plan: WorkerPlan | None, workers: int,
-    banned_peers: list[str] | None = None,
+    banned_peers: list[str] | None = None, check_identity_free: bool = True,
 ) -> WorkerSpec:
     """The spec one worker is started with.
 
@@ -221,6 +221,8 @@ def worker_spec(
             nickname says its GPU, so the swarm's peer table tells them apart.
         banned_peers: peer ids this machine banned in the run (``storage/bans.py``):
             the worker leaves them out of its rounds and state downloads from the start.
+        check_identity_free: run hivemind's check that no other peer uses the slot's identity
+            (``identity_use.IdentityUse.needs_check``).
 
     Each worker after the first listens on the configured ports plus its
     position (``shifted_ports``): forward those too to be reachable directly.
@@ -244,6 +246,7 @@ def worker_spec(
             use_auto_relay=dht.use_auto_relay,
             client_mode=dht.client_mode,
             start_timeout_s=dht.start_timeout_s,
+            check_identity_free=check_identity_free,
         ),
         nickname=f"{config.nickname}-{slot.name}" if workers > 1 else config.nickname,
         plan=plan,

@@ -55,3 +55,24 @@ def test_a_dial_back_reaches_only_the_peer_that_owns_the_address(two_peers):
     stolen = visible_addresses(first)[0].rsplit("/p2p/", 1)[0] + f"/p2p/{second.peer_id.to_base58()}"
     answer = asyncio.run(dial_from_fresh_host(second.peer_id, [stolen]))
     assert answer == {"direct": False, "relayed": False, "reached": None}
+
+
+
+def test_the_check_at_join_runs_while_the_worker_sets_up(two_peers, tmp_path):
+    """A joining worker loads its model while its peers dial it back: ``start_join`` does not wait for them."""
+    from p2ptrain.peers.net.network import PeerNetwork
+
+    first, _, _ = two_peers
+    joining = start_dht(visible_addresses(first), tmp_path / "c.key", host_maddrs=LOOPBACK, start_timeout=30)
+    network = PeerNetwork(joining, lambda report: None)
+    try:
+        network.start_join()
+        in_flight = network._checking
+        assert in_flight is not None and not in_flight.done()  # a helper's fresh p2pd takes far longer than this
+        assert network.reachability == "unknown"
+        network.finish_join()
+        assert in_flight.done()
+        assert (network.reachability, network.averaging_client) == ("direct", False)
+    finally:
+        network.shutdown()
+        joining.shutdown()

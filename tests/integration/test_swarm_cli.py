@@ -19,6 +19,7 @@ from p2ptrain.paths import resolve_paths
 pytestmark = [pytest.mark.swarm]
 
 SYNC_RUN = ["--mode", "sync", "--target-batch-size", "192", "--micro-batch", "8"]
+IDENTITY_CHECK = "is not used by other peers"  # hivemind's log line when it probes whether an identity is taken
 
 
 def status_json(home) -> dict:
@@ -146,9 +147,14 @@ def test_pause_resume_and_a_timed_pause(sync_swarm):
     trained = stopped["local"]["trained_samples"]
     time.sleep(4)
     assert status_json(c.home)["local"]["trained_samples"] == trained
+    logged = c.log_path.stat().st_size
     assert cli(c.home, "resume").returncode == 0
     # a paused worker has exited: resuming starts one (imports, DHT, calibration, state download)
     c.wait_until(lambda s: s["state"] == "training", 150, what="resume")
+    with open(c.log_path) as log:
+        log.seek(logged)
+        # this daemon's worker left the swarm under that identity seconds ago: hivemind's probe is skipped
+        assert IDENTITY_CHECK not in log.read()
     assert cli(c.home, "pause", "--for", "3s", "--no-wait").returncode == 0
     assert status_json(c.home)["state"] == "paused"
     c.wait_until(lambda s: s["state"] == "training", 150, what="the timed pause to end by itself")
@@ -179,6 +185,8 @@ def test_a_restarted_daemon_rejoins_its_run_by_itself(sync_swarm):
         240,
         what="the restarted daemon to rejoin and reach the next epoch",
     )
+    # a new daemon does not know who used its identity while it was down: the probe runs
+    assert IDENTITY_CHECK in restarted.log_path.read_text()
 
 
 @pytest.mark.timeout(300)

@@ -25,6 +25,7 @@ this peer's addresses change, and hands each result to a callback.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import random
@@ -190,7 +191,16 @@ class DialBack:
     # --- the asking side -------------------------------------------------------
     def check(self, timeout: float = ANSWER_TIMEOUT_S + 10) -> dict:
         """Ask up to ``helpers`` connected peers to dial this one back; blocks until they answered."""
-        return asyncio.run_coroutine_threadsafe(self._check(), self._loop).result(timeout)
+        return self.result(self.start_check(), timeout)
+
+    def start_check(self) -> concurrent.futures.Future:
+        """:meth:`check` without waiting: the future of its result (give it to :meth:`result`)."""
+        return asyncio.run_coroutine_threadsafe(self._check(), self._loop)
+
+    @staticmethod
+    def result(checking: concurrent.futures.Future, timeout: float = ANSWER_TIMEOUT_S + 10) -> dict:
+        """The result of a check that :meth:`start_check` began, waiting up to ``timeout`` seconds for it."""
+        return checking.result(timeout)
 
     async def _addresses(self) -> list[str]:
         from p2ptrain.peers.net.dht import rank_addresses

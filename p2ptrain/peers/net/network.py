@@ -1,7 +1,9 @@
 """A worker's own place in the network: how peers reach it (measured), the addresses to hand out, its role in averaging.
 
-At join, once the DHT is up and before the averagers start, the worker asks
-peers of the swarm to dial it back (``dial_back``). A peer they cannot reach
+At join, once the DHT is up, the worker asks peers of the swarm to dial it
+back (``dial_back``) while it reads the manifest and loads the model (a helper's
+direct dial to an address behind NAT takes its whole 5-s timeout to fail), and
+takes the verdict before the averagers start. A peer they cannot reach
 directly averages as a *client*: it sends its share to peers that reduce and
 never reduces a part itself. That is the workaround for two limits of
 hivemind's p2pd (``docs/nat.md``): a relayed connection is reset after 128 KiB,
@@ -43,17 +45,28 @@ class PeerNetwork:
         self.reachability = UNKNOWN
         self.addresses = visible_addresses(dht)
         self.averaging_client = client_mode
-        self._first = self._result = None
+        self._first = self._result = self._checking = None
         self._dial_back = DialBack(dht)
         self._meter, self._traffic = meter, None
 
-    def join(self) -> None:
-        """Serve other peers' dial-back requests, have this peer dialed back by those it is connected to,
-        and fix its role in averaging (``averaging_client``): a client when they could not dial it directly,
-        which then serves no DHT requests either."""
+    def start_join(self) -> None:
+        """Serve other peers' dial-back requests and have this peer dialed back by those it is connected to,
+        in the background: :meth:`finish_join` takes the verdict. The worker loads its model meanwhile."""
         try:
             self._dial_back.start()
-            self._first = self._dial_back.check()
+            self._checking = self._dial_back.start_check()
+        except Exception:
+            logger.exception("Could not measure reachability at join; averaging as a reducer")
+
+    def finish_join(self) -> None:
+        """Wait for the dial-back that :meth:`start_join` began and fix this peer's role in averaging
+        (``averaging_client``): a client when they could not dial it directly, which then serves no DHT
+        requests either. Without a verdict (the check failed) it averages as a reducer."""
+        checking, self._checking = self._checking, None
+        if checking is None:
+            return
+        try:
+            self._first = self._dial_back.result(checking)
         except Exception:
             logger.exception("Could not measure reachability at join; averaging as a reducer")
             return

@@ -80,6 +80,7 @@ def _start_dht(spec: WorkerSpec, initial_peers: list[str]):
         use_auto_relay=options.use_auto_relay,
         client_mode=options.client_mode,
         start_timeout=options.start_timeout_s,
+        check_identity_free=options.check_identity_free,
     )
 
 

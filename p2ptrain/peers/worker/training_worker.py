@@ -232,9 +232,9 @@ class Worker:
         for move in self.port_moves:
             details = {name: value for name, value in move.to_dict().items() if name != "message"}
             self.event("port-taken", move.message, **details)
-        # measured before the averagers start: they take their role (reducer or client) from it
+        # measured while the model loads, taken before the averagers start: their role (reducer or client) follows it
         self.network = PeerNetwork(self.dht, self.report, client_mode=spec.dht.client_mode, meter=meter)
-        self.network.join()
+        self.network.start_join()
         self.manifest = manifest = run_manifest(spec, self.dht)
         if self.plan is None:
             self.plan = wait_for_plan(self.conn, self.report, manifest.model_dump(mode="json"), self.kept_commands)
@@ -260,6 +260,7 @@ class Worker:
             except (KeyError, ValueError) as error:
                 self.event("checkpoint-ignored", f"checkpoint not used: {error}")
                 checkpoint = None
+        self.network.finish_join()
         self.trainer = make_trainer(spec, plan, manifest, self.dht, self.loaded.trainable(), self.micro_batch * self.grad_accum,
                                     averaging_client=self.network.averaging_client)
         # hivemind's averagers set SIGINT to ignored when they start
