@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -322,6 +323,11 @@ def measure(peers: int, options, root: Path) -> dict:
         }
     finally:
         end_lab(lab, daemons.values())
+        if options.keep_logs:
+            kept = options.keep_logs / f"n{peers}"
+            kept.mkdir(parents=True, exist_ok=True)
+            for name, daemon in daemons.items():
+                shutil.copyfile(daemon.log_path, kept / f"{name}.log")
 
 
 def stayed(row: dict, rounds: int = 5) -> list[str]:
@@ -392,6 +398,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="append one JSON line per N here")
     parser.add_argument("--request-log", type=Path, help="log every request of each peer under DIR/n<N>/<host> "
                         "(benchmarks/request_counts.py DIR/n<N> --since and --until the row's window)")
+    parser.add_argument("--keep-logs", type=Path, help="copy each daemon's log (its workers' too) to DIR/n<N>/<host>.log "
+                        "before the lab is removed")
     parser.add_argument("--report", type=Path, help="print the scale table of a --json file and exit")
     options = parser.parse_args()
     if options.report:
