@@ -38,6 +38,19 @@ waits for a group until the averaging timeout, which is sized for streaming
 tensors (120 s on the internet): in the 8-peer lab two peers that missed a
 group stood still for 2 minutes, skipped 6 epochs, and one's ``pause`` waited
 that long too.
+
+A peer one epoch behind that takes part in the swarm's next round ends it at
+the swarm's epoch. Such a peer (it missed a round: it had just joined, or
+downloaded the state while the others averaged) steps as soon as it sees the
+swarm ahead, and its round is the swarm's next one. hivemind then moves it one
+epoch, to the one the swarm just left, and its once-an-epoch exact check
+downloads the state: it missed the next round and was behind again, averaging
+every other round for the rest of its session (a returning peer in the 16-peer
+lab took 57 % of its rounds and downloaded 11 times). Every gradient round
+gathers each member's epoch (``CountingGradientAverager``); a peer whose step
+ends at the epoch that at least half its group stood on when the round began
+takes the epoch they go to. Its parameters, one optimizer step stale, are
+averaged with theirs in the state round of the same step.
 """
 
 from __future__ import annotations
@@ -47,7 +60,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import hivemind
 import torch
@@ -162,7 +175,17 @@ class CheckedTrainingStateAverager(TrainingStateAverager, CancellableRounds, Che
 class CountingGradientAverager(CountsLostParts, GradientAverager):
     """The robust GradientAverager (``robust_averager``) that knows how much of its last round
     was averaged, whose pre-scheduled rounds count nothing until triggered (``schedule_step``),
-    and that downloads nothing when the optimizer catches up (see ``load_state_from_peers``)."""
+    that tells its group the optimizer's epoch, and that downloads nothing when the optimizer
+    catches up (see ``load_state_from_peers``).
+
+    Args:
+        epoch: the optimizer's local epoch, gathered by every round (the module doc); None: none is told.
+        args, kwargs: as ``GradientAverager``.
+    """
+
+    def __init__(self, *args, epoch: Callable[[], int] | None = None, **kwargs):
+        self._epoch = epoch
+        super().__init__(*args, **kwargs)
 
     def schedule_step(self, scheduled_time: float | None = None, **kwargs):
         """hivemind's pre-scheduled round, with weight 0 until the step that triggers it sets the
@@ -179,6 +202,8 @@ class CountingGradientAverager(CountsLostParts, GradientAverager):
         Args:
             scheduled_time, kwargs: as hivemind's ``GradientAverager.schedule_step``.
         """
+        if self._epoch is not None:
+            kwargs.setdefault("gather", self._epoch())
         control = super().schedule_step(scheduled_time, **kwargs)
         control.weight = 0.0
         return control
@@ -207,7 +232,8 @@ class SyncOptimizer(hivemind.Optimizer):
         self._trust = trust
         self._parameter_count = len(list(kwargs["params"]))
         kwargs["grad_averager_factory"] = functools.partial(
-            CountingGradientAverager, trust=trust, robust=RobustOptions.for_gradients(plausible_weight(kwargs["target_batch_size"])))
+            CountingGradientAverager, trust=trust, robust=RobustOptions.for_gradients(plausible_weight(kwargs["target_batch_size"])),
+            epoch=lambda: self.local_epoch)
         self.account = account
         self._batch_in_hand = 0
         self._averaging_client = client_mode
@@ -215,6 +241,7 @@ class SyncOptimizer(hivemind.Optimizer):
         self._rejected_groups: list[int] = []
         self._failed_rounds = self._failed_exchanges = 0
         self._last_share = 1.0
+        self._round_epochs: list = []  # what the members of this step's gradient round told (their epochs)
         self._groups_lock = threading.Lock()
         self._loading_local_gradients = False
         self._round_rejected = False
@@ -285,8 +312,26 @@ class SyncOptimizer(hivemind.Optimizer):
     def _update_global_epoch(self, grad_scaler) -> None:
         # the accumulated samples go into this epoch's averaged or local optimizer step
         samples = self.grad_averager.local_samples_accumulated
+        self._round_epochs = []
         super()._update_global_epoch(grad_scaler)
         self.account.add_contributed(samples)
+        self._end_at_the_groups_epoch()
+
+    def _end_at_the_groups_epoch(self) -> None:
+        """After a step one epoch short of the group's (the module doc), move to the epoch the group went to."""
+        # what a peer gathers is whatever it sent (None, or anything from a broken peer): only ints count
+        told = [epoch for epoch in self._round_epochs if type(epoch) is int]
+        ahead = sum(epoch == self.local_epoch for epoch in told)
+        if not told or 2 * ahead < len(self._round_epochs):
+            return
+        epoch = self.local_epoch + 1
+        logger.info("Averaged with %d of %d peers one epoch ahead: moving to their epoch %d", ahead, len(self._round_epochs), epoch)
+        with self.tracker.pause_updates():
+            self.state_averager.local_epoch = epoch
+            self.tracker.update_epoch(new_epoch=epoch)
+        if not self.client_mode:
+            self.state_averager.state_sharing_priority = epoch
+            self.grad_averager.state_sharing_priority = epoch
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
         scheduled = self.scheduled_grads
@@ -319,6 +364,8 @@ class SyncOptimizer(hivemind.Optimizer):
                 group = maybe_step_control.result(0)
             except BaseException as raised:  # hivemind already fell back to the local gradients
                 error = raised
+        if group:
+            self._round_epochs = list(group.values())
         with self._groups_lock:
             if group:
                 (self._rejected_groups if self._round_rejected else self._finished_groups).append(len(group))
