@@ -346,7 +346,7 @@ def mean_phases(phases: list[dict]) -> str:
 def report(path: Path) -> str:
     """The scale table of a ``--json`` file: a row per N, in the file's order."""
     rows = read_rows(path)
-    lines = ["| peers (public) | commit | churn: moves in the window | join to first used sample, mean / worst | "
+    lines = ["| peers (public) | commit | churn: moves in the window (schedule seed) | join to first used sample, mean / worst | "
              "first joins: calibrated / joined / first used, mean s | after a return, mean / worst (no sample) | "
              "returns: calibrated / joined / first used, mean s | state downloads: top server's share | epochs in the window | "
              "epoch duration, mean ± spread | rounds taken ÷ epochs trained through, lowest peer | "
@@ -363,7 +363,7 @@ def report(path: Path) -> str:
         served = downloads and downloads["count"] and max(downloads["by_server"].values()) / downloads["count"]
         lines.append(
             f"| {row['peers']} ({row.get('public', 1)}){f' at {share:.0%}' if share < 1 else ''} | {row.get('commit', '?')[:7]} | "
-            + (f"{len(churn['moves'])}" if churn else "none") + " | "
+            + (f"{len(churn['moves'])} ({churn['seed']})" if churn else "none") + " | "
             f"{row['join']['mean']:.0f} s / {row['join']['worst']:.0f} s | "
             + mean_phases(list(phases.values()) if phases else []) + " | "
             + (f"{returned['mean']:.0f} s / {returned['worst']:.0f} s ({churn['returns_without_contribution']})" if returned else "–") + " | "
