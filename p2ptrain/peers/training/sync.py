@@ -47,10 +47,11 @@ epoch, to the one the swarm just left, and its once-an-epoch exact check
 downloads the state: it missed the next round and was behind again, averaging
 every other round for the rest of its session (a returning peer in the 16-peer
 lab took 57 % of its rounds and downloaded 11 times). Every gradient round
-gathers each member's epoch (``CountingGradientAverager``); a peer whose step
-ends at the epoch that at least half its group stood on when the round began
-takes the epoch they go to. Its parameters, one optimizer step stale, are
-averaged with theirs in the state round of the same step.
+gathers each member's epoch (``CountingGradientAverager``); a peer that stepped
+one epoch behind the swarm's progress records, and whose group had a member on
+the swarm's epoch, takes the epoch that member goes to. Its parameters, one
+optimizer step stale, are averaged with theirs in the state round of the same
+step. A group of stragglers alone moves to the swarm's epoch, never past it.
 """
 
 from __future__ import annotations
@@ -313,16 +314,19 @@ class SyncOptimizer(hivemind.Optimizer):
         # the accumulated samples go into this epoch's averaged or local optimizer step
         samples = self.grad_averager.local_samples_accumulated
         self._round_epochs = []
+        swarm_epoch = self.tracker.global_epoch
+        one_behind = swarm_epoch == self.local_epoch + 1
         super()._update_global_epoch(grad_scaler)
         self.account.add_contributed(samples)
-        self._end_at_the_groups_epoch()
+        if one_behind and self.local_epoch == swarm_epoch:
+            self._end_at_the_swarms_epoch()
 
-    def _end_at_the_groups_epoch(self) -> None:
-        """After a step one epoch short of the group's (the module doc), move to the epoch the group went to."""
+    def _end_at_the_swarms_epoch(self) -> None:
+        """After a step that brought this peer to the swarm's epoch, from one behind (the module doc): when a
+        member of its gradient round was on that epoch already, move to the next one, where that member went."""
         # what a peer gathers is whatever it sent (None, or anything from a broken peer): only ints count
-        told = [epoch for epoch in self._round_epochs if type(epoch) is int]
-        ahead = sum(epoch == self.local_epoch for epoch in told)
-        if not told or 2 * ahead < len(self._round_epochs):
+        ahead = sum(type(epoch) is int and epoch == self.local_epoch for epoch in self._round_epochs)
+        if not ahead:
             return
         epoch = self.local_epoch + 1
         logger.info("Averaged with %d of %d peers one epoch ahead: moving to their epoch %d", ahead, len(self._round_epochs), epoch)
