@@ -9,6 +9,8 @@ the rogue (``state_check``'s bound, ``RobustAverager._load_state_from_peers``).
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import math
 import time
 
@@ -201,3 +203,58 @@ def test_a_sync_peer_refuses_a_sign_flipped_state_and_loads_the_honest_one():
             averager.shutdown()
         for dht in dhts:
             dht.shutdown()
+
+
+
+async def _collect_while_waiting(self):
+    asyncio.get_running_loop().call_later(1.0, gc.collect)
+    return await PseudoGradientAverager._get_current_state_from_host_process(self)
+
+
+# runs the garbage collector in the averager's process 1 s into each wait for the host's own state (which the
+# test makes take 2 s): what the collector did at some moment in the lab, at a moment the test chooses; under the
+# honest class name, which names hivemind's protocols
+CollectsWhileWaiting = type("PseudoGradientAverager", (PseudoGradientAverager,),
+                            {"_get_current_state_from_host_process": _collect_while_waiting})
+
+
+def test_a_download_that_waits_for_its_own_state_is_not_lost_to_the_garbage_collector():
+    """The averager's process waits for the host's own state (to check the download against it); once the host sent
+    its next command, hivemind held that task only weakly, and a collection destroyed it: the download came back
+    empty (16-peer lab: 18 of 36)."""
+    tensors = [torch.ones(shape) for shape in SHAPES]
+    dhts = start_dhts(2)
+    averagers = []
+    try:
+        sharer = pseudo_gradient_averager(dhts[1], Served({"epoch": 7}, tensors), priority=7)
+        averagers.append(sharer)
+        downloader = CollectsWhileWaiting(
+            state_provider=SlowToRead({"epoch": 6}, tensors, delay_s=2.0), averaged_tensors=[torch.zeros(shape) for shape in SHAPES],
+            dht=dhts[0], prefix="check_diloco", min_matchmaking_time=2.0, request_timeout=1.0, start=True,
+            robust=RobustOptions.for_pseudo_gradients(max_weight=1e6, inner_lr=1e-3, rounds_held=1.0, parameter_count=len(SHAPES)))
+        averagers.append(downloader)
+        wait_for_sharers(dhts[0], "check_diloco", 2, top_priority=7)
+        downloading = downloader.load_state_from_peers(wait=False)
+        time.sleep(0.5)
+        # the host's next command to the averager (here: a new priority) is what hivemind's loop held the task by
+        downloader.state_sharing_priority = 1
+        downloaded = downloading.result(15)
+        assert downloaded is not None, "the download was destroyed while it waited for the host's own state"
+        assert downloaded[0] == {"epoch": 7} and downloader.last_state_source == sharer.peer_id.to_base58()
+    finally:
+        for averager in averagers:
+            averager.shutdown()
+        for dht in dhts:
+            dht.shutdown()
+
+
+class SlowToRead(Served):
+    """A host whose own state takes ``delay_s`` to read (its main thread busy: calibrating, training)."""
+
+    def __init__(self, metadata: dict, tensors: list[torch.Tensor], delay_s: float):
+        super().__init__(metadata, tensors)
+        self.delay_s = delay_s
+
+    def __call__(self):
+        time.sleep(self.delay_s)
+        return super().__call__()
