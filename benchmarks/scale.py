@@ -348,7 +348,7 @@ def report(path: Path) -> str:
     rows = read_rows(path)
     lines = ["| peers (public) | commit | churn: moves in the window (schedule seed) | join to first used sample, mean / worst | "
              "first joins: calibrated / joined / first used, mean s | after a return, mean / worst (no sample) | "
-             "returns: calibrated / joined / first used, mean s | state downloads: top server's share | epochs in the window | "
+             "returns: calibrated / joined / first used, mean s | state downloads: top server's share (events naming no server) | epochs in the window | "
              "epoch duration, mean ± spread | rounds taken ÷ epochs trained through, lowest peer | "
              "used ÷ trained, lowest peer of 5 epochs or more | line KB/s per peer, mean / worst | "
              "background KB/s per peer (all but averaging), mean / worst | 1-min load |",
@@ -360,7 +360,10 @@ def report(path: Path) -> str:
         returned = churn and churn["return_s"]
         phases, comeback = row.get("join_phases"), churn and churn.get("return_phases")
         share = row.get("compute_share", 1.0)
-        served = downloads and downloads["count"] and max(downloads["by_server"].values()) / downloads["count"]
+        # a download whose event names no server (a worker's report without one) is nobody's share
+        servers = {name: count for name, count in (downloads or {}).get("by_server", {}).items() if name != "unknown"}
+        unnamed = (downloads or {}).get("by_server", {}).get("unknown", 0)
+        served = downloads and downloads["count"] and servers and max(servers.values()) / downloads["count"]
         lines.append(
             f"| {row['peers']} ({row.get('public', 1)}){f' at {share:.0%}' if share < 1 else ''} | {row.get('commit', '?')[:7]} | "
             + (f"{len(churn['moves'])} ({churn['seed']})" if churn else "none") + " | "
@@ -368,7 +371,8 @@ def report(path: Path) -> str:
             + mean_phases(list(phases.values()) if phases else []) + " | "
             + (f"{returned['mean']:.0f} s / {returned['worst']:.0f} s ({churn['returns_without_contribution']})" if returned else "–") + " | "
             + mean_phases(comeback or []) + " | "
-            + (f"{served:.0%} of {downloads['count']}" if served else ("0" if downloads else "–")) + " | "
+            + (f"{served:.0%} of {downloads['count']}" + (f" ({unnamed} unnamed)" if unnamed else "") if served
+               else ("0" if downloads else "–")) + " | "
             f"{row['epochs']} in {row['train_s']:.0f} s | "
             + (f"{duration['mean']:.1f} ± {duration['stdev']:.1f} s" if duration else "–") + " | "
             + (f"{min(shares):.0%}" if shares else "–") + " | " + (f"{min(used):.0%}" if used else "–") + " | "
