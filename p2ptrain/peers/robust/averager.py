@@ -183,12 +183,13 @@ class RobustAverager(DecentralizedAverager):
     async def _load_state_from_peers(self, future: MPFuture, timeout: float | None = None):
         """hivemind's download, over the peers that are not banned, each download checked (``state_check``).
 
-        The task is held here while it runs. hivemind starts it without keeping it, and the event loop
-        keeps tasks weakly: while it waits for this peer's own state from the host process (an
-        ``MPFuture``, itself held only weakly by hivemind), nothing else holds it, and the garbage
-        collector destroyed it ("Task was destroyed but it is pending!"). Its ``finally`` then answered
-        None, and hivemind's optimizer moved the peer to the swarm's epoch with its old parameters: 18 of
-        a 16-peer lab's 36 joins and returns, each reported as a download from nobody.
+        The task is held here while it runs. hivemind's loop keeps the task of a pipe command only until
+        the next command arrives, and the event loop keeps tasks weakly: while it waited for this peer's
+        own state from the host process (an ``MPFuture``, which hivemind also holds weakly), nothing held
+        it once the host sent another command, and the garbage collector destroyed it ("Task was
+        destroyed but it is pending!"). The host then got None or waited its timeout (120 s on the
+        internet), and hivemind's optimizer moved the peer to the swarm's epoch with its old
+        parameters: 18 of a 16-peer lab's 36 joins and returns, each reported as a download from nobody.
         """
         running = asyncio.current_task()
         self._downloads_running.add(running)
