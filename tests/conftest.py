@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -91,3 +93,46 @@ def daemons(short_tmp):
 
     yield Factory()
     stop_all(started, timeout=20)
+
+
+# the lines of a daemon's log a failed test's report shows: what went wrong in its rounds and workers
+_TELLING = ("WARNING", "ERROR", "Traceback", "averaging failed", "Averaging failed", "Outer averaging", "Error")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """When a test that drove daemons fails, keep their logs (workers' included) where the run can
+    be read afterwards, ``$P2PTRAIN_TEST_LOGS`` or ``<tmp>/p2ptrain-test-logs``, and show each one's
+    telling lines in the report: a failure once in many runs is read from these, not rerun."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    running = _daemons_of(item.funcargs.values())
+    if not running:
+        return
+    kept = Path(os.environ.get("P2PTRAIN_TEST_LOGS") or Path(tempfile.gettempdir()) / "p2ptrain-test-logs")
+    kept = kept / f"{item.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    kept.mkdir(parents=True, exist_ok=True)
+    lines = [f"daemon logs kept in {kept}"]
+    for daemon in running:
+        text = daemon.log()
+        (kept / f"{daemon.home.name}.log").write_text(text)
+        telling = [line for line in text.splitlines() if any(mark in line for mark in _TELLING)]
+        lines += [f"--- {daemon.home.name}: {len(telling)} telling lines, the last 40:", *telling[-40:]]
+    report.sections.append(("daemon logs", "\n".join(lines)))
+
+
+def _daemons_of(values) -> list[DaemonProcess]:
+    """The daemons among a test's fixture values (a fixture may hand a dict or a list of them)."""
+    found = []
+    for value in values:
+        if isinstance(value, DaemonProcess):
+            found.append(value)
+        elif isinstance(value, dict):
+            found += _daemons_of(value.values())
+        elif isinstance(value, (list, tuple)):
+            found += _daemons_of(value)
+        elif isinstance(getattr(value, "all", None), list):  # the ``daemons`` fixture's factory
+            found += _daemons_of(value.all)
+    return list({id(daemon): daemon for daemon in found}.values())
