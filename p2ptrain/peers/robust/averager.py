@@ -20,7 +20,10 @@
   (one donor took every joiner in hivemind's swarms: hivemind #169);
 - reports each round's named peers to its ``trust.Trust`` through a queue
   (its rounds run in the averager's own process) and takes ban-list updates
-  from it through hivemind's control pipe.
+  from it through hivemind's control pipe;
+- holds the task of each round and download while it runs (``_held``), which
+  hivemind's loop holds only until its next command: the garbage collector
+  destroyed them mid-wait.
 
 The averagers p2ptrain uses derive from it: DiLoCo's ``PseudoGradientAverager``,
 sync mode's ``CheckedTrainingStateAverager`` (through ``sync.CheckedStateMixin``)
@@ -30,6 +33,7 @@ and this module's ``GradientAverager``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import random
 import time
@@ -82,7 +86,7 @@ class RobustAverager(DecentralizedAverager):
         self._serve_times = multiprocessing.Array("d", _SERVES_KEPT)  # when this peer served its state (time.time())
         self._banned = {PeerID.from_base58(peer_id) for peer_id in self.trust.banned}
         self._judge: RoundJudge | None = None
-        self._downloads_running: set[asyncio.Task] = set()  # in the averager's process: see _load_state_from_peers
+        self._tasks_held: set[asyncio.Task] = set()  # in the averager's process: see _held
         super().__init__(*args, **kwargs)
         self.trust.attach(self)
         # the averager's process handles its pipe in order: this comes before any round
@@ -180,23 +184,39 @@ class RobustAverager(DecentralizedAverager):
             times[min(range(len(times)), key=times.__getitem__)] = time.time()
             self._state_updated.set()  # hivemind's declaration loop re-declares on it
 
-    async def _load_state_from_peers(self, future: MPFuture, timeout: float | None = None):
-        """hivemind's download, over the peers that are not banned, each download checked (``state_check``).
+    @contextlib.contextmanager
+    def _held(self):
+        """Hold the running task (a pipe command's) until the block ends.
 
-        The task is held here while it runs. hivemind's loop keeps the task of a pipe command only until
-        the next command arrives, and the event loop keeps tasks weakly: while it waited for this peer's
-        own state from the host process (an ``MPFuture``, which hivemind also holds weakly), nothing held
-        it once the host sent another command, and the garbage collector destroyed it ("Task was
-        destroyed but it is pending!"). The host then got None or waited its timeout (120 s on the
-        internet), and hivemind's optimizer moved the peer to the swarm's epoch with its old
-        parameters: 18 of a 16-peer lab's 36 joins and returns, each reported as a download from nobody.
+        hivemind's loop keeps the task of a pipe command only until the next command arrives, and the
+        event loop keeps tasks weakly. A task that waits on an ``MPFuture`` (which hivemind holds weakly
+        too) is then held by nothing once the host sent another command, and the garbage collector
+        destroys it ("Task was destroyed but it is pending!"):
+
+        - a state download waiting for this peer's own state from the host: the host got None or
+          waited its timeout (120 s on the internet), and hivemind's optimizer moved the peer to the
+          swarm's epoch with its old parameters (18 of a 16-peer lab's 36 joins and returns);
+        - a round scheduled ahead, its group found, waiting for its trigger: this peer's round failed,
+          and the rest of its group waited for its part until their all-reduce timeout (120 s on the
+          internet) and failed too, reason ``exchange``.
         """
         running = asyncio.current_task()
-        self._downloads_running.add(running)
+        self._tasks_held.add(running)
         try:
-            await self._download_checked_state(future, timeout)
+            yield
         finally:
-            self._downloads_running.discard(running)
+            self._tasks_held.discard(running)
+
+    async def _step(self, **kwargs):
+        """hivemind's round, its task held (``_held``)."""
+        with self._held():
+            return await super()._step(**kwargs)
+
+    async def _load_state_from_peers(self, future: MPFuture, timeout: float | None = None):
+        """hivemind's download, over the peers that are not banned, each download checked (``state_check``);
+        its task held (``_held``)."""
+        with self._held():
+            await self._download_checked_state(future, timeout)
 
     async def _download_checked_state(self, future: MPFuture, timeout: float | None) -> None:
         if timeout is not None:
