@@ -18,7 +18,10 @@ is dropped too. ``SyncOptimizer`` keeps both across the download, up to
 weighted by their samples, one to two steps stale, as hivemind's own delayed
 parameter updates are one step stale. What hivemind does not allow: averaging
 them into the round that the swarm already finished (a finished all-reduce
-cannot be joined).
+cannot be joined). The same holds over an absence: the checkpoint that a
+``leave``, ``pause`` or stop writes keeps the accumulated gradients
+(``SyncTrainer.state_dict``), and the download at the return keeps them on the
+same terms; before, each absence dropped up to an epoch of the peer's work.
 
 A pre-scheduled gradient round that has found its group is used, even when the
 progress records do not show another peer yet. hivemind skips (cancels) such a
@@ -293,22 +296,42 @@ class SyncOptimizer(hivemind.Optimizer):
         return out_of_sync
 
     def load_state_from_peers(self, **kwargs):
-        averager = self.grad_averager
-        samples = averager.local_samples_accumulated
-        keep = samples > 0 and self.tracker.global_epoch - self.local_epoch <= MAX_ROUNDS_BEHIND
-        # hivemind resets the accumulators after a download: save them (GradientAverager's
-        # private fields, reuse_grad_buffers=False) and put them back
-        kept = [accumulator.clone() for accumulator in averager._grad_accumulators()] if keep else []
-        times, anchor = averager.local_times_accumulated, averager._anchor_batch_size
+        # hivemind resets the accumulators after a download: save them, and put them back unless the
+        # downloaded epoch is more than MAX_ROUNDS_BEHIND ahead of the one they were accumulated in
+        kept, epoch_before = self.accumulated_gradients(), self.local_epoch
         super().load_state_from_peers(**kwargs)
-        if not keep:
-            self.account.add_unused("late", samples)
+        if kept is None:
             return
+        if self.local_epoch - epoch_before > MAX_ROUNDS_BEHIND:
+            self.account.add_unused("late", kept["samples"])
+            return
+        self.restore_accumulated_gradients(kept)
+
+    def accumulated_gradients(self) -> dict | None:
+        """A copy of the gradients accumulated toward this epoch's round, with the samples and
+        batches behind them (GradientAverager's private fields, ``reuse_grad_buffers=False``);
+        None when there are none. ``restore_accumulated_gradients`` puts them back."""
+        averager = self.grad_averager
+        if averager.local_samples_accumulated <= 0:
+            return None
+        return {"samples": averager.local_samples_accumulated, "times": averager.local_times_accumulated,
+                "anchor": averager._anchor_batch_size,
+                "gradients": [accumulator.detach().clone() for accumulator in averager._grad_accumulators()]}
+
+    def restore_accumulated_gradients(self, saved: dict) -> None:
+        """Put back what ``accumulated_gradients`` returned, and tell the swarm's progress records the
+        samples; raises ValueError when the gradients do not match this model's parameters."""
+        averager = self.grad_averager
+        accumulators = list(averager._grad_accumulators())
+        gradients = saved["gradients"]
+        if len(gradients) != len(accumulators) or any(g.shape != a.shape for g, a in zip(gradients, accumulators)):
+            raise ValueError("the saved gradients do not match this model's trainable parameters")
         with torch.no_grad():
-            for accumulator, saved in zip(averager._grad_accumulators(), kept):
-                accumulator.copy_(saved)
-        averager.local_samples_accumulated, averager.local_times_accumulated, averager._anchor_batch_size = samples, times, anchor
-        self.tracker.report_local_progress(self.local_epoch, samples)
+            for accumulator, gradient in zip(accumulators, gradients):
+                accumulator.copy_(gradient)
+        averager.local_samples_accumulated, averager.local_times_accumulated = int(saved["samples"]), int(saved["times"])
+        averager._anchor_batch_size = saved["anchor"]
+        self.tracker.report_local_progress(self.local_epoch, averager.local_samples_accumulated)
 
     def _update_global_epoch(self, grad_scaler) -> None:
         # the accumulated samples go into this epoch's averaged or local optimizer step
@@ -499,8 +522,9 @@ class SyncTrainer:
 
     @property
     def pending_samples(self) -> int:
-        """Samples whose gradients wait in the accumulators for the epoch's all-reduce."""
-        return self.account.pending
+        """Samples whose gradients wait in the accumulators for the epoch's all-reduce (between
+        steps no round holds any: a round runs inside a step)."""
+        return self.optimizer.grad_averager.local_samples_accumulated
 
     def scale_lr(self, scale: float) -> bool:
         """Returns False: every peer steps with the swarm's learning rate (they apply the same
@@ -574,11 +598,17 @@ class SyncTrainer:
         return self.local_epoch != epoch_before
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "epoch": self.local_epoch}
+        """The optimizer, the epoch, and the gradients accumulated toward this epoch's round
+        (``accumulated``: None when there are none): a peer that leaves, pauses or restarts
+        mid-epoch brings them to its next round, if it returns within ``MAX_ROUNDS_BEHIND`` epochs."""
+        return {"optimizer": self.optimizer.state_dict(), "epoch": self.local_epoch,
+                "accumulated": self.optimizer.accumulated_gradients()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore ``state_dict``'s output; the trainable parameters, restored into the model before,
-        become the optimizer's too (hivemind keeps its own copy of them, offloaded)."""
+        become the optimizer's too (hivemind keeps its own copy of them, offloaded), and the saved
+        accumulated gradients (kept by the next download while at most ``MAX_ROUNDS_BEHIND`` epochs
+        behind; ``pending_samples`` counts them)."""
         self.optimizer.load_state_dict(state["optimizer"])
         offloaded = [parameter for group in self.optimizer.opt.param_groups for parameter in group["params"]]
         with torch.no_grad():
@@ -588,6 +618,14 @@ class SyncTrainer:
         # hivemind moves the schedule only when an epoch ends: bring it to the restored epoch now
         self.optimizer.state_averager._update_scheduler()
         self.optimizer.tracker.report_local_progress(self.local_epoch, 0)
+        # what the accumulators hold now (a rollback's diverged batches) is replaced by what was saved
+        self.optimizer.grad_averager.reset_accumulated_grads_()
+        if state.get("accumulated"):
+            try:
+                self.optimizer.restore_accumulated_gradients(state["accumulated"])
+            except (KeyError, TypeError, ValueError) as error:
+                self.optimizer.grad_averager.reset_accumulated_grads_()
+                logger.warning("The checkpoint's accumulated gradients are not used: %s", error)
 
     def shutdown(self) -> None:
         self.optimizer.shutdown()

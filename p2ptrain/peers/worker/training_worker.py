@@ -269,7 +269,12 @@ class Worker:
             self.trainer.account.load_dict(checkpoint)
             self.trainer.load_state_dict(checkpoint["trainer"])
             self.guard.load_state_dict(checkpoint.get("divergence"))
-            self.event("checkpoint-loaded", f"resumed from a checkpoint at epoch {self.trainer.local_epoch}", epoch=self.trainer.local_epoch)
+            carried = self.trainer.pending_samples
+            # pending at the save, but not in the restored state (a checkpoint of an older p2ptrain): lost
+            self.trainer.account.add_unused("late", max(0, self.trainer.account.pending - carried))
+            kept = f", with the gradients of {carried} samples for the next round" if carried else ""
+            self.event("checkpoint-loaded", f"resumed from a checkpoint at epoch {self.trainer.local_epoch}{kept}",
+                       epoch=self.trainer.local_epoch, pending_samples=carried)
         self.late_reported = self.trainer.account.unused["late"]
         self._catch_up()
         self.report(Joined(
@@ -292,7 +297,7 @@ class Worker:
 
         plan, manifest = self.plan, self.manifest
         calibration = calibrate(self.loaded.model, manifest.model, self.device, self.micro_batch, self.grad_accum, manifest.seq_len,
-                                memory_cap_bytes=plan.memory_cap_bytes)
+                                memory_cap_bytes=plan.memory_cap_bytes, max_micro_batch=plan.max_micro_batch)
         self.micro_batch, self.grad_accum = calibration.micro_batch, calibration.grad_accum
         key = cache_key(manifest.model, plan.device_name or self.device, self.precision, self.quantization)
         try:
