@@ -121,7 +121,8 @@ class WorkerPlan(Message):
         micro_batch: samples per forward/backward; None: the manifest's
             ``micro_batch_hint``. The worker confirms it with real steps
             before its first one, halving it on out-of-memory and growing it
-            while larger ones fit ``memory_cap_bytes`` and train faster.
+            while larger ones fit ``memory_cap_bytes`` and train faster, up to
+            ``max_micro_batch``.
         grad_accum: micro-batches accumulated into one step.
         gradient_checkpointing: recompute activations in the backward pass
             (less memory, about a third more compute).
@@ -138,6 +139,9 @@ class WorkerPlan(Message):
         compression: the compression rung it sends pseudo-gradients with
             (``compression_ladder``); None: a plan made without the run's
             manifest, so the worker picks it from ``WorkerSpec.uplink_mbit_s``.
+        max_micro_batch: the largest micro-batch calibration may grow to: half
+            of one that ran out of memory while training (a calibration pass
+            can fit where a training step does not). None: no bound.
     """
 
     device: str = "cpu"
@@ -151,6 +155,7 @@ class WorkerPlan(Message):
     compression: str | None = None
     gradient_checkpointing: bool = False
     memory_cap_bytes: int | None = None
+    max_micro_batch: int | None = None
 
 
 @dataclasses.dataclass

@@ -237,7 +237,7 @@ class WorkerPool:
             "planned", f"plan for {slot.name} ({slot.device.name}): {plan.precision}, quantization {plan.quantization}"
             f"{checkpointing}, micro-batch {plan.micro_batch} x {plan.grad_accum}, ~{plan.memory_estimate_gib} GiB of "
             f"{plan.memory_allowed_gib} GiB allowed", {"worker": slot.name, **plan.to_dict()})
-        return worker_plan(slot, plan)
+        return worker_plan(slot, plan, max_micro_batch=cap[0] if cap else None)
 
     def due_restarts(self) -> list[WorkerSlot]:
         """The workers whose back-off is over, each with its device probed again (it plans from the free memory now)."""

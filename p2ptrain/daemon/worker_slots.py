@@ -188,14 +188,16 @@ def hardware_plan(slot: WorkerSlot, manifest: dict, policy: PlanPolicy, uplink_m
     return make_plan(facts, manifest, device, policy, measured)
 
 
-def worker_plan(slot: WorkerSlot, plan: Plan) -> WorkerPlan:
-    """What the worker trains with: ``plan`` on the worker's own name for its device."""
+def worker_plan(slot: WorkerSlot, plan: Plan, max_micro_batch: int | None = None) -> WorkerPlan:
+    """What the worker trains with: ``plan`` on the worker's own name for its device; its calibration
+    grows the micro-batch to at most ``max_micro_batch`` (after out-of-memory errors in training)."""
     return WorkerPlan(
         device=slot.worker_device, precision=plan.precision, quantization=plan.quantization,
         micro_batch=plan.micro_batch, grad_accum=plan.grad_accum, cpu_threads=plan.cpu_threads, compute_share=plan.compute_share,
         device_name=slot.device.name,
         compression=plan.compression, gradient_checkpointing=plan.gradient_checkpointing,
         memory_cap_bytes=int(plan.memory_cap_gib * GIB) if plan.memory_cap_gib else None,
+        max_micro_batch=max_micro_batch,
     )
 
 

@@ -88,6 +88,10 @@ def test_calibration_grows_a_small_planned_micro_batch_while_it_fits_and_gets_fa
 
     capped = calibrate(model, "tiny", "cpu", micro_batch=2, grad_accum=8, seq_len=8, memory_cap_bytes=1)
     assert (capped.micro_batch, list(capped.speeds)) == (2, [2]), "a size whose peak would pass the cap is not tried"
+    # after a training step ran out of memory at 8, the daemon allows 4: a calibration pass at 8 could
+    # fit where training did not, and growing back to it would run out of memory again, round after round
+    bounded = calibrate(model, "tiny", "cpu", micro_batch=2, grad_accum=8, seq_len=8, max_micro_batch=4)
+    assert bounded.micro_batch <= 4 and max(bounded.speeds) <= 4, bounded.speeds
 
 
 def test_growth_tries_divisors_of_the_step_about_twice_as_large():

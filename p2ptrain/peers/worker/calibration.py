@@ -117,7 +117,8 @@ def next_micro_batch(micro_batch: int, samples_per_step: int) -> int | None:
 
 
 def calibrate(model, name: str, device: str, micro_batch: int, grad_accum: int, seq_len: int,
-              memory_cap_bytes: int | None = None, timed_passes: int = TIMED_PASSES) -> Calibration:
+              memory_cap_bytes: int | None = None, timed_passes: int = TIMED_PASSES,
+              max_micro_batch: int | None = None) -> Calibration:
     """Real forward/backward passes from the plan's ``micro_batch``: halved until they fit, then grown while faster.
 
     Args:
@@ -130,6 +131,8 @@ def calibrate(model, name: str, device: str, micro_batch: int, grad_accum: int, 
             a GPU, the process's resident set on the CPU); None: grow only until out of memory.
         timed_passes: the fewest passes timed after the warm-up one, per size (more until
             ``MIN_TIMED_S`` has passed).
+        max_micro_batch: the largest size growing may reach (the daemon's bound after a training
+            step ran out of memory: a few passes can fit where training does not); None: no bound.
 
     Raises:
         WorkerFailure: out of memory even at micro-batch 1.
@@ -155,18 +158,23 @@ def calibrate(model, name: str, device: str, micro_batch: int, grad_accum: int, 
     speeds, peaks = {micro_batch: speed}, {micro_batch: peak}
     if not failed:
         micro_batch, speed = _grow(model, name, device, micro_batch, samples_per_step, seq_len, memory_cap_bytes,
-                                   timed_passes, baseline, speeds, peaks, failed)
+                                   timed_passes, baseline, speeds, peaks, failed, max_micro_batch)
     return Calibration(micro_batch, samples_per_step // micro_batch, speed, tuple(failed), speeds, peaks, planned)
 
 
 def _grow(model, name: str, device: str, micro_batch: int, samples_per_step: int, seq_len: int,
           memory_cap_bytes: int | None, timed_passes: int, baseline: int, speeds: dict, peaks: dict,
-          failed: list[int]) -> tuple[int, float]:
-    """Try larger micro-batches while they fit and are faster; returns the chosen size and its speed."""
+          failed: list[int], max_micro_batch: int | None) -> tuple[int, float]:
+    """Try larger micro-batches, up to ``max_micro_batch``, while they fit and are faster; returns the
+    chosen size and its speed."""
     speed = speeds[micro_batch]
     while len(speeds) + len(failed) < MAX_SIZES:
         bigger = next_micro_batch(micro_batch, samples_per_step)
         if bigger is None:
+            break
+        if max_micro_batch is not None and bigger > max_micro_batch:
+            logger.info("Not trying micro-batch %d: over the %d allowed since a training step ran out of memory",
+                        bigger, max_micro_batch)
             break
         expected = baseline + (peaks[micro_batch] - baseline) * bigger / micro_batch
         if memory_cap_bytes is not None and expected > memory_cap_bytes:
