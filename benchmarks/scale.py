@@ -74,6 +74,7 @@ from wan import line_counts  # noqa: E402
 
 from p2ptrain.paths import resolve_paths  # noqa: E402
 from p2ptrain.peers.net.request_log import ENVIRONMENT_VARIABLE as REQUEST_LOG  # noqa: E402
+from p2ptrain.peers.training.settings import ROUND_LOG_VARIABLE  # noqa: E402
 
 RUN = "scale"
 SAMPLES_PER_PEER_PER_EPOCH = 64  # the run's target batch size is N times this: a round's work per peer stays the same
@@ -263,7 +264,9 @@ def measure(peers: int, options, root: Path) -> dict:
         hosts = ([lab.add_public("pub")] + [lab.add_public(f"pub{index}") for index in range(2, publics + 1)]
                  + [lab.add_home(f"h{index}") for index in range(1, peers - publics + 1)])
         for host in hosts:
-            env = {REQUEST_LOG: str(options.request_log / f"n{peers}" / host.name)} if options.request_log else None
+            env = {REQUEST_LOG: str(options.request_log / f"n{peers}" / host.name)} if options.request_log else {}
+            if options.round_log:
+                env[ROUND_LOG_VARIABLE] = "1"
             daemons[host.name] = start_on(host, root / f"n{peers}", env=env)
             if options.compute_share < 1:
                 limited = run_cli(daemons[host.name], "config", "set", "policy.max_compute_share", str(options.compute_share))
@@ -303,7 +306,7 @@ def measure(peers: int, options, root: Path) -> dict:
         background = samples.background()
         returns = [entry["seconds"] for entry in churn.returns]
         return {
-            "peers": peers, "public": publics, "compute_share": options.compute_share, "stagger_s": options.stagger_s,
+            "peers": peers, "public": publics, "compute_share": options.compute_share, "stagger_s": options.stagger_s, "round_log": options.round_log,
             "train_s": until - since, "join_s": join_s, "join": spread(list(join_s.values())),
             "join_phases": first_join_phases,
             "churn": {"session_s": options.session_s, "away_s": options.away_s, "pause_share": options.pause_share,
@@ -400,6 +403,8 @@ def main() -> int:
                         "and hivemind on this machine's cores at the same time)")
     parser.add_argument("--join-timeout-s", type=float, default=600.0, help="give up when a peer contributed nothing after this long")
     parser.add_argument("--json", type=Path, help="append one JSON line per N here")
+    parser.add_argument("--round-log", action="store_true", help="each worker logs hivemind's optimizer status lines "
+                        "(pre-scheduled rounds, epoch moves, out-of-sync checks): read them with --keep-logs")
     parser.add_argument("--request-log", type=Path, help="log every request of each peer under DIR/n<N>/<host> "
                         "(benchmarks/request_counts.py DIR/n<N> --since and --until the row's window)")
     parser.add_argument("--keep-logs", type=Path, help="copy each daemon's log (its workers' too) to DIR/n<N>/<host>.log "

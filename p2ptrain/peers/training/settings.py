@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 
     from p2ptrain.peers.robust.trust import Trust
 
+# set to 1 in a worker's environment, hivemind's optimizer writes its status lines (pre-scheduled rounds,
+# epoch moves, out-of-sync checks, tagging along) at INFO, as at the DEBUG log level: for labs
+# (``benchmarks/scale.py --round-log``), without the rest of the DEBUG lines
+ROUND_LOG_VARIABLE = "P2PTRAIN_ROUND_LOG"
+
 
 @dataclasses.dataclass(frozen=True)
 class SwarmSettings:
