@@ -69,3 +69,17 @@ def test_two_peers_behind_alone_in_a_round_end_at_the_swarms_epoch():
         at_the_epochs_end((first, second), swarm_epoch=1)
         update_together((first, second))
         assert (first.local_epoch, second.local_epoch) == (1, 1), "stragglers moved past the swarm's epoch"
+
+
+def test_a_peer_whose_round_was_the_swarms_next_one_ends_at_its_groups_epoch():
+    """The peer stepped on its epoch (its records showed the swarm there too), but its matchmaking found
+    the group only in the swarm's next round: just back, it had downloaded the state and began looking
+    when the others' group had formed. It ended one epoch behind its group, downloaded again, and missed
+    the next round the same way (16-peer lab: a returning peer took every other round)."""
+    with sync_pair("late-group") as (ahead, behind, _):
+        ahead.optimizer.state_averager.local_epoch = 1
+        at_the_epochs_end((ahead,), swarm_epoch=1)
+        at_the_epochs_end((behind,), swarm_epoch=0)  # its tracker had not read the swarm's new epoch yet
+        update_together((ahead, behind))
+        assert ahead.local_epoch == 2
+        assert behind.local_epoch == 2, "the peer ended its late round one epoch short of its group"

@@ -55,6 +55,15 @@ one epoch behind the swarm's progress records, and whose group had a member on
 the swarm's epoch, takes the epoch that member goes to. Its parameters, one
 optimizer step stale, are averaged with theirs in the state round of the same
 step. A group of stragglers alone moves to the swarm's epoch, never past it.
+The same holds for a peer that stepped on its epoch, but whose matchmaking
+found the group only in the swarm's next round (a peer that had just
+downloaded the state began looking when the others' group had formed): when
+most of the other members were on the epoch the step brought it to, it goes
+where they go. Before, it ended the round one epoch behind, downloaded the
+state, and missed the next round the same way: in the 16-peer lab a returning
+peer took every other round for its whole session. A minority that lies
+about its epoch moves nobody; a lying majority moves a peer one epoch ahead of
+the progress records, and its next check downloads the state.
 """
 
 from __future__ import annotations
@@ -246,7 +255,7 @@ class SyncOptimizer(hivemind.Optimizer):
         self._rejected_groups: list[int] = []
         self._failed_rounds = self._failed_exchanges = 0
         self._last_share = 1.0
-        self._round_epochs: list = []  # what the members of this step's gradient round told (their epochs)
+        self._round_epochs: dict = {}  # what the other members of this step's gradient round told (their epochs)
         self._groups_lock = threading.Lock()
         self._loading_local_gradients = False
         self._round_rejected = False
@@ -337,23 +346,28 @@ class SyncOptimizer(hivemind.Optimizer):
     def _update_global_epoch(self, grad_scaler) -> None:
         # the accumulated samples go into this epoch's averaged or local optimizer step
         samples = self.grad_averager.local_samples_accumulated
-        self._round_epochs = []
+        self._round_epochs = {}
         swarm_epoch = self.tracker.global_epoch
         one_behind = swarm_epoch == self.local_epoch + 1
         super()._update_global_epoch(grad_scaler)
         self.account.add_contributed(samples)
-        if one_behind and self.local_epoch == swarm_epoch:
-            self._end_at_the_swarms_epoch()
+        self._end_at_the_swarms_epoch(records_ahead=one_behind and self.local_epoch == swarm_epoch)
 
-    def _end_at_the_swarms_epoch(self) -> None:
-        """After a step that brought this peer to the swarm's epoch, from one behind (the module doc): when a
-        member of its gradient round was on that epoch already, move to the next one, where that member went."""
+    def _end_at_the_swarms_epoch(self, records_ahead: bool) -> None:
+        """After a step, when the other members of its gradient round were on the epoch it brought this
+        peer to (the module doc), move to the next one, where they went.
+
+        Args:
+            records_ahead: the progress records showed the swarm on that epoch when the step began (the
+                peer stepped one behind): one member there suffices. Without them (the peer stepped on
+                its epoch, but found its group late, in the swarm's next round) most of them must be.
+        """
         # what a peer gathers is whatever it sent (None, or anything from a broken peer): only ints count
-        ahead = sum(type(epoch) is int and epoch == self.local_epoch for epoch in self._round_epochs)
-        if not ahead:
+        ahead = sum(type(epoch) is int and epoch == self.local_epoch for epoch in self._round_epochs.values())
+        if not ahead or (not records_ahead and 2 * ahead <= len(self._round_epochs)):
             return
         epoch = self.local_epoch + 1
-        logger.info("Averaged with %d of %d peers one epoch ahead: moving to their epoch %d", ahead, len(self._round_epochs), epoch)
+        logger.info("Averaged with %d of %d other peers one epoch ahead: moving to their epoch %d", ahead, len(self._round_epochs), epoch)
         with self.tracker.pause_updates():
             self.state_averager.local_epoch = epoch
             self.tracker.update_epoch(new_epoch=epoch)
@@ -393,7 +407,8 @@ class SyncOptimizer(hivemind.Optimizer):
             except BaseException as raised:  # hivemind already fell back to the local gradients
                 error = raised
         if group:
-            self._round_epochs = list(group.values())
+            own = self.dht.peer_id
+            self._round_epochs = {peer: epoch for peer, epoch in group.items() if peer != own}
         with self._groups_lock:
             if group:
                 (self._rejected_groups if self._round_rejected else self._finished_groups).append(len(group))
