@@ -30,15 +30,16 @@ def sync_trainer(dht, prefix: str, matchmaking_time: float = 3.0, averaging_time
 
 
 @contextlib.contextmanager
-def sync_pair(prefix: str):
+def sync_pair(prefix: str, averaging_timeout: float = 30.0):
     """Two ``sync_trainer``s in the run ``prefix``, each on its own DHT on 127.0.0.1 (the second bootstrapped
-    from the first); yields ``(first_trainer, second_trainer, first_dht)``; all shut down on leaving the block."""
+    from the first), with ``averaging_timeout``; yields ``(first_trainer, second_trainer, first_dht)``; all shut
+    down on leaving the block."""
     first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     second = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
     trainers = []
     try:
-        trainers.append(sync_trainer(first, prefix))
-        trainers.append(sync_trainer(second, prefix))
+        trainers.append(sync_trainer(first, prefix, averaging_timeout=averaging_timeout))
+        trainers.append(sync_trainer(second, prefix, averaging_timeout=averaging_timeout))
         yield trainers[0], trainers[1], first
     finally:
         for trainer in trainers:

@@ -11,6 +11,7 @@ reason in the scale lab's counts (8 peers: rounds missed without a failure).
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -33,3 +34,19 @@ def test_a_peer_one_epoch_behind_reports_the_download_its_step_made():
         assert behind.local_epoch == 1 and behind.state_source == first.peer_id.to_base58()
         assert outcome.loaded_state, "a download inside the step went unreported"
         assert not behind.tick().loaded_state  # reported once
+
+
+def test_a_download_does_not_wait_for_a_round_that_found_no_group():
+    """hivemind tags along in the pre-scheduled gradient round before a download and waits for it to end:
+    one still looking for its group (scheduled for the round the swarm finished without this peer) held
+    a first join's download 66 s in the 16-peer lab, until the swarm's next group formed; here, until the
+    averaging timeout. Now such a round is cancelled and the download starts at once."""
+    with sync_pair("download-no-group", averaging_timeout=120.0) as (ahead, behind, _):
+        ahead.optimizer.state_averager.local_epoch = 1
+        ahead.optimizer.state_averager.state_sharing_priority = 1
+        ahead.tracker.report_local_progress(1, 0)
+        behind.optimizer.scheduled_grads = behind.optimizer.grad_averager.schedule_step(timeout=120.0)  # nobody else looks
+        started = time.monotonic()
+        behind.load_state_from_peers()
+        assert behind.local_epoch == 1
+        assert time.monotonic() - started < 60, "the download waited for the round's averaging timeout"

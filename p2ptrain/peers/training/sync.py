@@ -306,6 +306,7 @@ class SyncOptimizer(hivemind.Optimizer):
         return out_of_sync
 
     def load_state_from_peers(self, **kwargs):
+        self._cancel_round_without_group()
         # hivemind resets the accumulators after a download: save them, and put them back unless the
         # downloaded epoch is more than MAX_ROUNDS_BEHIND ahead of the one they were accumulated in
         kept, epoch_before = self.accumulated_gradients(), self.local_epoch
@@ -316,6 +317,17 @@ class SyncOptimizer(hivemind.Optimizer):
             self.account.add_unused("late", kept["samples"])
             return
         self.restore_accumulated_gradients(kept)
+
+    def _cancel_round_without_group(self) -> None:
+        """Cancel the pre-scheduled gradient round if it has found no group yet. Before a download hivemind
+        tags along in it (weight 0) and waits for its end, up to the averaging timeout: a round still
+        looking for its group (scheduled for the round the swarm just finished without this peer) held
+        the download until the swarm's next group formed, 66 s of a first join in the 16-peer lab. A
+        round whose group formed is left to hivemind: its members wait for this peer's part."""
+        scheduled = self.scheduled_grads
+        if scheduled is not None and not scheduled.done() and scheduled.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP):
+            scheduled.cancel()
+            self.scheduled_grads = None
 
     def accumulated_gradients(self) -> dict | None:
         """A copy of the gradients accumulated toward this epoch's round, with the samples and
