@@ -53,7 +53,9 @@ def test_a_diverging_worker_rolls_back_to_its_last_good_checkpoint(tmp_path):
         worker.wait_for(lambda w: w.events("diverged"), 150, "the guard to see the divergence")
         diverged = worker.events("diverged")[0]
         data = diverged["data"]
-        assert data["reason"] == "loss-spike" and data["restored"] and not data["paused"], data
+        # at this rate the loss either spikes first or goes straight to NaN, run by run (a local full run of
+        # the integration tests at fee13f5 saw the second: level 68.7, then non-finite); both are a divergence and both roll back
+        assert data["reason"] in ("loss-spike", "non-finite") and data["restored"] and not data["paused"], data
         assert data["steps"] <= 5 and data["lr_scale"] == 0.5, data
         level = data["level"]
         at = worker.reports.index(diverged)
