@@ -10,6 +10,8 @@ Importable without torch or hivemind (the types are for type checkers only).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,9 +22,20 @@ if TYPE_CHECKING:
     from p2ptrain.peers.robust.trust import Trust
 
 # set to 1 in a worker's environment, hivemind's optimizer writes its status lines (pre-scheduled rounds,
-# epoch moves, out-of-sync checks, tagging along) at INFO, as at the DEBUG log level: for labs
+# epoch moves, out-of-sync checks, tagging along) at INFO, as at the DEBUG log level, and its matchmaking
+# its DEBUG lines (leaders asked and why they refused, groups assembled): for labs
 # (``benchmarks/scale.py --round-log``), without the rest of the DEBUG lines
 ROUND_LOG_VARIABLE = "P2PTRAIN_ROUND_LOG"
+MATCHMAKING_LOGGER = "hivemind.averaging.matchmaking"
+
+
+def round_log_wanted() -> bool:
+    """True when this worker logs its rounds (``ROUND_LOG_VARIABLE``); then hivemind's matchmaking logs at
+    DEBUG from here on, in this process and the averager processes it starts later."""
+    wanted = os.environ.get(ROUND_LOG_VARIABLE) == "1"
+    if wanted:
+        logging.getLogger(MATCHMAKING_LOGGER).setLevel(logging.DEBUG)
+    return wanted
 
 
 @dataclasses.dataclass(frozen=True)

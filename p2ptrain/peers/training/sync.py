@@ -71,7 +71,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import threading
 import time
 from typing import Callable, Sequence
@@ -91,7 +90,7 @@ from p2ptrain.peers.training.round_cancel import CancellableRounds
 from p2ptrain.peers.training.round_loss import CountsLostParts, found_no_group
 from p2ptrain.peers.training.sample_account import SampleAccount
 from p2ptrain.peers.robust.trust import Trust
-from p2ptrain.peers.training.settings import ROUND_LOG_VARIABLE, LrSchedule, SwarmSettings
+from p2ptrain.peers.training.settings import LrSchedule, round_log_wanted, SwarmSettings
 
 logger = logging.getLogger(__name__)
 
@@ -521,7 +520,7 @@ class SyncTrainer:
             client_mode=swarm.client_mode,
             # hivemind warns (and can deadlock) when a request may outlive matchmaking
             averager_opts={"request_timeout": min(3.0, matchmaking_time / 2)},
-            verbose=logger.isEnabledFor(logging.DEBUG) or os.environ.get(ROUND_LOG_VARIABLE) == "1",
+            verbose=logger.isEnabledFor(logging.DEBUG) or round_log_wanted(),
         )
         self.tracker = self.optimizer.tracker
         self._state_rejections_seen = 0
