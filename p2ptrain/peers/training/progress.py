@@ -38,10 +38,16 @@ from __future__ import annotations
 
 import time
 
+import logging
+
 from hivemind.optim.progress_tracker import ProgressTracker
+from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from p2ptrain.peers.net.local_reads import LocalFirstDHT
+from p2ptrain.peers.training.settings import round_log_wanted
+
+logger = logging.getLogger(__name__)
 
 REPORT_PERIOD_S = 10.0
 MIN_REFRESH_PERIOD_S = 2.0
@@ -62,6 +68,7 @@ class QuietProgressTracker(ProgressTracker):
         kwargs.setdefault("min_refresh_period", MIN_REFRESH_PERIOD_S)
         kwargs.setdefault("max_refresh_period", MAX_REFRESH_PERIOD_S)
         self.report_period = report_period
+        self.log_records = round_log_wanted()
         self._last_trigger = -float("inf")
         super().__init__(LocalFirstDHT(dht), *args, **kwargs)
 
@@ -78,11 +85,14 @@ class QuietProgressTracker(ProgressTracker):
         return self.other_peers == 0
 
     def _parse_swarm_progress_data(self, metadata):
-        """hivemind's, counting the records of peers other than this one (:attr:`alone`)."""
+        """hivemind's, counting the records of peers other than this one (:attr:`alone`); under the
+        round log (``settings.ROUND_LOG_VARIABLE``) it also logs the records it read."""
         own = self.local_progress.peer_id
-        entries = metadata.values() if isinstance(metadata, dict) else ()
-        self.other_peers = sum(1 for entry in entries
-                               if isinstance(entry.value, dict) and entry.value.get("peer_id") != own)
+        entries = [entry.value for entry in (metadata.values() if isinstance(metadata, dict) else ())
+                   if isinstance(entry.value, dict)]
+        self.other_peers = sum(1 for entry in entries if entry.get("peer_id") != own)
+        if self.log_records:
+            logger.info("progress records read: %s", describe_records(entries, get_dht_time()))
         return super()._parse_swarm_progress_data(metadata)
 
     def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
@@ -105,3 +115,16 @@ class QuietProgressTracker(ProgressTracker):
         self.global_progress.next_fetch_time = get_dht_time()
         self.global_state_updated.set()  # wakes the fetcher, which then finds its next read due now
         return epoch
+
+
+def describe_records(entries: list[dict], now: float) -> str:
+    """One line for the round log: each progress record as ``<peer id's last 6> e<epoch> <samples> @<age> s
+    <samples/s>/s``, oldest first (a record's samples are extrapolated at its speed from its time)."""
+    def line(entry: dict) -> str:
+        try:
+            peer = PeerID(entry.get("peer_id")).to_base58()[-6:]
+        except (TypeError, ValueError):  # a record from a peer that does not follow the schema
+            peer = "?"
+        return (f"{peer} e{entry.get('epoch')} {entry.get('samples_accumulated')} @{now - entry.get('time', now):.0f} s "
+                f"{entry.get('samples_per_second', 0.0):.1f}/s{' client' if entry.get('client_mode') else ''}")
+    return "; ".join(line(entry) for entry in sorted(entries, key=lambda entry: entry.get("time", now)))
