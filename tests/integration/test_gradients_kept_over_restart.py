@@ -72,6 +72,16 @@ def test_a_returning_peer_brings_its_epochs_gradients_to_the_next_round(epochs_a
             assert back.local_epoch == epochs_away
             assert back.pending_samples == 16 and torch.equal(accumulated(back), gradients)
             assert back.account.pending == 16 and back.account.unused["late"] == 0
+            assert_no_speed_from_restored_samples(back)
+
+
+def assert_no_speed_from_restored_samples(trainer) -> None:
+    """The samples put back were not trained just now: the peer has measured no speed yet, and its
+    progress record says none (before, it said 16 samples in the milliseconds since the download,
+    thousands a second, and every reader expected the epoch's end at once)."""
+    assert trainer.tracker.performance_ema.num_updates == 0
+    assert trainer.tracker.local_progress.samples_per_second < 1.0
+    assert trainer.tracker.local_progress.samples_accumulated == 16
 
 
 def test_gradients_from_further_behind_are_dropped_and_counted_late():

@@ -352,7 +352,7 @@ class SyncOptimizer(hivemind.Optimizer):
                 accumulator.copy_(gradient)
         averager.local_samples_accumulated, averager.local_times_accumulated = int(saved["samples"]), int(saved["times"])
         averager._anchor_batch_size = saved["anchor"]
-        self.tracker.report_local_progress(self.local_epoch, averager.local_samples_accumulated)
+        self.tracker.report_restored_samples(self.local_epoch, averager.local_samples_accumulated)
 
     def _update_global_epoch(self, grad_scaler) -> None:
         # the accumulated samples go into this epoch's averaged or local optimizer step

@@ -1,4 +1,6 @@
-"""Whether a DiLoCo peer is alone in its swarm, from the progress records (two real DHT peers on 127.0.0.1).
+"""What a peer's progress tracker reads of the swarm: real DHT peers on 127.0.0.1.
+
+Whether a DiLoCo peer is alone in its swarm, from the progress records.
 
 A peer that has just joined sees one progress record, someone else's: it is not
 alone (hivemind's ``num_peers`` is 1 there too, which once made three
@@ -8,9 +10,11 @@ volunteers take outer steps on their own right after joining, see
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
+from hivemind.dht.protocol import DHTProtocol
 from hivemind.utils import get_dht_time
 
 from metered_peers import loopback_dhts
@@ -18,6 +22,8 @@ from p2ptrain.peers.net.dht import signing_key
 from p2ptrain.peers.training.progress import QuietProgressTracker
 
 pytestmark = pytest.mark.swarm
+
+_call_store = DHTProtocol.call_store
 
 
 def wait_for(condition, timeout: float, what: str) -> None:
@@ -71,3 +77,45 @@ def test_after_an_epoch_update_the_swarm_is_read_at_once_not_at_the_next_schedul
             wait_for(tracker.fetched_global_progress_this_epoch.is_set, 10, "a read of the swarm early in epoch 1")
         finally:
             tracker.shutdown()
+
+
+def read_now(tracker) -> None:
+    """Have ``tracker`` read the swarm's records at once (as after an epoch update)."""
+    tracker.fetched_global_progress_this_epoch.clear()
+    tracker.global_progress.next_fetch_time = get_dht_time()
+    tracker.global_state_updated.set()
+    wait_for(tracker.fetched_global_progress_this_epoch.is_set, 10, "a read of the swarm")
+
+
+async def _slow_call_store(self, *args, **kwargs):
+    """``DHTProtocol.call_store`` over a slow link: each store arrives a second late."""
+    await asyncio.sleep(1.0)
+    return await _call_store(self, *args, **kwargs)
+
+
+@pytest.mark.timeout(90)
+def test_a_peer_that_leaves_takes_its_record_with_it(tmp_path, monkeypatch):
+    """A leaving worker shuts its tracker down and then its DHT at once. The tracker's goodbye (its record
+    replaced by an empty one) must be stored before: a left peer's record counted in the swarm's speed,
+    and its samples were extrapolated, until it expired (16-34 s after a leave in the 16-peer lab, where
+    the leaver's stores went through a relay). Here every store takes a second (patched into the DHT
+    processes, which fork from this one); hivemind's own goodbye did not wait for it."""
+    monkeypatch.setattr(DHTProtocol, "call_store", _slow_call_store)
+    trackers = []
+    with loopback_dhts(tmp_path, 2) as (first_dht, leaver_dht):
+        try:
+            first = QuietProgressTracker(first_dht, prefix="goodbye", target_batch_size=64, start=True,
+                                         private_key=signing_key(first_dht))
+            trackers.append(first)
+            leaver = QuietProgressTracker(leaver_dht, prefix="goodbye", target_batch_size=64, start=True,
+                                          private_key=signing_key(leaver_dht))
+            first.report_local_progress(0, 8)
+            leaver.report_local_progress(0, 8)
+            wait_for(lambda: first.global_progress.num_peers == 2, 30, "the first peer to see the leaver")
+            leaver.shutdown()
+            leaver_dht.shutdown()  # as the worker's leave_swarm: the DHT right after the trainer
+            read_now(first)
+            assert first.global_progress.num_peers == 1 and first.alone
+        finally:
+            for tracker in trackers:
+                tracker.shutdown()
