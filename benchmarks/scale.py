@@ -404,7 +404,8 @@ def main() -> int:
     parser.add_argument("--join-timeout-s", type=float, default=600.0, help="give up when a peer contributed nothing after this long")
     parser.add_argument("--json", type=Path, help="append one JSON line per N here")
     parser.add_argument("--round-log", action="store_true", help="each worker logs hivemind's optimizer status lines "
-                        "(pre-scheduled rounds, epoch moves, out-of-sync checks) and matchmaking debug lines: read them with --keep-logs")
+                        "(pre-scheduled rounds, epoch moves, out-of-sync checks), matchmaking debug lines and the progress records "
+                        "read: keep them with --keep-logs, read them with benchmarks/round_log.py")
     parser.add_argument("--request-log", type=Path, help="log every request of each peer under DIR/n<N>/<host> "
                         "(benchmarks/request_counts.py DIR/n<N> --since and --until the row's window)")
     parser.add_argument("--keep-logs", type=Path, help="copy each daemon's log (its workers' too) to DIR/n<N>/<host>.log "

@@ -33,22 +33,25 @@ def wait_for(condition, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+def tracker_on(dht, prefix: str) -> QuietProgressTracker:
+    """A running tracker of the run ``prefix`` on ``dht``, a 64-sample target; two DHTs in one process: each
+    tracker signs with its own DHT's key (``start_dht``'s docstring)."""
+    return QuietProgressTracker(dht, prefix=prefix, target_batch_size=64, start=True, private_key=signing_key(dht))
+
+
 @pytest.mark.timeout(90)
 def test_a_peer_that_sees_only_another_peers_record_is_not_alone(tmp_path):
     trackers = []
     with loopback_dhts(tmp_path, 2) as (first_dht, joiner_dht):
         try:
-            # two DHTs in one process: each tracker signs with its own DHT's key (start_dht's docstring)
-            first = QuietProgressTracker(first_dht, prefix="alone", target_batch_size=64, start=True,
-                                         private_key=signing_key(first_dht))
+            first = tracker_on(first_dht, "alone")
             trackers.append(first)
             first.report_local_progress(0, 8)
             # its own record, once stored and read back, is no company
             wait_for(lambda: first.global_progress.num_peers == 1, 30, "the first peer to see its own record")
             assert first.alone
 
-            joiner = QuietProgressTracker(joiner_dht, prefix="alone", target_batch_size=64, start=True,
-                                          private_key=signing_key(joiner_dht))
+            joiner = tracker_on(joiner_dht, "alone")
             trackers.append(joiner)
             assert joiner.global_progress.num_peers == 1 and not joiner.alone  # one record, not its own
             joiner.report_local_progress(0, 8)
@@ -64,7 +67,7 @@ def test_after_an_epoch_update_the_swarm_is_read_at_once_not_at_the_next_schedul
     """hivemind checks once an epoch, at the first read after the update, that a peer is on the swarm's
     epoch; a read that came only at the next epoch's end made a peer download the state every other round."""
     with loopback_dhts(tmp_path, 1) as (dht,):
-        tracker = QuietProgressTracker(dht, prefix="prompt", target_batch_size=64, start=True, private_key=signing_key(dht))
+        tracker = tracker_on(dht, "prompt")
         try:
             tracker.report_local_progress(0, 8)
             wait_for(tracker.fetched_global_progress_this_epoch.is_set, 30, "the first read")
@@ -104,11 +107,9 @@ def test_a_peer_that_leaves_takes_its_record_with_it(tmp_path, monkeypatch):
     trackers = []
     with loopback_dhts(tmp_path, 2) as (first_dht, leaver_dht):
         try:
-            first = QuietProgressTracker(first_dht, prefix="goodbye", target_batch_size=64, start=True,
-                                         private_key=signing_key(first_dht))
+            first = tracker_on(first_dht, "goodbye")
             trackers.append(first)
-            leaver = QuietProgressTracker(leaver_dht, prefix="goodbye", target_batch_size=64, start=True,
-                                          private_key=signing_key(leaver_dht))
+            leaver = tracker_on(leaver_dht, "goodbye")
             first.report_local_progress(0, 8)
             leaver.report_local_progress(0, 8)
             wait_for(lambda: first.global_progress.num_peers == 2, 30, "the first peer to see the leaver")
