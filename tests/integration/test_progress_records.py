@@ -120,3 +120,21 @@ def test_a_peer_that_leaves_takes_its_record_with_it(tmp_path, monkeypatch):
         finally:
             for tracker in trackers:
                 tracker.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_peers_first_step_is_not_timed_from_the_trackers_start(tmp_path):
+    """A worker rests after each step (its compute share), not before its first: the seconds from the
+    tracker's start to the first step held no rest, and a returning peer's first records said 5-13
+    times its speed. The first rise in samples is not timed; the next one is, from it."""
+    with loopback_dhts(tmp_path, 1) as (dht,):
+        tracker = tracker_on(dht, "first-step")
+        try:
+            tracker.report_local_progress(0, 8)  # the first step, right after the start
+            assert tracker.performance_ema.num_updates == 0 and tracker.local_progress.samples_per_second < 1.0
+            time.sleep(0.5)  # the rest after it, then the next step
+            tracker.report_local_progress(0, 16)
+            assert 8.0 <= tracker.local_progress.samples_per_second <= 16.5  # 8 samples in a little over 0.5 s
+        finally:
+            tracker.shutdown()
+
