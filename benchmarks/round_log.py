@@ -1,10 +1,10 @@
-"""Read the daemon logs that ``scale.py --round-log --keep-logs DIR`` kept: where a return's first round went.
+"""Read the daemon logs that ``scale.py --round-log --keep-logs DIR`` kept: where a join's first round went.
 
     .venv/bin/python benchmarks/round_log.py DIR/n16
 
 Three reports, one line each:
 
-- ``return``: each ``joined`` event (a first join or a return), and the seconds
+- ``join``: each ``joined`` event (a first join or a return), and the seconds
   from it to the worker's first pre-scheduled gradient round, its first request
   to a leader, its first step, its first group and its first round; ``late``
   when that round was the swarm's next one (``one epoch ahead`` in the log),
@@ -59,7 +59,7 @@ def timed(path: Path) -> list[tuple[float, str]]:
     return [(at, line) for line in text.splitlines() if (at := seconds(line, year)) is not None]
 
 
-def returns(lines: list[tuple[float, str]]) -> list[dict]:
+def joins(lines: list[tuple[float, str]]) -> list[dict]:
     """For each ``joined`` event: seconds from it to the first of each of ``EVENTS``, until a round, leave or pause."""
     found = []
     for index, (joined_at, line) in enumerate(lines):
@@ -114,15 +114,15 @@ def main() -> int:
     options = parser.parse_args()
 
     late = asked = 0
-    all_returns = []
+    all_joins = []
     for path in sorted(options.logs.glob("*.log")):
-        for found in returns(timed(path)):
-            print("return", path.stem, found)
-            all_returns.append(found)
-    for found in all_returns:
+        for found in joins(timed(path)):
+            print("join", path.stem, found)
+            all_joins.append(found)
+    for found in all_joins:
         late += "late" in found
         asked += "asked" in found and "scheduled" in found and found["asked"] - found["scheduled"] > 3.0
-    print(f"returns: {len(all_returns)}; first round the swarm's next one: {late}; "
+    print(f"joins (first joins and returns): {len(all_joins)}; first round the swarm's next one: {late}; "
           f"first leader asked more than 3 s after the round was scheduled: {asked}")
 
     lines = timed(options.logs / f"{options.peer}.log")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from round_log import groups_before_steps, record_reads, returns, timed  # noqa: E402
+from round_log import groups_before_steps, joins, record_reads, timed  # noqa: E402
 
 # a daemon's lines and its worker's hivemind lines, interleaved as in a kept log
 LOG = """\
@@ -27,7 +27,7 @@ Nov 28 10:16:40.000 [INFO] Beginning optimizer step #19
 def test_a_return_whose_first_round_was_the_swarms_next_one(tmp_path):
     log = tmp_path / "h8.log"
     log.write_text(LOG)
-    (found,) = returns(timed(log))
+    (found,) = joins(timed(log))
     assert found == {"at": "10:15:54", "scheduled": 0.5, "group": 3.3, "step": 6.4, "asked": 18.5, "late": 37.2,
                      "round": 37.2}
 
