@@ -32,20 +32,27 @@ its schedule, that first read could come as late as the next epoch's end; once
 a peer's reads fell there (a peer that had just joined again, in the 8-peer
 lab), the peers that reduce had already moved on at each check, and it
 downloaded the state instead of averaging every other round.
+
+Every reader estimates the epoch's end from the records (each one's samples
+extrapolated at its speed from its time), and sync rounds are pre-scheduled
+from that estimate; a group forms when its time comes, closed to peers that
+arrive later. So the speeds must be true: samples put back from a checkpoint,
+and a worker's first step (no rest before it), are not timed
+(``report_restored_samples``, ``report_local_progress``), and a stopping
+tracker waits for the goodbye that removes its record (``shutdown``).
 """
 
 from __future__ import annotations
 
-import time
-
 import logging
+import time
 
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
 from p2ptrain.peers.net.local_reads import LocalFirstDHT
-from p2ptrain.peers.training.settings import round_log_wanted
+from p2ptrain.peers.training.settings import start_round_log
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +77,7 @@ class QuietProgressTracker(ProgressTracker):
         kwargs.setdefault("min_refresh_period", MIN_REFRESH_PERIOD_S)
         kwargs.setdefault("max_refresh_period", MAX_REFRESH_PERIOD_S)
         self.report_period = report_period
-        self.log_records = round_log_wanted()
+        self.log_records = start_round_log()
         self._first_rise_untimed = False  # whether a rise in samples was left untimed (``report_local_progress``)
         self._last_trigger = -float("inf")
         super().__init__(LocalFirstDHT(dht), *args, **kwargs)
@@ -152,7 +159,6 @@ class QuietProgressTracker(ProgressTracker):
         self.global_progress.next_fetch_time = get_dht_time()
         self.global_state_updated.set()  # wakes the fetcher, which then finds its next read due now
         return epoch
-
 
     def shutdown(self, timeout: float | None = None) -> None:
         """hivemind's: stop reporting and reading, then replace this peer's record with an empty one,

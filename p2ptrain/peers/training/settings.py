@@ -22,16 +22,16 @@ if TYPE_CHECKING:
     from p2ptrain.peers.robust.trust import Trust
 
 # set to 1 in a worker's environment, hivemind's optimizer writes its status lines (pre-scheduled rounds,
-# epoch moves, out-of-sync checks, tagging along) at INFO, as at the DEBUG log level, and its matchmaking
-# its DEBUG lines (leaders asked and why they refused, groups assembled): for labs
-# (``benchmarks/scale.py --round-log``), without the rest of the DEBUG lines
+# epoch moves, out-of-sync checks, tagging along) at INFO, as at the DEBUG log level, hivemind's matchmaking
+# writes its DEBUG lines (leaders asked and why they refused, groups assembled), and the progress tracker
+# the records it reads: for labs (``benchmarks/scale.py --round-log``), without the rest of the DEBUG lines
 ROUND_LOG_VARIABLE = "P2PTRAIN_ROUND_LOG"
 MATCHMAKING_LOGGER = "hivemind.averaging.matchmaking"
 
 
-def round_log_wanted() -> bool:
-    """True when this worker logs its rounds (``ROUND_LOG_VARIABLE``); then hivemind's matchmaking logs at
-    DEBUG from here on, in this process and the averager processes it starts later."""
+def start_round_log() -> bool:
+    """Turn the round log on when ``ROUND_LOG_VARIABLE`` asks for it: hivemind's matchmaking logs at DEBUG
+    from here on, in this process and the averager processes it starts later; returns whether it is on."""
     wanted = os.environ.get(ROUND_LOG_VARIABLE) == "1"
     if wanted:
         logging.getLogger(MATCHMAKING_LOGGER).setLevel(logging.DEBUG)

@@ -90,7 +90,7 @@ from p2ptrain.peers.training.round_cancel import CancellableRounds
 from p2ptrain.peers.training.round_loss import CountsLostParts, found_no_group
 from p2ptrain.peers.training.sample_account import SampleAccount
 from p2ptrain.peers.robust.trust import Trust
-from p2ptrain.peers.training.settings import LrSchedule, round_log_wanted, SwarmSettings
+from p2ptrain.peers.training.settings import LrSchedule, SwarmSettings, start_round_log
 
 logger = logging.getLogger(__name__)
 
@@ -520,7 +520,7 @@ class SyncTrainer:
             client_mode=swarm.client_mode,
             # hivemind warns (and can deadlock) when a request may outlive matchmaking
             averager_opts={"request_timeout": min(3.0, matchmaking_time / 2)},
-            verbose=logger.isEnabledFor(logging.DEBUG) or round_log_wanted(),
+            verbose=logger.isEnabledFor(logging.DEBUG) or start_round_log(),
         )
         self.tracker = self.optimizer.tracker
         self._state_rejections_seen = 0
