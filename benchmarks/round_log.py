@@ -10,7 +10,8 @@ Three reports, one line each:
   when that round was the swarm's next one (``one epoch ahead`` in the log),
   i.e. the peer missed the group of the epoch it joined in.
 - ``group``: per epoch of the peer named by ``--peer`` (default ``pub``), how
-  many seconds before its step the last group it was in formed. A group formed
+  many seconds before its step the last group it was in formed (a gradient or a
+  state round's: their log lines do not tell them apart). A group formed
   long before the epoch's end is closed to peers that return meanwhile.
 - ``records``: the progress records that peer read (``progress records read``
   lines): how many reads, and how many of them held a record of more than
@@ -77,7 +78,8 @@ def joins(lines: list[tuple[float, str]]) -> list[dict]:
 
 
 def groups_before_steps(lines: list[tuple[float, str]]) -> list[float]:
-    """Per step: seconds from the last group formed before it to the step (none when no group formed since the last)."""
+    """Per step: seconds from the last group formed before it to the step (none when no group formed since the last).
+    Gradient and state rounds log their groups alike, so either may be the last one."""
     gaps, formed = [], None
     for at, line in lines:
         if "assembled group" in line:
