@@ -1,6 +1,7 @@
 """What a peer's progress tracker reads of the swarm: real DHT peers on 127.0.0.1.
 
-Whether a DiLoCo peer is alone in its swarm, from the progress records.
+Whether a DiLoCo peer is alone in its swarm, from the progress records; what
+a hostile peer's signed record can make the others believe (``progress_checks``).
 
 A peer that has just joined sees one progress record, someone else's: it is not
 alone (hivemind's ``num_peers`` is 1 there too, which once made three
@@ -14,7 +15,10 @@ import asyncio
 import time
 
 import pytest
+from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
+from hivemind.dht.schema import SchemaValidator
+from hivemind.optim.progress_tracker import TrainingProgressSchema
 from hivemind.utils import get_dht_time
 
 from metered_peers import loopback_dhts
@@ -138,3 +142,46 @@ def test_a_peers_first_step_is_not_timed_from_the_trackers_start(tmp_path):
         finally:
             tracker.shutdown()
 
+
+
+LIES = {  # what a hostile peer writes in its own, signed, progress record (target batch size 64)
+    "an epoch far ahead": {"epoch": 1000},
+    "a time long past": {"time": -10.0 ** 6},  # seconds from now: its samples extrapolated at 3/s over 11 days
+    "a huge speed": {"samples_per_second": 10.0 ** 9},
+    "the target's samples": {"samples_accumulated": 64},
+}
+
+
+def store_lie(dht, prefix: str, lie: dict) -> None:
+    """Store a progress record for the run ``prefix``, signed by ``dht``'s own key as any peer's is, saying ``lie``."""
+    validator = RSASignatureValidator(signing_key(dht))
+    dht.add_validators([SchemaValidator(TrainingProgressSchema, prefix=prefix), validator])
+    now = get_dht_time()
+    record = {"peer_id": dht.peer_id.to_bytes(), "epoch": 0, "samples_accumulated": 4, "samples_per_second": 3.0,
+              "time": now, "client_mode": False, **lie}
+    record["time"] = now + lie.get("time", 0.0)
+    assert dht.store(f"{prefix}_progress", subkey=validator.local_public_key, value=record, expiration_time=now + 60)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("lie", LIES)
+def test_one_hostile_record_does_not_move_the_swarms_epoch_or_end_it(tmp_path, lie):
+    """Three honest peers on epoch 0 hold 12 of 64 samples; a fourth writes one lie. Believed as hivemind
+    believes every record, each lie ends the epoch at once for every reader (the far epoch: every reader
+    thinks itself behind and downloads the state, again and again): the swarm steps at every local step."""
+    trackers = []
+    with loopback_dhts(tmp_path, 4) as (reader_dht, *honest_dhts, liar_dht):
+        try:
+            trackers += [tracker_on(dht, "lies") for dht in (reader_dht, *honest_dhts)]
+            for tracker in trackers:
+                tracker.report_local_progress(0, 4)
+            store_lie(liar_dht, "lies", LIES[lie])
+            wait_for(lambda: len((reader_dht.get("lies_progress", latest=True) or (None,))[0] or {}) == 4, 30,
+                     "the reader to find all four records")
+            reader = trackers[0]
+            read_now(reader)
+            assert reader.global_epoch == 0 and not reader.ready_to_update_epoch, \
+                (reader.global_progress, lie)
+        finally:
+            for tracker in trackers:
+                tracker.shutdown()

@@ -165,7 +165,8 @@ class DiLoCoTrainer:
         allow_rungs(allowed_compression or [compression])  # before the averager forks: its reducers check
         self.error_feedback = ErrorFeedback(rung, self.global_parameters, error_feedback_decay)
         self._payload_bytes_before = 0  # sparse payload sent before the last restore
-        self.tracker = QuietProgressTracker(dht=dht, prefix=prefix, target_batch_size=target_batch_size, client_mode=client_mode, start=True)
+        self.tracker = QuietProgressTracker(dht=dht, prefix=prefix, target_batch_size=target_batch_size, client_mode=client_mode,
+                                            start=True, banned=self.trust.banned)
         self.averager = PseudoGradientAverager(
             state_provider=self._shared_state,
             averaged_tensors=[torch.zeros_like(parameter) for parameter in self.global_parameters],

@@ -39,19 +39,24 @@ from that estimate; a group forms when its time comes, closed to peers that
 arrive later. So the speeds must be true: samples put back from a checkpoint,
 and a worker's first step (no rest before it), are not timed
 (``report_restored_samples``, ``report_local_progress``), and a stopping
-tracker waits for the goodbye that removes its record (``shutdown``).
+tracker waits for the goodbye that removes its record (``shutdown``). And the
+other peers' records are checked before they are believed: a hostile peer's
+record could otherwise stop the swarm or make it step at every local step
+(``progress_checks``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Collection
 
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.p2p import PeerID
-from hivemind.utils import get_dht_time
+from hivemind.utils import ValueWithExpiration, get_dht_time
 
 from p2ptrain.peers.net.local_reads import LocalFirstDHT
+from p2ptrain.peers.training.progress_checks import ProgressChecks
 from p2ptrain.peers.training.settings import start_round_log
 
 logger = logging.getLogger(__name__)
@@ -69,17 +74,20 @@ class QuietProgressTracker(ProgressTracker):
     Args:
         dht: the peer's DHT; progress is read through ``local_reads.LocalFirstDHT``.
         report_period: seconds between stores of this peer's progress within one epoch.
+        banned: peer ids (base58) whose records are not believed (``Trust.banned``: read at each read).
         **kwargs: hivemind's ProgressTracker arguments; ``min_refresh_period`` and
             ``max_refresh_period`` default to 2 and 30 seconds (hivemind: 0.5 and 10).
     """
 
-    def __init__(self, dht, *args, report_period: float = REPORT_PERIOD_S, **kwargs):
+    def __init__(self, dht, *args, report_period: float = REPORT_PERIOD_S, banned: Collection[str] = (), **kwargs):
         kwargs.setdefault("min_refresh_period", MIN_REFRESH_PERIOD_S)
         kwargs.setdefault("max_refresh_period", MAX_REFRESH_PERIOD_S)
         self.report_period = report_period
         self.log_records = start_round_log()
         self._first_rise_untimed = False  # whether a rise in samples was left untimed (``report_local_progress``)
         self._last_trigger = -float("inf")
+        self._banned = banned
+        self._checks: ProgressChecks | None = None  # made at the first read (hivemind's __init__ sets what it needs)
         super().__init__(LocalFirstDHT(dht), *args, **kwargs)
 
     other_peers = 0  # set by every look at the swarm's records (the first one in hivemind's __init__)
@@ -95,14 +103,25 @@ class QuietProgressTracker(ProgressTracker):
         return self.other_peers == 0
 
     def _parse_swarm_progress_data(self, metadata):
-        """hivemind's, counting the records of peers other than this one (:attr:`alone`); under the
-        round log (``settings.ROUND_LOG_VARIABLE``) it also logs the records it read."""
-        own = self.local_progress.peer_id
-        entries = [entry.value for entry in (metadata.values() if isinstance(metadata, dict) else ())
-                   if isinstance(entry.value, dict)]
-        self.other_peers = sum(1 for entry in entries if entry.get("peer_id") != own)
+        """hivemind's, on the records ``progress_checks`` believes, counting those of peers other than this
+        one (:attr:`alone`); under the round log (``settings.ROUND_LOG_VARIABLE``) it also logs the records
+        it read and what it doubted of them."""
+        now = get_dht_time()
+        if isinstance(metadata, dict):
+            if self._checks is None:
+                self._checks = ProgressChecks(self.target_batch_size, self.metadata_expiration, self._banned)
+            ema = self.performance_ema
+            belief = self._checks.believe({key: entry.value for key, entry in metadata.items()}, self._local_public_key,
+                                          ema.samples_per_second if ema.num_updates else None, now)
+            metadata = {key: ValueWithExpiration(value, metadata[key].expiration_time)
+                        for key, value in belief.records.items()}
+            if self.log_records and belief.doubts:
+                logger.info("progress records doubted: %s", "; ".join(belief.doubts))
+        records = {key: entry.value for key, entry in (metadata.items() if isinstance(metadata, dict) else ())
+                   if isinstance(entry.value, dict)}
+        self.other_peers = sum(1 for key in records if key != self._local_public_key)
         if self.log_records:
-            logger.info("progress records read: %s", describe_records(entries, get_dht_time()))
+            logger.info("progress records read: %s", describe_records(list(records.values()), now))
         return super()._parse_swarm_progress_data(metadata)
 
     def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):

@@ -268,7 +268,7 @@ class SyncOptimizer(hivemind.Optimizer):
         self.client_mode = self._averaging_client
         return QuietProgressTracker(dht=self.dht, prefix=self.run_id, target_batch_size=target_batch_size,
                                     client_mode=self.client_mode, status_loglevel=self.status_loglevel, start=True,
-                                    **kwargs)
+                                    banned=self._trust.banned, **kwargs)
 
     def _make_state_averager(self, **kwargs) -> TrainingStateAverager:
         return CheckedTrainingStateAverager(
