@@ -1,9 +1,8 @@
 """A light peer for the network lab: a DHT node only, storing a progress-like record a few times a second.
 
 Run inside a lab host's namespace (``python progress_peer.py --help``). It
-starts this peer's DHT as a training worker does (port 31337 on every
-interface, relays on, a peer behind NAT asking its bootstrap peer for a relay
-slot), writes its addresses to ``--addresses``, then stores its record under
+starts this peer's DHT as a training worker does (``light_peer.start``),
+writes its addresses to ``--addresses``, then stores its record under
 ``<run>_progress`` through ``local_reads.store_record`` (what hivemind's
 ProgressTracker does through ``LocalFirstDHT``) every ``--period`` seconds until
 ``--stop`` exists, and shuts the DHT down. With ``--read-period``, it also reads
@@ -15,38 +14,30 @@ With ``P2PTRAIN_REQUEST_LOG`` set, every request it makes and serves is logged
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from pathlib import Path
 
+import light_peer
+
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--identity", type=Path, required=True, help="the peer's key file (made if missing)")
-    parser.add_argument("--addresses", type=Path, required=True, help="where to write the peer's addresses (JSON)")
-    parser.add_argument("--stop", type=Path, required=True, help="stop once this file exists")
-    parser.add_argument("--peers", nargs="*", default=[], help="bootstrap addresses; none to start the swarm")
-    parser.add_argument("--run", default="lab")
+    parser = light_peer.arguments(__doc__.splitlines()[0])
     parser.add_argument("--period", type=float, default=0.3, help="seconds between stores")
     parser.add_argument("--read-period", type=float, default=0.0, help="seconds between reads (0: no reads)")
     parser.add_argument("--reads", type=Path, help="append each read's time and how many records it saw here")
-    parser.add_argument("--limit-s", type=float, default=600, help="stop after this many seconds in any case")
     options = parser.parse_args()
     if options.read_period and not options.reads:
         parser.error("--read-period needs --reads FILE, where the reads are written")
 
     from hivemind.utils import get_dht_time
 
-    from p2ptrain.peers.net.dht import own_public_key, start_dht, visible_addresses
+    from p2ptrain.peers.net.dht import own_public_key
     from p2ptrain.peers.net.local_reads import read_record, store_record
     from p2ptrain.peers.net.traffic import TrafficMeter
 
     TrafficMeter().install()  # the request log's hooks, in this process and the DHT's
-    dht = start_dht(options.peers, options.identity, host_maddrs=["/ip4/0.0.0.0/tcp/31337"],
-                    use_auto_relay=bool(options.peers), start_timeout=120)
+    dht = light_peer.start(options)
     try:
-        options.addresses.write_text(json.dumps(visible_addresses(dht)))
         key, subkey, started, samples = f"{options.run}_progress", own_public_key(dht), time.monotonic(), 0
         next_read = started + options.read_period
         while not options.stop.exists() and time.monotonic() - started < options.limit_s:

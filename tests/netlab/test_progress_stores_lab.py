@@ -16,17 +16,11 @@ joined.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from lab import Lab
+from light_swarm import LightSwarm
 
 from p2ptrain.peers.net.local_reads import HOLDERS_MEMORY_S
 from p2ptrain.peers.net.request_log import ENVIRONMENT_VARIABLE as REQUEST_LOG
@@ -34,7 +28,6 @@ from p2ptrain.peers.net.request_log import ENVIRONMENT_VARIABLE as REQUEST_LOG
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 
 PEER = Path(__file__).with_name("progress_peer.py")
-ROOT = Path(__file__).resolve().parents[2]
 PUBLIC, HOMES = 5, 3
 STORE_PERIOD_S, READ_PERIOD_S, WARM_UP_S, WINDOW_S = 0.5, 2.0, 30.0, 60.0
 HOLDERS_PER_READ = 1  # local_reads.HOLDERS_PER_READ: what this test holds the code to
@@ -54,15 +47,6 @@ def progress_calls(directory: Path, what: str, since: float, until: float) -> tu
     return count, size
 
 
-def wait_for_file(path: Path, process: subprocess.Popen, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists() or not path.read_text():
-        assert process.poll() is None, f"the peer writing {path.name} ended with {process.returncode}"
-        assert time.monotonic() < deadline, f"no {path.name} within {timeout_s:.0f} s"
-        time.sleep(0.5)
-    return path.read_text()
-
-
 def reads_between(path: Path, since: float, until: float) -> list[int]:
     """How many peers' records each read of a peer (``progress_peer.py --reads``) saw between ``since`` and ``until``."""
     rows = [line.split("\t") for line in path.read_text().splitlines()] if path.exists() else []
@@ -70,38 +54,26 @@ def reads_between(path: Path, since: float, until: float) -> list[int]:
 
 
 def test_eight_peers_storing_and_reading_progress_ask_few_nodes(lab_machine):
-    root = Path(tempfile.mkdtemp(prefix="p2pl-progress-"))
-    lab = Lab(tag="prog")
-    processes: dict[str, subprocess.Popen] = {}
-    stop = root / "stop"
-    try:
+    with LightSwarm("prog", PEER) as swarm:
+        lab, root = swarm.lab, swarm.root
         hosts = [lab.add_public(f"p{index}") for index in range(PUBLIC)] + \
             [lab.add_home(f"h{index}") for index in range(1, HOMES + 1)]
 
         def start(host, peers: list[str]) -> None:
-            env = {**os.environ, "PYTHONPATH": str(ROOT), REQUEST_LOG: str(root / "log" / host.name)}
-            argv = [sys.executable, str(PEER), "--identity", str(root / f"{host.name}.key"), "--addresses",
-                    str(root / f"{host.name}.json"), "--stop", str(stop), "--period", str(STORE_PERIOD_S),
-                    "--read-period", str(READ_PERIOD_S), "--reads", str(root / f"{host.name}.reads"), "--peers", *peers]
-            with open(root / f"{host.name}.out", "w") as output:
-                processes[host.name] = subprocess.Popen(host.command(argv), env=env, stdout=output,
-                                                        stderr=subprocess.STDOUT)
+            swarm.start(host, peers, "--period", str(STORE_PERIOD_S), "--read-period", str(READ_PERIOD_S),
+                        "--reads", str(root / f"{host.name}.reads"), env={REQUEST_LOG: str(root / "log" / host.name)})
 
         start(hosts[0], [])
-        bootstrap = [address for address in json.loads(wait_for_file(root / "p0.json", processes["p0"], 180))
-                     if address.startswith(f"/ip4/{hosts[0].address}/")]
-        assert bootstrap
+        bootstrap = swarm.bootstrap(hosts[0])
         for host in hosts[1:]:
             start(host, bootstrap)
         for host in hosts[1:]:
-            wait_for_file(root / f"{host.name}.json", processes[host.name], 240)
+            swarm.addresses(host, 240)
         time.sleep(WARM_UP_S)  # every peer has met the others and stored a while
         since = time.time()
         time.sleep(WINDOW_S)
         until = time.time()
-        stop.touch()
-        for name, process in processes.items():
-            assert process.wait(timeout=120) == 0, (root / f"{name}.out").read_text()[-3000:]
+        swarm.finish()
 
         seconds = until - since
         finds = {host.name: progress_calls(root / "log" / host.name, "rpc_find", since, until) for host in hosts}
@@ -124,11 +96,3 @@ def test_eight_peers_storing_and_reading_progress_ask_few_nodes(lab_machine):
         # about 1 KB/s of searches, and 1 answer of 8 records a read: 5.8 KB/s (2 holders: 10.6; hivemind's search: 34)
         bytes_per_s = 1000 + HOLDERS_PER_READ * len(hosts) * RECORD_BYTES / READ_PERIOD_S
         assert max(size for _, size in finds.values()) / seconds <= 1.5 * bytes_per_s, finds
-    finally:
-        stop.touch()
-        for process in processes.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=30)
-        lab.teardown()
-        shutil.rmtree(root, ignore_errors=True)
