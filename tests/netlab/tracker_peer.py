@@ -5,11 +5,15 @@ starts this peer's DHT as a training worker does (``light_peer.start``),
 writes its addresses to ``--addresses``, and until ``--stop`` exists:
 
 - honest (the default): "trains" ``--batch`` samples every ``--period``
-  seconds, reports them to its tracker, and moves to the next epoch when the
+  seconds, reports them to its tracker, moves to the next epoch when the
   tracker says the swarm is ready (as hivemind's Optimizer does: to the
-  swarm's epoch, or one past its own); each move is a JSON line in ``--epochs``
-  (time, the epoch left and its samples, the epoch moved to, the swarm's epoch
-  as the tracker believed it);
+  swarm's epoch, or one past its own), and rests ``--rest-s`` (as a worker
+  does after each step at a compute share); each move is a JSON line in
+  ``--epochs`` (time, the epoch left and its samples, the epoch moved to, the
+  swarm's epoch as the tracker believed it, whether it moved on a return).
+  With ``--return-every-s`` it leaves and comes back that often: its tracker
+  shut down, a new one started on the swarm's epoch, with no samples (as a
+  worker that downloaded the state);
 - ``--lies FILE``: a hostile peer: every second it stores its own signed
   progress record, an honest-looking one on the swarm's epoch (the highest of
   the others' records) with the fields of the lie due now put in (FILE: a
@@ -31,6 +35,9 @@ def main() -> int:
     parser.add_argument("--target", type=int, default=320, help="the run's target batch size")
     parser.add_argument("--batch", type=int, default=2, help="samples a step")
     parser.add_argument("--period", type=float, default=0.5, help="seconds a step")
+    parser.add_argument("--rest-s", type=float, default=0.0, help="seconds of rest after each step (a compute share)")
+    parser.add_argument("--return-every-s", type=float, default=0.0, help="leave and come back this often (0: never)")
+    parser.add_argument("--return-after-s", type=float, default=0.0, help="the first time, this long after the start")
     parser.add_argument("--epochs", type=Path, help="append each epoch move here (honest peers)")
     parser.add_argument("--lies", type=Path, help="be hostile: the lies to tell and when (see the module docstring)")
     options = parser.parse_args()
@@ -53,24 +60,38 @@ def main() -> int:
 def train(dht, key, options) -> None:
     from p2ptrain.peers.training.progress import QuietProgressTracker
 
-    tracker = QuietProgressTracker(dht, prefix=options.run, target_batch_size=options.target, start=True, private_key=key)
-    started, epoch, samples = time.monotonic(), 0, 0
+    def new_tracker() -> QuietProgressTracker:
+        return QuietProgressTracker(dht, prefix=options.run, target_batch_size=options.target, start=True, private_key=key)
+
+    tracker, epoch, samples = new_tracker(), 0, 0
+    started = time.monotonic()
+    next_return = started + options.return_after_s if options.return_every_s else float("inf")
     try:
         while not options.stop.exists() and time.monotonic() - started < options.limit_s:
             time.sleep(options.period)
             samples += options.batch
             tracker.report_local_progress(epoch, samples)
             if tracker.ready_to_update_epoch:
-                swarm = tracker.global_epoch
-                new_epoch = max(epoch + 1, swarm)
-                with options.epochs.open("a") as moves:
-                    moves.write(json.dumps({"at": time.time(), "left": epoch, "samples": samples, "to": new_epoch,
-                                            "swarm": swarm}) + "\n")
-                epoch, samples = new_epoch, 0
-                with tracker.pause_updates():
-                    tracker.update_epoch(epoch)
+                epoch, samples = move(tracker, epoch, max(epoch + 1, tracker.global_epoch), samples, options.epochs), 0
+            time.sleep(options.rest_s)
+            if time.monotonic() >= next_return:
+                # leave and come back: a new tracker, on the swarm's epoch (as after a state download), from no samples
+                tracker.shutdown()
+                tracker = new_tracker()
+                epoch, samples = move(tracker, epoch, max(epoch, tracker.global_epoch), samples, options.epochs, returned=True), 0
+                next_return += options.return_every_s
     finally:
         tracker.shutdown()
+
+
+def move(tracker, epoch: int, new_epoch: int, samples: int, epochs: Path, returned: bool = False) -> int:
+    """Move ``tracker`` from ``epoch`` (with ``samples``) to ``new_epoch`` and log it to ``epochs``; returns ``new_epoch``."""
+    with epochs.open("a") as moves:
+        moves.write(json.dumps({"at": time.time(), "left": epoch, "samples": samples, "to": new_epoch,
+                                "swarm": tracker.global_epoch, "returned": returned}) + "\n")
+    with tracker.pause_updates():
+        tracker.update_epoch(new_epoch)
+    return new_epoch
 
 
 def lie(dht, options, lies: list) -> None:

@@ -104,9 +104,16 @@ def test_samples_count_at_most_the_target_batch_size_and_at_first_sight_a_few_ti
     assert belief.records[b"key-0"]["samples_accumulated"] == 900
 
 
+def test_the_runs_first_peer_holding_most_of_the_first_epoch_is_believed_by_those_who_join():
+    first = record("first", epoch=0, samples=168, speed=1.8)
+    joiners = {f"key-{index}".encode(): record(f"joiner-{index}", epoch=0, samples=8) for index in range(3)}
+    belief = checks().believe({OWN: record("own", epoch=0, samples=0), b"first": first, **joiners}, OWN, None, NOW)
+    assert belief.records[b"first"] == first  # an even share of 1,024 among 5 is 204
+
+
 def test_a_liars_samples_grow_at_most_at_the_speed_it_is_believed_to_have():
     reader = checks()
-    few = {key: {**value, "samples_accumulated": 5} for key, value in swarm().items()}  # early in the epoch
+    few = {key: {**value, "samples_accumulated": 5} for key, value in swarm(honest=12).items()}  # early in the epoch
     reader.believe({**few, b"liar": record("liar", samples=10)}, OWN, 3.0, NOW)
     later = reader.believe({**few, b"liar": record("liar", samples=TARGET, now=NOW + 10)}, OWN, 3.0, NOW + 10)
     assert later.records[b"liar"]["samples_accumulated"] == 10 + SPEED_SLACK * 3.0 * 10

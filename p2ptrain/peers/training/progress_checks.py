@@ -20,17 +20,19 @@ every reader:
 - a record dated more than ``CLOCK_SKEW_S`` ahead of this peer's clock, or
   older than its lifetime (hivemind's ``metadata_expiration``) plus that, is
   left out (an honest peer's would have expired);
-- samples count at most the run's target batch size, and at most what the
-  record's peer was believed to hold at this reader's last read (nothing on a
-  new epoch) plus its believed speed (below) since, or ``SPEED_SLACK`` times
-  the median of the other peers' samples on its epoch if that is more: a peer
-  that claims the target's samples at once counts a few times the swarm's
-  typical peer, and a fast peer's samples catch up at a few times its speed;
+- samples count at most the run's target batch size, and at most the most
+  of: what the record's peer was believed to hold at this reader's last read
+  (nothing on a new epoch) plus its believed speed (below) since,
+  ``SPEED_SLACK`` times the median of the other peers' samples on its epoch,
+  and an even share of the batch among the records on its epoch: a peer that
+  claims the target's samples at once counts a few times the swarm's typical
+  peer, and a fast peer's samples catch up at a few times its speed;
 - the swarm's epoch is the highest epoch that two other peers' records are
   on (none: the second highest; only one other peer on record: its epoch,
   hivemind's rule); a record further ahead than one epoch is left out, and a
   record one epoch above it moves the swarm only once the samples believed
-  on the swarm's epoch reach half the target batch size (before, it counts
+  on the swarm's epoch (extrapolated, as hivemind does) reach half the target
+  batch size (before, it counts
   for its speed but is read as a client's). Honest peers are within one epoch
   of each other and step near the epoch's end: a peer behind follows the
   swarm, and the first to step pulls the others, as in hivemind; a liar one
@@ -135,7 +137,7 @@ class ProgressChecks:
             believed[key] = record
         swarm = self._follow_the_swarms_epoch(believed, own_key, doubts)
         self._cut_claims(believed, own_key, own_speed, now, doubts)
-        self._hold_back_one_ahead(believed, own_key, swarm, doubts)
+        self._hold_back_one_ahead(believed, own_key, swarm, now, doubts)
         return Belief(believed, doubts)
 
     def _doubt(self, record: dict, now: float) -> str | None:
@@ -169,18 +171,19 @@ class ProgressChecks:
                 del believed[key]
         return swarm
 
-    def _hold_back_one_ahead(self, believed: dict, own_key: bytes, swarm: int | None, doubts: list[str]) -> None:
+    def _hold_back_one_ahead(self, believed: dict, own_key: bytes, swarm: int | None, now: float, doubts: list[str]) -> None:
         """Read a record one epoch above the swarm's as a client's (its epoch does not move the swarm) until the
-        samples believed on the swarm's epoch reach half the target batch size."""
+        samples believed on the swarm's epoch, each record's extrapolated at its speed since its time (as
+        hivemind estimates them), reach half the target batch size."""
         if swarm is None:
             return
-        samples = sum(record["samples_accumulated"] for record in believed.values()
-                      if isinstance(record, dict) and record["epoch"] == swarm)
+        samples = sum(record["samples_accumulated"] + max(0.0, now - record["time"]) * record["samples_per_second"]
+                      for record in believed.values() if isinstance(record, dict) and record["epoch"] == swarm)
         if 2 * samples >= self.target_batch_size:
             return
         for key, record in list(believed.items()):
             if key != own_key and isinstance(record, dict) and record["epoch"] == swarm + 1 and not record.get("client_mode"):
-                doubts.append(f"{_name(record)} on epoch {record['epoch']} with {samples} samples on {swarm}: not followed yet")
+                doubts.append(f"{_name(record)} on epoch {record['epoch']} with {samples:.0f} samples on {swarm}: not followed yet")
                 believed[key] = {**record, "client_mode": True}
 
     def _cut_claims(self, believed: dict, own_key: bytes, own_speed: float | None, now: float, doubts: list[str]) -> None:
@@ -204,20 +207,22 @@ class ProgressChecks:
                                           "samples_per_second": min(allowed, record["samples_per_second"])}
             self._rises[key] = self._measure_rise(rise, record, now)
 
-    @staticmethod
-    def _samples_allowed(rise: _Rise | None, record: dict, others: dict, speed: float, now: float) -> float:
+    def _samples_allowed(self, rise: _Rise | None, record: dict, others: dict, speed: float, now: float) -> float:
         """The most samples ``record`` can be believed to hold: what it held at the last read (0 on a new epoch)
         plus ``speed`` since, or ``SPEED_SLACK`` times the median of the other peers' samples on its epoch (not
-        this peer's: it may just have joined), whichever is more."""
+        this peer's: it may just have joined), or an even share of the batch among the records on its epoch
+        (this peer's included: the run's first peer holds most of the first epoch's samples), whichever is
+        the most."""
         epoch = record["epoch"]
-        median = statistics.median_low([other["samples_accumulated"] for other in others.values() if other["epoch"] == epoch])
+        on_epoch = [other["samples_accumulated"] for other in others.values() if other["epoch"] == epoch]
+        median, share = statistics.median_low(on_epoch), self.target_batch_size / (len(on_epoch) + 1)
         if rise is not None and epoch == rise.epoch:
             grown = rise.samples + speed * (now - rise.read_at)
         elif rise is not None and epoch == rise.epoch + 1:
             grown = speed * (now - rise.read_at)
         else:  # first seen: nothing to grow from
             grown = 0.0
-        return max(SPEED_SLACK * median, grown)
+        return max(SPEED_SLACK * median, share, grown)
 
     @staticmethod
     def _measure_rise(rise: _Rise | None, record: dict, now: float) -> _Rise:
