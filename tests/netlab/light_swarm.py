@@ -84,3 +84,9 @@ class LightSwarm:
     def output(self, name: str) -> str:
         """The end of peer ``name``'s output."""
         return (self.root / f"{name}.out").read_text(errors="replace")[-3000:]
+
+
+def epoch_moves(path: Path, since: float, until: float) -> list[dict]:
+    """A ``tracker_peer.py`` peer's epoch moves (its ``--epochs`` file) between ``since`` and ``until``."""
+    moves = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [move for move in moves if since <= move["at"] < until]

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from light_swarm import LightSwarm
+from light_swarm import LightSwarm, epoch_moves
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 
@@ -32,12 +32,6 @@ TARGET, BATCH, PERIOD_S = 320, 2, 0.5
 LIE_S = 20.0
 LIES = [{"epoch": 1000}, {"samples_per_second": 1e9}, {"samples_accumulated": TARGET}, {"time": -1e6}]
 WARM_UP_S = 25.0
-
-
-def moves_between(path: Path, since: float, until: float) -> list[dict]:
-    """An honest peer's epoch moves (``tracker_peer.py --epochs``) between ``since`` and ``until``."""
-    moves = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [move for move in moves if since <= move["at"] < until]
 
 
 def test_one_hostile_peer_cannot_move_or_hurry_the_epochs_of_eight(lab_machine):
@@ -64,7 +58,7 @@ def test_one_hostile_peer_cannot_move_or_hurry_the_epochs_of_eight(lab_machine):
         until = time.time()
         swarm.finish()
 
-        moves = {host.name: moves_between(root / f"{host.name}.epochs", since, until) for host in hosts}
+        moves = {host.name: epoch_moves(root / f"{host.name}.epochs", since, until) for host in hosts}
         # each lie in turn: the far epoch was never followed, and the epochs took their samples (8 peers x 4
         # samples/s make 2 batches of 320 in 20 s; a peer that was behind as a lie began may catch up: 2 more)
         honest_epochs = LIE_S * len(hosts) * BATCH / PERIOD_S / TARGET

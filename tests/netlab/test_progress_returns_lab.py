@@ -19,13 +19,12 @@ target.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
 
 import pytest
-from light_swarm import LightSwarm
+from light_swarm import LightSwarm, epoch_moves
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(600)]
 
@@ -34,12 +33,6 @@ PUBLIC, HOMES = 5, 3
 TARGET, BATCH, WORK_S, REST_S = 320, 8, 0.25, 1.75
 RETURN_EVERY_S, FIRST_RETURN_S = 20.0, 15.0
 WARM_UP_S, WINDOW_S = 20.0, 60.0
-
-
-def moves_between(path: Path, since: float, until: float) -> list[dict]:
-    """A peer's epoch moves (``tracker_peer.py --epochs``) between ``since`` and ``until``."""
-    moves = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [move for move in moves if since <= move["at"] < until]
 
 
 def test_peers_coming_back_do_not_hurry_the_epochs_of_eight(lab_machine):
@@ -67,7 +60,7 @@ def test_peers_coming_back_do_not_hurry_the_epochs_of_eight(lab_machine):
         until = time.time()
         swarm.finish()
 
-        moves = {host.name: moves_between(root / f"{host.name}.epochs", since, until) for host in hosts}
+        moves = {host.name: epoch_moves(root / f"{host.name}.epochs", since, until) for host in hosts}
         batches, left_by = {}, {}  # epoch: the samples its peers held as they moved on from it; who moved on
         for name, peer in moves.items():
             for move in peer:
