@@ -174,7 +174,8 @@ def test_a_banned_peers_record_is_left_out_and_an_unban_takes_effect_at_the_next
 
 @pytest.mark.parametrize("field, value", [("epoch", -1), ("epoch", 1.5), ("samples_accumulated", None),
                                           ("samples_per_second", float("inf")), ("samples_per_second", -1.0),
-                                          ("time", float("nan")), ("time", "now")])
+                                          ("time", float("nan")), ("time", "now"), ("peer_id", None),
+                                          ("client_mode", "yes")])
 def test_a_record_without_a_sound_epoch_samples_speed_or_time_is_left_out(field, value):
     belief = checks().believe(swarm({**record("broken"), field: value}), OWN, 3.0, NOW)
     assert b"liar-0" not in belief.records and len(belief.doubts) == 1

@@ -32,16 +32,16 @@ every reader:
   hivemind's rule); a record further ahead than one epoch is left out, and a
   record one epoch above it moves the swarm only once the samples believed
   on the swarm's epoch (extrapolated, as hivemind does) reach half the target
-  batch size (before, it counts
-  for its speed but is read as a client's). Honest peers are within one epoch
-  of each other and step near the epoch's end: a peer behind follows the
-  swarm, and the first to step pulls the others, as in hivemind; a liar one
-  epoch ahead ends epochs at half the batch at the earliest;
+  batch size (before, it counts for its speed but is read as a client's).
+  Honest peers are within one epoch of each other and step near the epoch's
+  end: a peer behind follows the swarm, and the first to step pulls the
+  others, as in hivemind; a liar one epoch ahead ends epochs at half the
+  batch at the earliest;
 - a speed counts at most ``SPEED_SLACK`` times the larger of the rate at which
   the record's samples rose on this reader's clock (over at least
-  ``RISE_WINDOW_S``, across an epoch's end) and the median of the speeds on record, this peer's own
-  included once measured: a claimed speed its samples do not show is cut to a
-  few times the swarm's typical speed. The rise is measured on the samples
+  ``RISE_WINDOW_S``, across an epoch's end) and the median of the speeds on
+  record, this peer's own included once measured: a claimed speed its
+  samples do not show is cut to a few times the swarm's typical speed. The rise is measured on the samples
   believed, so a liar's believed speed grows at most ``SPEED_SLACK`` times a
   window, and a fast honest peer (a GPU among CPUs, 100 times as fast) is
   believed in full after a few windows (about a minute after this reader
@@ -148,6 +148,8 @@ class ProgressChecks:
         if not isinstance(speed, float) or not isinstance(at, float) or not math.isfinite(speed) or speed < 0 \
                 or not math.isfinite(at):
             return "with no speed or time"
+        if not isinstance(record.get("peer_id"), bytes) or not isinstance(record.get("client_mode"), bool):
+            return "with no peer id or client mode"  # hivemind's parser would fail on it
         if at > now + CLOCK_SKEW_S:
             return f"dated {at - now:.0f} s ahead"
         if at < now - self.lifetime_s - CLOCK_SKEW_S:
