@@ -158,6 +158,12 @@ def test_a_peer_that_just_joined_believes_the_only_other_peer_in_full():
     assert belief.records[b"creator"] == creator and belief.doubts == []
 
 
+def test_of_two_peers_the_slower_believes_the_faster_in_full():
+    fast = record("fast", speed=60.0)  # five times this peer's speed, more than SPEED_SLACK
+    belief = checks().believe({OWN: record("own", speed=12.0), b"fast": fast}, OWN, 12.0, NOW)
+    assert belief.records[b"fast"] == fast
+
+
 def test_one_liar_cannot_raise_the_median_it_is_measured_against():
     liars = [record(f"liar{index}", speed=20_000.0) for index in range(2)]
     belief = checks().believe(swarm(*liars, honest=3), OWN, 3.0, NOW)

@@ -40,8 +40,10 @@ every reader:
 - a speed counts at most ``SPEED_SLACK`` times the larger of the rate at which
   the record's samples rose on this reader's clock (over at least
   ``RISE_WINDOW_S``, across an epoch's end) and the median of the speeds on
-  record, this peer's own included once measured: a claimed speed its
-  samples do not show is cut to a few times the swarm's typical speed. The rise is measured on the samples
+  record, this peer's own included once measured (of an even count, the
+  upper one: of two peers, neither cuts the other below its own speed), so a
+  claimed speed its samples do not show is cut to a few times the swarm's
+  typical speed. The rise is measured on the samples
   believed, so a liar's believed speed grows at most ``SPEED_SLACK`` times a
   window, and a fast honest peer (a GPU among CPUs, 100 times as fast) is
   believed in full after a few windows (about a minute after this reader
@@ -196,7 +198,7 @@ class ProgressChecks:
         if not others:
             return
         speeds = [record["samples_per_second"] for record in others.values()] + ([own_speed] if own_speed is not None else [])
-        median_speed = statistics.median_low(speeds)
+        median_speed = statistics.median_high(speeds)
         for key, record in others.items():
             rise = self._rises.get(key)
             measured = rise.rate if rise is not None and rise.rate is not None else 0.0
@@ -217,7 +219,7 @@ class ProgressChecks:
         the most."""
         epoch = record["epoch"]
         on_epoch = [other["samples_accumulated"] for other in others.values() if other["epoch"] == epoch]
-        median, share = statistics.median_low(on_epoch), self.target_batch_size / (len(on_epoch) + 1)
+        median, share = statistics.median_high(on_epoch), self.target_batch_size / (len(on_epoch) + 1)
         if rise is not None and epoch == rise.epoch:
             grown = rise.samples + speed * (now - rise.read_at)
         elif rise is not None and epoch == rise.epoch + 1:
