@@ -41,11 +41,16 @@ def test_honest_records_are_believed_as_they_are_and_doubt_nothing():
     assert belief.records == records and belief.doubts == []
 
 
-@pytest.mark.parametrize("age", [-CLOCK_SKEW_S - 5, 60 + CLOCK_SKEW_S + 5, 10 ** 9])
-def test_a_record_dated_in_the_future_or_past_its_lifetime_is_left_out(age):
-    belief = checks().believe(swarm(record("liar", age=age)), OWN, 3.0, NOW)
+def test_a_record_dated_in_the_future_is_left_out():
+    belief = checks().believe(swarm(record("liar", age=-CLOCK_SKEW_S - 5)), OWN, 3.0, NOW)
     assert b"liar-0" not in belief.records and len(belief.records) == 4
     assert len(belief.doubts) == 1 and belief.doubts[0].endswith("left out")
+
+
+@pytest.mark.parametrize("age", [60 + CLOCK_SKEW_S + 5, 10 ** 9])
+def test_a_record_past_its_lifetime_counts_as_dated_now_its_samples_not_extrapolated(age):
+    belief = checks().believe(swarm(record("old", age=age)), OWN, 3.0, NOW)
+    assert belief.records[b"liar-0"]["time"] == NOW and belief.records[b"liar-0"]["samples_accumulated"] == 100
 
 
 def test_a_record_within_the_clock_skew_or_its_lifetime_is_believed():

@@ -17,9 +17,11 @@ every reader:
 ``ProgressChecks.believe`` passes each read's records through these checks
 (a record that fails one is left out of the estimate, never of the DHT):
 
-- a record dated more than ``CLOCK_SKEW_S`` ahead of this peer's clock, or
-  older than its lifetime (hivemind's ``metadata_expiration``) plus that, is
-  left out (an honest peer's would have expired);
+- a record dated more than ``CLOCK_SKEW_S`` ahead of this peer's clock is
+  left out; one older than its lifetime (hivemind's ``metadata_expiration``)
+  plus that counts as dated now: its samples are not extrapolated (an honest
+  peer that waits for its round or the swarm reports nothing, and hivemind
+  stores its last record again with that record's time);
 - samples count at most the run's target batch size, and at most the most
   of: what the record's peer was believed to hold at this reader's last read
   (nothing on a new epoch) plus its believed speed (below) since,
@@ -133,6 +135,11 @@ class ProgressChecks:
             if doubt:
                 doubts.append(f"{_name(record)} {doubt}: left out")
                 continue
+            if record["time"] < now - self.lifetime_s - CLOCK_SKEW_S:
+                # hivemind's reporter stores the record of the last report again and again: a peer that waits (for
+                # its round, for the swarm) keeps its old time; its samples count, not extrapolated over the wait
+                doubts.append(f"{_name(record)} dated {now - record['time']:.0f} s ago: counted as of now")
+                record = {**record, "time": now}
             if record["samples_accumulated"] > self.target_batch_size:
                 doubts.append(f"{_name(record)} {record['samples_accumulated']} samples: counted as {self.target_batch_size}")
                 record = {**record, "samples_accumulated": self.target_batch_size}
@@ -154,8 +161,6 @@ class ProgressChecks:
             return "with no peer id or client mode"  # hivemind's parser would fail on it
         if at > now + CLOCK_SKEW_S:
             return f"dated {at - now:.0f} s ahead"
-        if at < now - self.lifetime_s - CLOCK_SKEW_S:
-            return f"dated {now - at:.0f} s ago"
         if _peer_id(record) in self.banned:
             return "banned"
         return None
