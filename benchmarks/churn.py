@@ -3,6 +3,7 @@
 Each churning peer alternates sessions and absences of exponential lengths
 (a volunteer's day, compressed in time). An absence is a ``leave`` and a later
 ``join`` of the run, or, for a share of them, a ``pause`` and a ``resume``.
+Newcomers join the running swarm for the first time, once each.
 The schedule is drawn from a seed, so a run can be repeated; ``Churn`` carries
 it out against real daemons through the CLI and records, for every return,
 how long the peer took to contribute a sample again, and, for every peer, the
@@ -31,7 +32,8 @@ class Move:
 RETURNS = {"leave": "join", "pause": "resume"}
 
 
-def schedule(peers: list[str], window_s: float, session_s: float, away_s: float, pause_share: float, seed: int) -> list[Move]:
+def schedule(peers: list[str], window_s: float, session_s: float, away_s: float, pause_share: float, seed: int,
+             newcomers: list[str] = (), newcomers_between: tuple[float, float] = (0.0, 0.0)) -> list[Move]:
     """Every peer's leaves and returns within ``window_s`` seconds, in time order.
 
     Args:
@@ -41,6 +43,9 @@ def schedule(peers: list[str], window_s: float, session_s: float, away_s: float,
         away_s: the mean absence (exponential), seconds.
         pause_share: the share of absences that are a pause and resume rather than a leave and join.
         seed: the random generator's seed.
+        newcomers: peers that join the run for the first time during the window (they are not in it at the
+            start), each once at a moment drawn evenly from ``newcomers_between`` (seconds into the window),
+            and then stay.
     """
     draw = random.Random(seed)
     moves = []
@@ -54,6 +59,7 @@ def schedule(peers: list[str], window_s: float, session_s: float, away_s: float,
                 break
             moves.append(Move(now, peer, RETURNS[going]))
             now += draw.expovariate(1 / session_s)
+    moves += [Move(draw.uniform(*newcomers_between), peer, "join") for peer in newcomers]  # drawn last: the others' as before
     return sorted(moves, key=lambda move: move.at)
 
 
@@ -73,12 +79,15 @@ class Churn:
             a worker that joins again shows its checkpoint's totals at once, and only samples past
             those are new (a round that ended before the first reading makes the return look one
             round slower, never faster).
+        newcomers: peers not in the run at the start (``schedule``'s newcomers): their first ``join``
+            is recorded among ``returns`` with ``"first": True``.
     """
 
     daemons: dict
     command: object
     join_arguments: list[str]
     contributed: object
+    newcomers: frozenset = frozenset()
     returns: list[dict] = field(default_factory=list)
     moves: list[dict] = field(default_factory=list)
     training: dict[str, list[list[float]]] = field(default_factory=dict)
@@ -90,7 +99,7 @@ class Churn:
         ``every_s`` with the peers training then (for meters)."""
         start = time.time()
         for name in self.daemons:
-            self.training[name] = [[start, None]]
+            self.training[name] = [] if name in self.newcomers else [[start, None]]
         threads = [threading.Thread(target=self._carry_out, args=(start, [move for move in moves if move.peer == name], start + window_s),
                                     daemon=True) for name in self.daemons]
         for thread in threads:
@@ -107,7 +116,7 @@ class Churn:
                     with self._lock:
                         if self._waiting.get(name) is record:
                             self.returns.append({"peer": name, "action": record["action"], "at": record["at"],
-                                                 "seconds": arrived - record["at"]})
+                                                 "seconds": arrived - record["at"], "first": record["first"]})
                             self.training[name].append([arrived, None])
                             del self._waiting[name]
             if sample is not None:
@@ -116,7 +125,7 @@ class Churn:
         end = time.time()
         with self._lock:
             for name, record in self._waiting.items():
-                self.returns.append({"peer": name, "action": record["action"], "seconds": None})
+                self.returns.append({"peer": name, "action": record["action"], "seconds": None, "first": record["first"]})
             self._waiting.clear()
             for spans in self.training.values():
                 if spans and spans[-1][1] is None:
@@ -137,7 +146,8 @@ class Churn:
                 return
             daemon = self.daemons[move.peer]
             record = {"peer": move.peer, "action": move.action, "at": time.time(),
-                      "baseline": None if move.action not in RETURNS else self.contributed(daemon)}
+                      "baseline": None if move.action not in RETURNS else self.contributed(daemon),
+                      "first": move.peer in self.newcomers and not self.training[move.peer]}
             with self._lock:
                 if move.action in RETURNS:
                     spans = self.training[move.peer]
@@ -145,7 +155,8 @@ class Churn:
                         spans[-1][1] = record["at"]
                     unfinished = self._waiting.pop(move.peer, None)
                     if unfinished is not None:  # it left again before contributing
-                        self.returns.append({"peer": move.peer, "action": unfinished["action"], "seconds": None})
+                        self.returns.append({"peer": move.peer, "action": unfinished["action"], "seconds": None,
+                                             "first": unfinished["first"]})
                 else:
                     self._waiting[move.peer] = record
             done = self.command(daemon, move.action, *(self.join_arguments if move.action == "join" else []))

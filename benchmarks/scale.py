@@ -27,9 +27,11 @@ them a pause and resume). It measures, per N:
   received, the routers' forwarding counters; the public host's ``eth0``), and
   the background: what the peers' own meters put on anything but averaging
   (progress and metrics records, DHT upkeep, matchmaking, libp2p's own), mean
-  and worst, read every 30 s from the peers that had trained for the whole
-  minute the meters cover. A paused peer costs nothing: its worker, DHT and
-  p2pd end.
+  and worst: the growth of each peer's meter totals, read every 30 s, over the
+  time it trained (rows before 2026-11-29 took the mean of the meters'
+  last-minute rates, which read high where a peer averages megabytes a round:
+  ``Samples.background_of_minutes``, still recorded beside it). A paused peer
+  costs nothing: its worker, DHT and p2pd end.
 
 This machine has 2 cores: N peers share them, so rounds get slower as N grows
 for a reason a real swarm lacks, and a peer that starts (imports, calibration,
@@ -40,12 +42,18 @@ volunteer's own machine would; ``--stagger-s`` spaces the volunteers' first
 joins (all at once, 15 workers import torch on 2 cores together). The
 per-peer *network* costs are the point.
 With churn, each return's seconds are split the same way as a first join's
-(``return_phases``).
+(``return_phases``). The first wave's joins are the swarm's formation: until the
+first batch fills nobody's samples are used, so they say more about the run's
+start than about a volunteer who joins a running swarm. ``--newcomers K`` holds
+the last K peers behind NAT out of that wave: each joins for the first time at a
+random moment of the window (a fresh daemon: no checkpoint, the whole state to
+download) and stays, and their seconds are a column of their own.
 Each row carries the commit, date, machine and load (``run_facts.py``).
 
     sudo .venv/bin/python benchmarks/scale.py --peers 2 4 8 --json benchmarks/scale_<date>.jsonl
     sudo .venv/bin/python benchmarks/scale.py --peers 8 --public 2 --churn --train-s 600 --json FILE
     sudo .venv/bin/python benchmarks/scale.py --peers 16 --public 4 --churn --compute-share 0.12 --stagger-s 5 --train-s 600 --json FILE
+    sudo .venv/bin/python benchmarks/scale.py --peers 16 --public 4 --churn --newcomers 3 --compute-share 0.12 --stagger-s 5 --train-s 600 --json FILE
     .venv/bin/python benchmarks/scale.py --report benchmarks/scale_<date>.jsonl
     sudo .venv/bin/python benchmarks/scale.py --peers 8 --request-log /tmp/requests   # which requests cost it
 """
@@ -132,8 +140,9 @@ def spread(values: list[float]) -> dict:
 
 
 class Samples:
-    """Every ``SAMPLE_EVERY_S`` during the window: each peer's averaging rounds so far, its meters, and
-    whether it trained through the whole interval since the last sample (``churn.Churn.live``)."""
+    """Every ``SAMPLE_EVERY_S`` during the window: each peer's averaging rounds so far, its meters' totals and
+    last-minute rates, and whether it trained through the whole interval since the last sample
+    (``churn.Churn.live``)."""
 
     def __init__(self, daemons: dict):
         self.daemons, self.rows, self._next = daemons, [], 0.0
@@ -149,11 +158,14 @@ class Samples:
         if now < self._next:
             return
         self._next = now + SAMPLE_EVERY_S
+        traffic = {name: local(self.daemons[name]).get("traffic") or {} for name in self.live_since}
         self.rows.append({
             "time": now, "live_since": dict(self.live_since),
             "rounds": {name: rounds_by_group_size(daemon) for name, daemon in self.daemons.items()},
-            "meters": {name: (local(self.daemons[name]).get("traffic") or {}).get("bytes_per_s") or {}
+            "meters": {name: traffic[name].get("bytes_per_s") or {}
                        for name in self.live_since if now - self.live_since[name] >= METER_WINDOW_S},
+            "totals": {name: {key: traffic[name][key] for key in ("totals", "totals_at", "since")}
+                       for name in self.live_since if traffic[name].get("totals") is not None},
         })
 
     def round_shares(self, creator) -> tuple[dict, dict]:
@@ -173,22 +185,36 @@ class Samples:
         shares = {name: (taken[name] / epochs[name] if epochs[name] else None) for name in self.daemons}
         return shares, {name: {str(size): count for size, count in sorted(counts.items())} for name, counts in sizes.items()}
 
+    def meters(self) -> dict[str, dict[str, float]]:
+        """Each peer's bytes per second by kind while it trained: the growth of its meters' totals over the
+        intervals between samples that it trained through (the same worker at both ends), over their length.
+        A round counted by hivemind and not yet by the kernel makes one interval's ``other`` low and the
+        next one's high; summed, they cancel (``peers/net/traffic.py``)."""
+        grown: dict[str, Counter] = {}
+        seconds: Counter = Counter()
+        for before, after in zip(self.rows, self.rows[1:]):
+            for name, end in after["totals"].items():
+                start = before["totals"].get(name)
+                if (start is None or start["since"] != end["since"] or after["live_since"][name] > before["time"]
+                        or end["totals_at"] <= start["totals_at"]):
+                    continue
+                grown.setdefault(name, Counter()).update(
+                    {kind: end["totals"].get(kind, 0.0) - start["totals"].get(kind, 0.0) for kind in end["totals"]})
+                seconds[name] += end["totals_at"] - start["totals_at"]
+        return {name: {kind: count / seconds[name] for kind, count in kinds.items()} for name, kinds in grown.items()}
+
     def background(self) -> dict[str, float]:
-        """Each peer's mean rate on anything but averaging, over the samples that had its meters."""
+        """Each peer's bytes per second on anything but averaging while it trained (``meters``)."""
+        return {name: sum(rate for kind, rate in kinds.items() if kind != "averaging") for name, kinds in self.meters().items()}
+
+    def background_of_minutes(self) -> dict[str, float]:
+        """The same from the last-minute rates the meters report, as rows before 2026-11-29 measured it: each
+        minute's ``other`` is cut at zero, so a peer that averages megabytes a round reads high."""
         rates: dict[str, list[float]] = {}
         for row in self.rows:
             for name, kinds in row["meters"].items():
                 rates.setdefault(name, []).append(sum(rate for kind, rate in kinds.items() if kind != "averaging"))
         return {name: statistics.fmean(values) for name, values in rates.items()}
-
-    def meters(self) -> dict[str, dict[str, float]]:
-        """Each peer's mean meter rates by kind, over the samples that had them."""
-        kinds: dict[str, dict[str, list[float]]] = {}
-        for row in self.rows:
-            for name, rates in row["meters"].items():
-                for kind, rate in rates.items():
-                    kinds.setdefault(name, {}).setdefault(kind, []).append(rate)
-        return {name: {kind: statistics.fmean(values) for kind, values in by_kind.items()} for name, by_kind in kinds.items()}
 
 
 def peer_ids(daemons: dict) -> dict[str, str]:
@@ -279,17 +305,21 @@ def measure(peers: int, options, root: Path) -> dict:
         address = daemons["pub"].wait_until(lambda s: (s.get("local") or {}).get("addresses"), 600,
                                             what="the run")["local"]["addresses"][0]
         join_arguments = [RUN, "--peers", address]
-        for name in daemons:
+        homes = [name for name in daemons if name.startswith("h")]
+        newcomers = homes[len(homes) - min(options.newcomers, len(homes)):] if options.newcomers else []
+        first_wave = {name: daemon for name, daemon in daemons.items() if name not in newcomers}
+        for name in first_wave:
             if name != "pub":
                 time.sleep(options.stagger_s)
                 joined_at[name] = time.time()
                 assert run_cli(daemons[name], "join", *join_arguments).returncode == 0
-        join_s = wait_for_contributions(daemons, joined_at, options.join_timeout_s)
-        first_join_phases = join_phases(daemons, joined_at, join_s)
+        join_s = wait_for_contributions(first_wave, joined_at, options.join_timeout_s)
+        first_join_phases = join_phases(first_wave, joined_at, join_s)
         names_of = peer_ids(daemons)
-        homes = [name for name in daemons if name.startswith("h")]
-        moves = schedule(homes, options.train_s, options.session_s, options.away_s, options.pause_share, options.seed) if options.churn else []
-        churn = Churn(daemons, run_cli, join_arguments, contributed_now)
+        churning = [name for name in homes if name not in newcomers] if options.churn else []
+        moves = schedule(churning, options.train_s, options.session_s, options.away_s, options.pause_share, options.seed,
+                         newcomers, (options.newcomers_from_s, options.train_s - options.newcomers_until_end_s))
+        churn = Churn(daemons, run_cli, join_arguments, contributed_now, newcomers=frozenset(newcomers))
         samples = Samples(daemons)
         lines_before = {name: line_counts(lab, name) for name in daemons}
         since = time.time()
@@ -303,15 +333,21 @@ def measure(peers: int, options, root: Path) -> dict:
         shares, group_sizes = samples.round_shares(daemons["pub"])
         used = {name: (int(state.get("contributed_samples") or 0) / int(state["trained_samples"])
                        if state.get("trained_samples") else None) for name, state in after.items()}
+        names_of.update(peer_ids(daemons))  # the newcomers'
         background = samples.background()
-        returns = [entry["seconds"] for entry in churn.returns]
+        returns = [entry["seconds"] for entry in churn.returns if not entry.get("first")]
+        arrivals = [entry for entry in churn.returns if entry.get("first")]
         return {
             "peers": peers, "public": publics, "compute_share": options.compute_share, "stagger_s": options.stagger_s, "round_log": options.round_log,
             "train_s": until - since, "join_s": join_s, "join": spread(list(join_s.values())),
             "join_phases": first_join_phases,
+            "newcomers": {"peers": newcomers, "between_s": [options.newcomers_from_s, options.train_s - options.newcomers_until_end_s],
+                          "join_s": spread([entry["seconds"] for entry in arrivals if entry["seconds"] is not None]),
+                          "phases": return_phases(daemons, arrivals),
+                          "without_contribution": sum(entry["seconds"] is None for entry in arrivals)} if newcomers else None,
             "churn": {"session_s": options.session_s, "away_s": options.away_s, "pause_share": options.pause_share,
                       "seed": options.seed, "moves": churn.moves, "returns": churn.returns,
-                      "return_phases": return_phases(daemons, churn.returns),
+                      "return_phases": return_phases(daemons, [entry for entry in churn.returns if not entry.get("first")]),
                       "return_s": spread([value for value in returns if value is not None]),
                       "returns_without_contribution": sum(value is None for value in returns)} if options.churn else None,
             "state_downloads": state_downloads(daemons, names_of, created_at), "missed_rounds": missed_rounds(daemons, since),
@@ -321,7 +357,8 @@ def measure(peers: int, options, root: Path) -> dict:
             "rounds_taken": {name: sum(int(count) for count in sizes.values()) for name, sizes in group_sizes.items()},
             "training_line_bytes_per_s": training_lines, "meter_bytes_per_s": samples.meters(),
             "line_bytes_per_s_per_peer": spread([rates["sent"] + rates["received"] for rates in training_lines.values()]),
-            "background_bytes_per_s": spread(list(background.values())), "window": [since, until],
+            "background_bytes_per_s": spread(list(background.values())),
+            "background_of_minutes_bytes_per_s": spread(list(samples.background_of_minutes().values())), "window": [since, until],
             "load": os.getloadavg(),
         }
     finally:
@@ -346,16 +383,28 @@ def mean_phases(phases: list[dict]) -> str:
     return " / ".join(f"{statistics.fmean(values):.0f}" if values else "–" for values in means) if phases else "–"
 
 
+def newcomers_cell(newcomers: dict | None) -> str:
+    """``mean / worst (no sample); phases`` of the newcomers' first joins, or – in a row without them."""
+    if not newcomers:
+        return "–"
+    timed = newcomers["join_s"]
+    return ((f"{timed['mean']:.0f} s / {timed['worst']:.0f} s" if timed else "none timed")
+            + f" ({newcomers['without_contribution']}); " + mean_phases(newcomers["phases"]))
+
+
 def report(path: Path) -> str:
     """The scale table of a ``--json`` file: a row per N, in the file's order."""
     rows = read_rows(path)
     lines = ["| peers (public) | commit | churn: moves in the window (schedule seed) | join to first used sample, mean / worst | "
              "first joins: calibrated / joined / first used, mean s | after a return, mean / worst (no sample) | "
-             "returns: calibrated / joined / first used, mean s | state downloads: top server's share (events naming no server) | epochs in the window | "
+             "returns: calibrated / joined / first used, mean s | "
+             "newcomers into the running swarm: join to first used sample, mean / worst (no sample); calibrated / joined / used, mean s | "
+             "state downloads: top server's share (events naming no server) | epochs in the window | "
              "epoch duration, mean ± spread | rounds taken ÷ epochs trained through, lowest peer | "
              "used ÷ trained, lowest peer of 5 epochs or more | line KB/s per peer, mean / worst | "
-             "background KB/s per peer (all but averaging), mean / worst | 1-min load |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "background KB/s per peer (all but averaging), mean / worst: from the meters' totals (rows before 2026-11-29: "
+             "the mean of the meters' last-minute rates, given as \"of minutes\" beside the totals' since) | 1-min load |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         shares = [share for share in row["round_share"].values() if share is not None]
         used = [row["used_over_trained"][name] for name in stayed(row) if row["used_over_trained"][name] is not None]
@@ -374,13 +423,16 @@ def report(path: Path) -> str:
             + mean_phases(list(phases.values()) if phases else []) + " | "
             + (f"{returned['mean']:.0f} s / {returned['worst']:.0f} s ({churn['returns_without_contribution']})" if returned else "–") + " | "
             + mean_phases(comeback or []) + " | "
+            + newcomers_cell(row.get("newcomers")) + " | "
             + (f"{served:.0%} of {downloads['count']}" + (f" ({unnamed} unnamed)" if unnamed else "") if served
                else ("0" if downloads else "–")) + " | "
             f"{row['epochs']} in {row['train_s']:.0f} s | "
             + (f"{duration['mean']:.1f} ± {duration['stdev']:.1f} s" if duration else "–") + " | "
             + (f"{min(shares):.0%}" if shares else "–") + " | " + (f"{min(used):.0%}" if used else "–") + " | "
             f"{row['line_bytes_per_s_per_peer']['mean'] / 1000:.0f} / {row['line_bytes_per_s_per_peer']['worst'] / 1000:.0f} | "
-            f"{row['background_bytes_per_s']['mean'] / 1000:.1f} / {row['background_bytes_per_s']['worst'] / 1000:.1f} | "
+            f"{row['background_bytes_per_s']['mean'] / 1000:.1f} / {row['background_bytes_per_s']['worst'] / 1000:.1f}"
+            + (f" (of minutes: {minutes['mean'] / 1000:.1f} / {minutes['worst'] / 1000:.1f})"
+               if (minutes := row.get("background_of_minutes_bytes_per_s")) else "") + " | "
             f"{row['load'][0]:.1f} |")
     return "\n".join(lines)
 
@@ -401,6 +453,12 @@ def main() -> int:
     parser.add_argument("--stagger-s", type=float, default=0.0,
                         help="seconds between the volunteers' first joins (0: all at once, each worker importing torch "
                         "and hivemind on this machine's cores at the same time)")
+    parser.add_argument("--newcomers", type=int, default=0,
+                        help="the last K peers behind NAT stay out of the first wave of joins and join the running swarm "
+                        "for the first time during the window, once each (their join to first used sample is its own column)")
+    parser.add_argument("--newcomers-from-s", type=float, default=60.0, help="with --newcomers: earliest first join, seconds into the window")
+    parser.add_argument("--newcomers-until-end-s", type=float, default=180.0,
+                        help="with --newcomers: latest first join, seconds before the window's end")
     parser.add_argument("--join-timeout-s", type=float, default=600.0, help="give up when a peer contributed nothing after this long")
     parser.add_argument("--json", type=Path, help="append one JSON line per N here")
     parser.add_argument("--round-log", action="store_true", help="each worker logs hivemind's optimizer status lines "

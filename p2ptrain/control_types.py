@@ -327,10 +327,15 @@ class WorkerStatus(Record):
 
 class TrafficStatus(Record):
     """``local.traffic``: bytes per second by kind (sent + received, summed over the workers), and
-    ``month_gb`` (that rate over this whole month) and ``month_used_gb`` (counted so far)."""
+    ``month_gb`` (that rate over this whole month) and ``month_used_gb`` (counted so far); ``totals``:
+    bytes by kind since the workers began counting (the latest began at ``since``; a later ``since``
+    means a worker started again and its totals from zero), as of ``totals_at``."""
 
     SCHEMA = {
         "bytes_per_s": dict_of(FLOAT),
+        "totals": optional(dict_of(FLOAT)),
+        "totals_at": OPTIONAL_FLOAT,
+        "since": OPTIONAL_FLOAT,
         "sent_bytes_per_s": FLOAT,
         "received_bytes_per_s": FLOAT,
         "month_gb": FLOAT,

@@ -427,13 +427,18 @@ class Traffic(Report, kind="traffic"):
 
     Attributes:
         bytes_per_s: by kind (``averaging``, ``matchmaking``, ``progress``, ``metrics``,
-            ``dht``, ``other``), sent + received, over the last minute.
+            ``dht``, ``other``), sent + received, over the last minute (never below zero).
+        totals: bytes by kind, sent + received, since ``since``; ``other`` is the kernel's total less
+            the kinds, as measured (for a moment below zero while a round's bytes are counted by
+            hivemind and not yet by the kernel: ``peers/net/traffic.py``), as of ``totals_at`` (Unix time).
         sent_bytes_per_s, received_bytes_per_s: the totals over the same minute.
         sent_bytes, received_bytes: since ``since`` (Unix time this worker began counting).
         measured_at: ``kernel`` (totals from p2pd's TCP sockets) or ``messages`` (hivemind's messages only).
     """
 
     bytes_per_s: dict[str, float]
+    totals: dict[str, float]
+    totals_at: float
     sent_bytes_per_s: float
     received_bytes_per_s: float
     sent_bytes: float

@@ -181,13 +181,17 @@ class RunView:
         self.workers[name].apply_network(report)
 
     def apply_traffic(self, name: str, report: Traffic) -> None:
-        self.workers[name].traffic = {"bytes_per_s": report.bytes_per_s, "sent_bytes_per_s": report.sent_bytes_per_s,
+        self.workers[name].traffic = {"bytes_per_s": report.bytes_per_s, "totals": report.totals, "since": report.since,
+                                      "totals_at": report.totals_at,
+                                      "sent_bytes_per_s": report.sent_bytes_per_s,
                                       "received_bytes_per_s": report.received_bytes_per_s,
                                       "measured_at": report.measured_at}
 
     def traffic_status(self, month_used_gb: float, moment: datetime) -> TrafficStatus | None:
         """The status object's ``local.traffic``, summed over the running workers: bytes per second by kind (sent +
-        received), ``month_gb`` (that rate over this whole month) and ``month_used_gb`` (counted so far)."""
+        received), bytes by kind since each began counting (``totals``; ``since``: the latest began then; ``totals_at``:
+        the oldest of their readings),
+        ``month_gb`` (that rate over this whole month) and ``month_used_gb`` (counted so far)."""
         measured = [view.traffic for view in self.workers.values() if view.joined and view.traffic]
         if not measured:
             return None
@@ -196,6 +200,9 @@ class RunView:
         total = sum(kinds.values())
         return TrafficStatus(
             bytes_per_s=kinds,
+            totals={kind: sum(traffic["totals"].get(kind, 0.0) for traffic in measured) for kind in measured[0]["totals"]},
+            since=max(traffic["since"] for traffic in measured),
+            totals_at=min(traffic["totals_at"] for traffic in measured),
             sent_bytes_per_s=sum(traffic.get("sent_bytes_per_s") or 0.0 for traffic in measured),
             received_bytes_per_s=sum(traffic.get("received_bytes_per_s") or 0.0 for traffic in measured),
             month_gb=monthly_estimate_gb(total, moment),

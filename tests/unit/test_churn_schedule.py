@@ -46,6 +46,15 @@ def test_sessions_and_absences_have_the_asked_means_and_pauses_their_share():
     assert departures.count("pause") / len(departures) == pytest.approx(0.25, abs=0.02)
 
 
+def test_newcomers_join_once_inside_their_span_and_leave_the_others_schedule_as_it_was():
+    without = schedule(PEERS, 600, 60, 20, 0.25, seed=3)
+    moves = schedule(PEERS, 600, 60, 20, 0.25, seed=3, newcomers=["h4", "h5"], newcomers_between=(60, 400))
+    assert [move for move in moves if move.peer in PEERS] == without
+    late = [move for move in moves if move.peer not in PEERS]
+    assert sorted(move.peer for move in late) == ["h4", "h5"] and {move.action for move in late} == {"join"}
+    assert all(60 <= move.at <= 400 for move in late)
+
+
 def test_no_churn_without_time_for_it():
     assert schedule(PEERS, window_s=0, session_s=60, away_s=20, pause_share=0.5, seed=1) == []
 
@@ -70,3 +79,14 @@ def test_a_return_counts_from_the_first_number_its_new_worker_shows_not_from_its
     (returned,) = churn.returns
     assert returned["action"] == "join" and returned["seconds"] is not None
     assert volunteer.readings == [364], "the return was counted before the round that used its samples"
+
+
+def test_a_newcomer_is_not_training_until_its_first_join_contributes_and_that_join_is_marked_first():
+    newcomer, seen = Volunteer(), []
+    newcomer.readings = [None, None, 0, 0, 64]  # no worker yet; joined: nothing used; a round used 64
+    churn = Churn({"h9": newcomer}, lambda daemon, *arguments: subprocess.CompletedProcess(arguments, 0, "", ""),
+                  ["run"], lambda daemon: daemon.contributed(), newcomers=frozenset({"h9"}))
+    churn.run([Move(0.05, "h9", "join")], window_s=1.0, every_s=0.01, sample=seen.append)
+    assert seen[0] == [] and seen[-1] == ["h9"], "the newcomer counted as training before it contributed"
+    (joined,) = churn.returns
+    assert joined["first"] is True and joined["seconds"] is not None

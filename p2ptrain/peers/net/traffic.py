@@ -224,12 +224,6 @@ class SocketTotals:
         return self.sent, self.received
 
 
-def rates(before: dict, after: dict, seconds: float) -> dict[str, float]:
-    """Bytes per second (sent + received) by kind between two ``totals()``."""
-    return {kind: max(0.0, (sum(after[kind]) - sum(before[kind])) / seconds) if seconds > 0 else 0.0
-            for kind in KINDS}
-
-
 async def _p2pd_pid(dht, node) -> int | None:
     """Run in the DHT process: the pid of its p2pd."""
     child = getattr(node.p2p, "_child", None)
@@ -258,24 +252,38 @@ class TrafficReporter:
         self._thread.start()
 
     def sample(self) -> dict:
-        """Take a sample and return the report's fields: ``bytes_per_s`` by kind (sent + received),
+        """Take a sample and return the report's fields: ``bytes_per_s`` by kind (sent + received) over the
+        last ``window_s``, ``totals`` by kind since ``since`` (when this reporter began counting) as of
+        ``totals_at`` (Unix time),
         ``sent_bytes_per_s``, ``received_bytes_per_s``, ``sent_bytes`` and ``received_bytes`` since
-        ``since`` (when this reporter began counting), ``measured_at`` (``kernel`` when p2pd's sockets
-        were read, ``messages`` when only hivemind's messages were)."""
-        moment, kinds = time.monotonic(), self.meter.totals()
-        counted = (sum(sent for sent, _ in kinds.values()), sum(received for _, received in kinds.values()))
-        total = self.sockets.sample() if self.sockets is not None else counted
-        self._samples.append((moment, kinds, total))
+        ``since``, ``measured_at`` (``kernel`` when p2pd's sockets were read, ``messages`` when only
+        hivemind's messages were).
+
+        ``other`` is the kernel's total less the kinds. A message is counted when hivemind hands it
+        to p2pd (or gets it from p2pd), the kernel's bytes when they cross TCP, so during a round
+        megabytes can be counted on one side and not yet on the other: ``totals["other"]`` keeps
+        the difference as it is (it can dip below zero for a moment, and over minutes the dips
+        cancel), while a window's rate in ``bytes_per_s`` is never below zero. The kinds are read
+        before and after the kernel's sockets and the mean taken, so that reading ``ss`` (slow
+        under load) adds no skew of its own."""
+        moment, wall, before = time.monotonic(), time.time(), self.meter.totals()
+        total = self.sockets.sample() if self.sockets is not None else None
+        after = self.meter.totals()
+        kinds = {kind: ((before[kind][0] + after[kind][0]) / 2, (before[kind][1] + after[kind][1]) / 2) for kind in KINDS}
+        if total is None:
+            total = (sum(sent for sent, _ in kinds.values()), sum(received for _, received in kinds.values()))
+        totals = {kind: sum(kinds[kind]) for kind in KINDS}
+        if self.sockets is not None:
+            totals["other"] += sum(total) - sum(totals.values())
+        self._samples.append((moment, totals, total))
         while len(self._samples) > 2 and moment - self._samples[1][0] >= self.window_s:
             self._samples.pop(0)
-        first_moment, first_kinds, first_total = self._samples[0]
+        first_moment, first_totals, first_total = self._samples[0]
         seconds = moment - first_moment
-        by_kind = rates(first_kinds, kinds, seconds)
+        by_kind = {kind: max(0.0, (totals[kind] - first_totals[kind]) / seconds) if seconds > 0 else 0.0 for kind in KINDS}
         sent_rate = (total[0] - first_total[0]) / seconds if seconds > 0 else 0.0
         received_rate = (total[1] - first_total[1]) / seconds if seconds > 0 else 0.0
-        if self.sockets is not None:
-            by_kind["other"] += max(0.0, sent_rate + received_rate - sum(by_kind.values()))
-        return {"bytes_per_s": by_kind, "sent_bytes_per_s": sent_rate, "received_bytes_per_s": received_rate,
+        return {"bytes_per_s": by_kind, "totals": totals, "totals_at": wall, "sent_bytes_per_s": sent_rate, "received_bytes_per_s": received_rate,
                 "sent_bytes": total[0], "received_bytes": total[1], "since": self.since,
                 "measured_at": "kernel" if self.sockets is not None else "messages"}
 
