@@ -31,7 +31,9 @@ them a pause and resume). It measures, per N:
   time it trained (rows before 2026-11-29 took the mean of the meters'
   last-minute rates, which read high where a peer averages megabytes a round:
   ``Samples.background_of_minutes``, still recorded beside it). A paused peer
-  costs nothing: its worker, DHT and p2pd end.
+  costs nothing: its worker, DHT and p2pd end;
+- memory: the machine's memory in use at its peak during the window (all N
+  peers and the lab), which says whether a larger N fits.
 
 This machine has 2 cores: N peers share them, so rounds get slower as N grows
 for a reason a real swarm lacks, and a peer that starts (imports, calibration,
@@ -69,6 +71,8 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests"), str(ROOT / "tests" / "netlab")]
@@ -160,7 +164,7 @@ class Samples:
         self._next = now + SAMPLE_EVERY_S
         traffic = {name: local(self.daemons[name]).get("traffic") or {} for name in self.live_since}
         self.rows.append({
-            "time": now, "live_since": dict(self.live_since),
+            "time": now, "live_since": dict(self.live_since), "memory_used": psutil.virtual_memory().used,
             "rounds": {name: rounds_by_group_size(daemon) for name, daemon in self.daemons.items()},
             "meters": {name: traffic[name].get("bytes_per_s") or {}
                        for name in self.live_since if now - self.live_since[name] >= METER_WINDOW_S},
@@ -359,6 +363,7 @@ def measure(peers: int, options, root: Path) -> dict:
             "line_bytes_per_s_per_peer": spread([rates["sent"] + rates["received"] for rates in training_lines.values()]),
             "background_bytes_per_s": spread(list(background.values())),
             "background_of_minutes_bytes_per_s": spread(list(samples.background_of_minutes().values())), "window": [since, until],
+            "memory_used_gib": max(row["memory_used"] for row in samples.rows) / 2**30,
             "load": os.getloadavg(),
         }
     finally:

@@ -154,11 +154,12 @@ def test_traffic_is_summed_over_the_workers_into_local_traffic():
         run.apply_traffic(name, decode_report({
             "type": "traffic", "bytes_per_s": {"averaging": averaging, "dht": 100.0}, "sent_bytes_per_s": averaging / 2,
             "received_bytes_per_s": averaging / 2 + 100.0, "sent_bytes": 1e6, "received_bytes": 1e6, "since": 0.0,
-            "measured_at": "2026-11-15T12:00:00"}))
+            "totals": {"averaging": averaging * 60, "dht": 6000.0}, "totals_at": 60.0, "measured_at": "2026-11-15T12:00:00"}))
 
     traffic = run.traffic_status(0.25, datetime(2026, 11, 15, 12, 0))
 
     assert traffic.bytes_per_s == {"averaging": 4000.0, "dht": 200.0}
+    assert traffic.totals == {"averaging": 240000.0, "dht": 12000.0}
     assert (traffic.sent_bytes_per_s, traffic.received_bytes_per_s, traffic.month_used_gb) == (2000.0, 2200.0, 0.25)
     assert traffic.month_gb > 0
     status = training_status(run)

@@ -111,6 +111,7 @@ def test_socket_totals_count_what_this_process_sends_through_tcp():
     totals = SocketTotals(os.getpid())
     client.sendall(b"x" * 300_000)
     sent, _ = totals.sample()
+    totals.close()
     client.close()
     thread.join(10)
     listener.close()
@@ -118,6 +119,62 @@ def test_socket_totals_count_what_this_process_sends_through_tcp():
         pytest.skip("`ss` (iproute2) is not installed")
     # both ends are this process: the client's 300 kB sent, and nothing sent back
     assert 300_000 <= sent < 320_000
+
+
+@pytest.mark.timeout(30)
+def test_a_new_connection_between_the_same_two_addresses_is_counted_from_its_first_byte():
+    """libp2p dials from its listening port: a volunteer who leaves and joins again through the same NAT mapping
+    comes back on the same two addresses, with the kernel's counters from zero."""
+    address = _non_loopback_address()
+    if address is None or socket_bytes(os.getpid()) is None:
+        pytest.skip("no network interface besides loopback, or no `ss`")
+    listener = socket.create_server((address, 0))
+    totals, port = SocketTotals(os.getpid()), None
+    for size in (300_000, 200_000):
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        client.bind((address, port or 0))
+        port = client.getsockname()[1]
+        client.connect(listener.getsockname())
+        server, _ = listener.accept()
+        client.sendall(b"x" * size)
+        received = 0
+        while received < size:
+            received += len(server.recv(65536))
+        sent, _ = totals.sample()
+        server.close()  # the server closes first: the client's port is free to bind again at once
+        client.close()
+    totals.close()
+    listener.close()
+    assert 500_000 <= sent < 520_000, sent
+
+
+@pytest.mark.timeout(30)
+def test_a_connection_that_closes_after_its_last_reading_is_counted_to_its_last_byte():
+    """A volunteer who leaves ends its connections right after a round: those bytes were sent, and counted."""
+    address = _non_loopback_address()
+    if address is None or socket_bytes(os.getpid()) is None:
+        pytest.skip("no network interface besides loopback, or no `ss`")
+    listener = socket.create_server((address, 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    totals = SocketTotals(os.getpid())
+    try:
+        totals.sample()  # the connection is known, with nothing sent yet
+        client.sendall(b"x" * 400_000)
+        received = 0
+        while received < 400_000:
+            received += len(server.recv(65536))
+        client.close()
+        server.close()
+        deadline = time.monotonic() + 10
+        while (sent := totals.sample()[0]) < 400_000 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the kernel's last word on a socket comes through a second `ss`
+    finally:
+        totals.close()
+        listener.close()
+    assert 400_000 <= sent < 420_000, sent
+    assert totals._ends is None or totals._ends.poll() is not None, "the watching `ss` ended with close()"
 
 
 def test_the_month_counts_new_bytes_of_each_worker_and_starts_over_next_month():

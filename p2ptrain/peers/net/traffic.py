@@ -13,7 +13,8 @@ Two measurements, both in the training worker:
   and stores). A DHT request takes the kind of the key it was made for
   (``kind_of_key``): the DHT process marks each ``dht.get``/``dht.store`` it
   runs, and the requests it sends for it inherit the mark.
-- **In total**, at the kernel: the TCP bytes of p2pd's sockets (``ss``), which
+- **In total**, at the kernel: the TCP bytes of p2pd's sockets (``ss``, to each
+  socket's last byte: ``SocketTotals``), which
   add what the message layer does not see (libp2p's own protocols, encryption,
   framing, relayed traffic for others): ``other`` is that total minus the kinds.
 
@@ -25,9 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import logging
 import multiprocessing
+import os
 import re
+import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -171,57 +176,157 @@ def _install_hooks() -> None:
 
 _SOCKET_LINE = re.compile(r"^[A-Z-]+\s+\d+\s+\d+\s+(\S+)\s+(\S+)\s")  # state, recv-q, send-q, local, peer
 _BYTES = re.compile(r"\bbytes_(sent|received):(\d+)")
+_INODE = re.compile(r"\bino:(\d+)")
+_COOKIE = re.compile(r"\bsk:([0-9a-f]+)")
+_VANISHED_KEPT_S = 60.0  # how long a socket gone from the listing waits for the kernel's last word on it
 
 
 def _loopback(address: str) -> bool:
     return address.startswith(("127.", "[::1]", "[::ffff:127."))
 
 
-def socket_bytes(pid: int) -> dict[tuple[str, str], tuple[int, int]] | None:
-    """``{(local, peer): (bytes sent, bytes received)}`` of the TCP sockets of process ``pid`` that
-    leave the machine (``ss -tinp``; loopback ones never reach the network); None when ``ss`` is
-    missing or fails."""
+def _socket_inodes(pid: int) -> set[str] | None:
+    """The inodes of process ``pid``'s sockets (its ``/proc/PID/fd`` links ``socket:[N]``), or None when unreadable."""
+    inodes = set()
     try:
-        finished = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=5)
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for descriptor in descriptors:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{descriptor}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _parse_sockets(lines, inodes: set[str] | None = None):
+    """``(cookie, local, peer, (bytes sent, bytes received))`` for each TCP socket in ``ss -tie`` output
+    ``lines`` that leaves the machine (loopback ones never reach the network), only those whose inode
+    is in ``inodes`` unless it is None. The cookie (``sk:``) names a socket for its whole life, even
+    after its process let go of it, when its inode reads 0."""
+    key = None
+    for line in lines:
+        if not line.startswith(("\t", " ")):
+            match, inode, cookie = _SOCKET_LINE.match(line), _INODE.search(line), _COOKIE.search(line)
+            key = None
+            if match and inode and cookie and not _loopback(match.group(2)) and (inodes is None or inode.group(1) in inodes):
+                key = (cookie.group(1), match.group(1), match.group(2))
+        elif key is not None:
+            counts = dict(_BYTES.findall(line))
+            yield (*key, (int(counts.get("sent", 0)), int(counts.get("received", 0))))
+            key = None
+
+
+def socket_bytes(pid: int) -> dict[str, tuple[int, int]] | None:
+    """``{cookie: (bytes sent, bytes received)}`` of the TCP sockets of process ``pid`` that leave the
+    machine; None when ``ss`` is missing or fails.
+
+    The sockets are found by their inodes (``ss -e``) rather than by ``ss -p``, which reads every
+    process's descriptors: this runs every few seconds. They are told apart by their cookies, not
+    their addresses: libp2p dials from its listening port, so a peer that leaves and joins again
+    through the same NAT mapping comes back on the same two addresses, with counters from zero."""
+    inodes = _socket_inodes(pid)
+    if inodes is None:
+        return None
+    try:
+        finished = subprocess.run(["ss", "-tineH"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if finished.returncode != 0:
         return None
-    output = finished.stdout
-    sockets, key = {}, None
-    for line in output.splitlines():
-        if not line.startswith(("\t", " ")):
-            match = _SOCKET_LINE.match(line)
-            key = (match.group(1), match.group(2)) if match and f"pid={pid}," in line else None
-            if key is not None and _loopback(key[1]):
-                key = None
-        elif key is not None:
-            counts = dict(_BYTES.findall(line))
-            sockets[key] = (int(counts.get("sent", 0)), int(counts.get("received", 0)))
-            key = None
-    return sockets
+    return {cookie: counts for cookie, _, _, counts in _parse_sockets(finished.stdout.splitlines(), inodes)}
+
+
+def _die_with_parent() -> None:
+    """In a child before it runs: the kernel ends it when the thread that started it ends."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class SocketTotals:
-    """Bytes through a process's TCP sockets since this was made (sampled: a socket's bytes after
-    its last sample are lost when it closes, so sample every few seconds)."""
+    """Bytes through a process's TCP sockets since this was made.
+
+    Read every few seconds (``sample``): a socket's counters are listed while it lives. What it
+    carries between its last reading and its end (a peer that leaves takes its last round with
+    it) comes from the kernel's word on each socket as it is destroyed (``ss -tieE``, read on a
+    thread while this lives; ``close()`` ends it). Without that (an old ``ss``), those last bytes
+    are lost; a connection that opens and closes between two readings is never seen either way.
+
+    Args:
+        pid: the process whose sockets are counted (p2pd's; ``/proc/PID/fd`` must be readable).
+    """
 
     def __init__(self, pid: int):
         self.pid = pid
-        self._last: dict[tuple[str, str], tuple[int, int]] = {}
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[int, int]] = {}  # cookie: counters at its last reading
+        self._vanished: dict[str, float] = {}  # cookie: when it left the listing, awaiting its last word
+        self._finished: set[str] = set()  # counted to their end; a listing taken before then still shows them
         self.sent = self.received = 0
+        self._ends = self._watch_ends()
         self.sample()
         self.sent = self.received = 0  # count from now on, not what the sockets carried before
 
+    def _watch_ends(self) -> subprocess.Popen | None:
+        """Start ``ss`` reporting each socket the kernel destroys, line by line, read by a thread."""
+        command = ["ss", "-tineEH"]
+        if shutil.which("stdbuf"):  # else ss writes its events a buffer at a time
+            command = ["stdbuf", "-oL", *command]
+        try:
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                       preexec_fn=_die_with_parent)
+        except OSError:
+            return None
+        threading.Thread(target=self._read_ends, args=(process.stdout,), name="socket-ends", daemon=True).start()
+        return process
+
+    def _read_ends(self, stream) -> None:
+        lines = iter(stream.readline, "")
+        for cookie, _, _, (sent, received) in _parse_sockets(lines):
+            with self._lock:
+                if cookie in self._last:
+                    self._count(cookie, sent, received)
+                    del self._last[cookie]
+                    self._vanished.pop(cookie, None)
+                    self._finished.add(cookie)
+
+    def _count(self, cookie: str, sent: int, received: int) -> None:
+        before_sent, before_received = self._last.get(cookie, (0, 0))
+        self.sent += max(0, sent - before_sent)
+        self.received += max(0, received - before_received)
+
     def sample(self) -> tuple[int, int]:
         """Take a sample; returns the running totals ``(sent, received)``."""
-        now = socket_bytes(self.pid) or {}
-        for key, (sent, received) in now.items():
-            before_sent, before_received = self._last.get(key, (0, 0))
-            self.sent += max(0, sent - before_sent)
-            self.received += max(0, received - before_received)
-        self._last = now
-        return self.sent, self.received
+        now = socket_bytes(self.pid)
+        moment = time.monotonic()
+        with self._lock:
+            if now is None:  # ss failed this time: the next reading counts what passed meanwhile
+                return self.sent, self.received
+            for cookie, (sent, received) in now.items():
+                if cookie not in self._finished:
+                    self._count(cookie, sent, received)
+                    self._last[cookie] = (sent, received)
+                    self._vanished.pop(cookie, None)
+            self._finished.intersection_update(now)
+            watched = self._ends is not None and self._ends.poll() is None
+            for cookie in set(self._last) - set(now):
+                self._vanished.setdefault(cookie, moment)
+                if not watched or moment - self._vanished[cookie] > _VANISHED_KEPT_S:
+                    del self._last[cookie]
+                    del self._vanished[cookie]
+            return self.sent, self.received
+
+    def close(self) -> None:
+        """Stop watching sockets end."""
+        if self._ends is not None and self._ends.poll() is None:
+            self._ends.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._ends.wait(5)
+        if self._ends is not None:
+            self._ends.stdout.close()
 
 
 async def _p2pd_pid(dht, node) -> int | None:
@@ -237,11 +342,15 @@ class TrafficReporter:
         meter: the installed ``TrafficMeter``.
         dht: the worker's DHT (its p2pd's sockets give the total).
         report: sends a ``worker_pipe.Traffic`` to the daemon (its fields are ``sample()``'s).
+        sockets_every_s: how often p2pd's sockets are read between reports: a connection that
+            opens and closes between two readings is never counted (``SocketTotals``); each
+            reading costs a few milliseconds of CPU (``socket_bytes``).
     """
 
-    def __init__(self, meter: TrafficMeter, dht, report, interval_s: float = 15.0, window_s: float = 60.0):
+    def __init__(self, meter: TrafficMeter, dht, report, interval_s: float = 15.0, window_s: float = 60.0,
+                 sockets_every_s: float = 2.0):
         self.meter, self.report, self.dht = meter, report, dht
-        self.interval_s, self.window_s = interval_s, window_s
+        self.interval_s, self.window_s, self.sockets_every_s = interval_s, window_s, sockets_every_s
         self._stopping = threading.Event()
         self.sockets: SocketTotals | None = None
         self._samples: list[tuple[float, dict, tuple[int, int]]] = []
@@ -300,11 +409,18 @@ class TrafficReporter:
     def _run(self) -> None:
         self._find_p2pd()
         self.sample()
-        while not self._stopping.wait(self.interval_s):
+        next_report = time.monotonic() + self.interval_s
+        while not self._stopping.wait(min(self.sockets_every_s, max(0.0, next_report - time.monotonic()))):
             try:
-                self.report(Traffic(**self.sample()))
+                if time.monotonic() >= next_report:
+                    next_report += self.interval_s
+                    self.report(Traffic(**self.sample()))
+                elif self.sockets is not None:
+                    self.sockets.sample()
             except Exception:
                 logger.exception("Could not measure traffic")
+        if self.sockets is not None:
+            self.sockets.close()
 
     def shutdown(self) -> None:
         self._stopping.set()
