@@ -178,6 +178,7 @@ _SOCKET_LINE = re.compile(r"^[A-Z-]+\s+\d+\s+\d+\s+(\S+)\s+(\S+)\s")  # state, r
 _BYTES = re.compile(r"\bbytes_(sent|received):(\d+)")
 _INODE = re.compile(r"\bino:(\d+)")
 _COOKIE = re.compile(r"\bsk:([0-9a-f]+)")
+_LEAVING = "not dst 127.0.0.0/8 and not dst [::1]"  # ss's filter: sockets whose bytes leave the machine
 _VANISHED_KEPT_S = 60.0  # how long a socket gone from the listing waits for the kernel's last word on it
 
 
@@ -232,7 +233,7 @@ def socket_bytes(pid: int) -> dict[str, tuple[int, int]] | None:
     if inodes is None:
         return None
     try:
-        finished = subprocess.run(["ss", "-tineH"], capture_output=True, text=True, timeout=5)
+        finished = subprocess.run(["ss", "-tineH", _LEAVING], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if finished.returncode != 0:
@@ -272,7 +273,7 @@ class SocketTotals:
 
     def _watch_ends(self) -> subprocess.Popen | None:
         """Start ``ss`` reporting each socket the kernel destroys, line by line, read by a thread."""
-        command = ["ss", "-tineEH"]
+        command = ["ss", "-tineEH", _LEAVING]  # every socket of the namespace: on a test machine, mostly loopback
         if shutil.which("stdbuf"):  # else ss writes its events a buffer at a time
             command = ["stdbuf", "-oL", *command]
         try:
