@@ -1,4 +1,4 @@
-"""What libp2p adds to each DHT request: the meter's ``other`` explained (issue 25).
+"""What libp2p adds to each DHT request and to the averaging streams: the meter's ``other`` explained (issue 25).
 
 Two real DHT peers on 127.0.0.1 (``tests/metered_peers.py``); one sends the
 other ``--requests`` ``rpc_find`` requests for a key nobody stores (the
@@ -9,6 +9,11 @@ sockets (``ss``): the difference is what a request costs on top, paid at both
 ends (each request opens a libp2p stream: protocol negotiation, yamux and
 noise framing, the stream's close). A peer's ``other`` at the scale lab's 8
 peers is mostly that, times its requests a second.
+
+Then the averaging streams (rows since 2026-11-29): the asker streams
+``--stream-mb`` of hivemind's averaging messages (``AveragingData`` with a
+tensor part of 64 KiB, hivemind's streaming chunk, or 4 KiB) to the other, on 1
+stream or 8 at once; what libp2p adds there is a share of the bytes averaged.
 
     .venv/bin/python benchmarks/request_framing.py --json benchmarks/request_framing_<date>.jsonl
     .venv/bin/python benchmarks/request_framing.py --report benchmarks/request_framing_<date>.jsonl
@@ -33,6 +38,8 @@ from metered_peers import installed_meter, loopback_dhts  # noqa: E402
 from run_facts import facts, read_rows  # noqa: E402
 
 RECORD_BYTES = 869  # a signed progress entry (scale_model's fitted size)
+SINK = "request_framing.sink"
+STREAMS = ((1, 2**16), (8, 2**16), (8, 2**12))  # concurrent streams, tensor part bytes a message
 
 
 def tcp_payload(pid: int) -> int:
@@ -66,7 +73,52 @@ async def _requests(dht, node, peer, kind: str, count: int) -> None:
                                            expiration_time=[get_dht_time() + 60 + index], subkeys=[b"framing"])
 
 
-def measure(count: int) -> dict:
+async def _add_sink(dht, node) -> None:
+    """Run in the receiving DHT process: a handler that reads an averaging stream to its end."""
+    from hivemind.proto import averaging_pb2
+
+    async def sink(stream, context):
+        async for _ in stream:
+            pass
+        return averaging_pb2.AveragingData()
+
+    await node.p2p.add_protobuf_handler(SINK, sink, averaging_pb2.AveragingData, stream_input=True)
+
+
+async def _stream(dht, node, peer, streams: int, messages: int, part_bytes: int) -> None:
+    """Run in the asker's DHT process: ``streams`` streams at once, each ``messages`` averaging messages."""
+    import asyncio
+
+    from hivemind.proto import averaging_pb2, runtime_pb2
+
+    part = runtime_pb2.Tensor(buffer=bytes(part_bytes))
+
+    async def parts():
+        for _ in range(messages):
+            yield averaging_pb2.AveragingData(tensor_part=part)
+
+    await asyncio.gather(*(node.p2p.call_protobuf_handler(peer, SINK, parts(), averaging_pb2.AveragingData)
+                           for _ in range(streams)))
+
+
+def _streams(meter, asker, server, pid: int, megabytes: float) -> dict:
+    """Per ``STREAMS`` case: the messages' and the TCP payload's bytes at the asker, and libp2p's share."""
+    server.run_coroutine(_add_sink)
+    found = {}
+    for streams, part_bytes in STREAMS:
+        messages = max(1, int(megabytes * 1e6 / part_bytes / streams))
+        before_messages, before_payload = sum(map(sum, meter.totals().values())), tcp_payload(pid)
+        asker.run_coroutine(functools.partial(_stream, peer=server.peer_id, streams=streams, messages=messages,
+                                              part_bytes=part_bytes))
+        time.sleep(1.0)
+        sent = (sum(map(sum, meter.totals().values())) - before_messages) / 2  # both ends counted: half is the asker's
+        payload = tcp_payload(pid) - before_payload
+        found[f"{streams} x {part_bytes // 1024} KiB"] = {"messages_bytes": sent, "tcp_payload_bytes": payload,
+                                                           "added_share": (payload - sent) / sent}
+    return found
+
+
+def measure(count: int, megabytes: float) -> dict:
     """The row: per request kind, the messages' and the TCP payload's bytes at the asker, per request."""
     meter = installed_meter()  # before the peers start: their DHT processes count into it
     kinds = {}
@@ -82,7 +134,8 @@ def measure(count: int) -> dict:
             messages = (sum(map(sum, meter.totals().values())) - messages) / 2 / count
             payload = (tcp_payload(pid) - payload) / count
             kinds[kind] = {"messages_bytes": messages, "tcp_payload_bytes": payload, "added_bytes": payload - messages}
-    return {"requests": count, "kinds": kinds}
+        streams = _streams(meter, asker, server, pid, megabytes)
+    return {"requests": count, "kinds": kinds, "stream_mb": megabytes, "streams": streams}
 
 
 def report(path: Path) -> str:
@@ -93,19 +146,28 @@ def report(path: Path) -> str:
         for kind, found in row["kinds"].items():
             lines.append(f"| {row['commit'][:7]}, {row['date'][:10]} | {kind} ({row['requests']}) | "
                          f"{found['messages_bytes']:.0f} | {found['tcp_payload_bytes']:.0f} | {found['added_bytes']:.0f} |")
+    streamed = [row for row in read_rows(path) if "streams" in row]
+    if streamed:
+        lines += ["", "| commit, date | averaging streams at once x tensor part | messages, MB (asker) | TCP payload, MB (asker) | added by libp2p |",
+                  "|---|---|---:|---:|---:|"]
+        for row in streamed:
+            for case, found in row["streams"].items():
+                lines.append(f"| {row['commit'][:7]}, {row['date'][:10]} | {case} | {found['messages_bytes'] / 1e6:.1f} | "
+                             f"{found['tcp_payload_bytes'] / 1e6:.1f} | {100 * found['added_share']:.2f} % |")
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300, help="requests of each kind measured")
+    parser.add_argument("--stream-mb", type=float, default=50.0, help="megabytes of averaging messages streamed per case")
     parser.add_argument("--json", type=Path, help="append the row here")
     parser.add_argument("--report", type=Path, help="print the table of a --json file and exit")
     options = parser.parse_args()
     if options.report:
         print(report(options.report))
         return 0
-    row = {**measure(options.requests), **facts()}
+    row = {**measure(options.requests, options.stream_mb), **facts()}
     print(json.dumps(row))
     if options.json:
         with options.json.open("a") as file:
