@@ -388,6 +388,17 @@ def mean_phases(phases: list[dict]) -> str:
     return " / ".join(f"{statistics.fmean(values):.0f}" if values else "–" for values in means) if phases else "–"
 
 
+def upkeep_cell(row: dict) -> str:
+    """The background less ``other`` (libp2p's framing of every stream, growing with the averaging bytes, and
+    whatever else the kernel carried): what p2ptrain and hivemind send to keep the swarm, mean / worst KB/s of
+    the peers; only rows whose meters are totals over the intervals each peer trained through (since 2026-11-29)."""
+    if "background_of_minutes_bytes_per_s" not in row:
+        return ""
+    upkeep = [sum(rate for kind, rate in meters.items() if kind not in ("averaging", "other"))
+              for meters in row["meter_bytes_per_s"].values()]
+    return f"; upkeep {sum(upkeep) / len(upkeep) / 1000:.1f} / {max(upkeep) / 1000:.1f}" if upkeep else ""
+
+
 def newcomers_cell(newcomers: dict | None) -> str:
     """``mean / worst (no sample); phases`` of the newcomers' first joins, or – in a row without them."""
     if not newcomers:
@@ -408,7 +419,8 @@ def report(path: Path) -> str:
              "epoch duration, mean ± spread | rounds taken ÷ epochs trained through, lowest peer | "
              "used ÷ trained, lowest peer of 5 epochs or more | line KB/s per peer, mean / worst | "
              "background KB/s per peer (all but averaging), mean / worst: from the meters' totals (rows before 2026-11-29: "
-             "the mean of the meters' last-minute rates, given as \"of minutes\" beside the totals' since) | 1-min load |",
+             "the mean of the meters' last-minute rates, given as \"of minutes\" beside the totals' since); upkeep: the same less "
+             "libp2p's `other` | 1-min load |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         shares = [share for share in row["round_share"].values() if share is not None]
@@ -437,7 +449,7 @@ def report(path: Path) -> str:
             f"{row['line_bytes_per_s_per_peer']['mean'] / 1000:.0f} / {row['line_bytes_per_s_per_peer']['worst'] / 1000:.0f} | "
             f"{row['background_bytes_per_s']['mean'] / 1000:.1f} / {row['background_bytes_per_s']['worst'] / 1000:.1f}"
             + (f" (of minutes: {minutes['mean'] / 1000:.1f} / {minutes['worst'] / 1000:.1f})"
-               if (minutes := row.get("background_of_minutes_bytes_per_s")) else "") + " | "
+               if (minutes := row.get("background_of_minutes_bytes_per_s")) else "") + upkeep_cell(row) + " | "
             f"{row['load'][0]:.1f} |")
     return "\n".join(lines)
 
