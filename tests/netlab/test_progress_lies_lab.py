@@ -10,9 +10,10 @@ second, the whole batch's samples, a time eleven days ago. Believed as
 hivemind believes every record, the first makes every honest peer jump to that
 epoch (a training peer downloads the state, again and again: no donor is
 there) and each of the others ends every epoch at the next step. Here every
-honest peer must keep its epochs: during each lie, no more than its samples
-allow (half again the 2 the honest samples make, and 2 to catch up), and over
-the 80 s no fewer than half the 8.
+honest peer must keep its epochs: during each lie, no further past the swarm's
+front as the lie began than its samples allow (half again the 2 the honest
+samples make, and 2 for the epochs under way at the lie's ends), and over the
+80 s no fewer than half the 8.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ TARGET, BATCH, PERIOD_S = 320, 2, 0.5
 LIE_S = 20.0
 LIES = [{"epoch": 1000}, {"samples_per_second": 1e9}, {"samples_accumulated": TARGET}, {"time": -1e6}]
 WARM_UP_S = 25.0
+
+
+def epoch_at(moves: list[dict], moment: float) -> int:
+    """The epoch a peer was on at ``moment``, from its epoch moves (0 before its first)."""
+    before = [move for move in moves if move["at"] < moment]
+    return before[-1]["to"] if before else (moves[0]["left"] if moves else 0)
 
 
 def test_one_hostile_peer_cannot_move_or_hurry_the_epochs_of_eight(lab_machine):
@@ -58,16 +65,19 @@ def test_one_hostile_peer_cannot_move_or_hurry_the_epochs_of_eight(lab_machine):
         until = time.time()
         swarm.finish()
 
-        moves = {host.name: epoch_moves(root / f"{host.name}.epochs", since, until) for host in hosts}
+        every_move = {host.name: epoch_moves(root / f"{host.name}.epochs", 0.0, until) for host in hosts}
+        moves = {name: [move for move in peer if move["at"] >= since] for name, peer in every_move.items()}
         # each lie in turn: the far epoch was never followed, and the epochs took their samples (8 peers x 4
-        # samples/s make 2 batches of 320 in 20 s; a peer that was behind as a lie began may catch up: 2 more)
+        # samples/s make 2 batches of 320 in 20 s; 2 more for the epochs under way as the lie began and ended).
+        # Counted from the swarm's front, the highest epoch an honest peer was on as the lie began: a peer that was
+        # behind then and catches up is not hurried (one did, by 2, in a CI run: 6 epochs against the others' 4)
         honest_epochs = LIE_S * len(hosts) * BATCH / PERIOD_S / TARGET
         for index, lie in enumerate(LIES):
             begins = since + index * LIE_S
-            advanced = {name: sum(move["to"] - move["left"] for move in peer if begins <= move["at"] < begins + LIE_S)
-                        for name, peer in moves.items()}
-            print(f"epochs each honest peer advanced while the record said {lie}: {advanced}")
-            assert all(epochs <= 1.5 * honest_epochs + 2 for epochs in advanced.values()), (lie, honest_epochs, advanced)
+            front = max(epoch_at(peer, begins) for peer in every_move.values())
+            advanced = {name: epoch_at(peer, begins + LIE_S) - front for name, peer in every_move.items()}
+            print(f"epochs past the swarm's front ({front}) of each honest peer while the record said {lie}: {advanced}")
+            assert all(epochs <= 1.5 * honest_epochs + 2 for epochs in advanced.values()), (lie, honest_epochs, front, advanced)
         # ... and were made: the lies did not stop the swarm
         assert all(len(peer) >= 0.5 * len(LIES) * honest_epochs for peer in moves.values()), \
             {name: len(peer) for name, peer in moves.items()}
