@@ -241,10 +241,15 @@ def socket_bytes(pid: int) -> dict[str, tuple[int, int]] | None:
     return {cookie: counts for cookie, _, _, counts in _parse_sockets(finished.stdout.splitlines(), inodes)}
 
 
-def _die_with_parent() -> None:
-    """In a child before it runs: the kernel ends it when the thread that started it ends."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def _dying_with_parent():
+    """A function for ``preexec_fn``: in the child, between fork and exec, it asks the kernel to end the child
+    when the thread that started it ends (``PR_SET_PDEATHSIG``). The C library is looked up here, in the parent:
+    the child of a threaded process must do as little as it can. None where there is no ``prctl``."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)
 
 
 class SocketTotals:
@@ -278,7 +283,7 @@ class SocketTotals:
             command = ["stdbuf", "-oL", *command]
         try:
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                       preexec_fn=_die_with_parent)
+                                       preexec_fn=_dying_with_parent())
         except OSError:
             return None
         threading.Thread(target=self._read_ends, args=(process.stdout,), name="socket-ends", daemon=True).start()
