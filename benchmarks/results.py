@@ -81,6 +81,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "scale": _renderer("scale"),
     "scale-model": _renderer("scale_model"),
     "request-framing": _renderer("request_framing"),
+    "state-burst": _renderer("state_burst"),
     "heterogeneous": _renderer("heterogeneous"),
 }
 

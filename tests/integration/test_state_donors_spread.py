@@ -7,16 +7,26 @@ donor declares its epoch less a fraction for each download it served lately.
 So at every moment the two donors have served within one download of each
 other. hivemind's priority (the epoch alone, ties broken at random) keeps the
 counts that close through 16 downloads about one time in 250.
+
+A donor serves at most ``MAX_SERVES_AT_ONCE`` downloads at once and answers the
+next with nothing (busy); a downloader waits for the newest epoch's donors a
+while, then asks the older ones. So a peer that declares a far epoch and answers
+every download with nothing delays a joiner by ``NEWEST_EPOCH_WAIT_S``, not for
+good. (A burst of joiners spread over the donors by that limit, in the network
+lab: ``tests/netlab/test_state_burst_lab.py``.)
 """
 
 from __future__ import annotations
 
 import time
+from typing import AsyncIterator
 
 import pytest
 import torch
+from hivemind.p2p import P2PContext
+from hivemind.proto import averaging_pb2
 
-from p2ptrain.peers.robust.averager import RECENT_SERVES_S
+from p2ptrain.peers.robust.averager import BUSY_WAIT_S, NEWEST_EPOCH_WAIT_S, RECENT_SERVES_S
 from p2ptrain.peers.robust.reduce import RobustOptions
 from p2ptrain.peers.training.diloco import PseudoGradientAverager
 
@@ -72,6 +82,49 @@ def test_sixteen_downloads_alternate_between_two_donors_at_the_same_epoch():
                 time.sleep(0.1)
         assert sorted(served.values()) == [8, 8]
         assert sorted(donor.recent_serves for donor in donors) == [8, 8]
+    finally:
+        for made in averagers:
+            made.shutdown()
+        for dht in dhts:
+            dht.shutdown()
+
+
+async def answer_nothing(self, request: averaging_pb2.DownloadRequest,
+                         context: P2PContext) -> AsyncIterator[averaging_pb2.DownloadData]:
+    """A donor's answer to a download when it is busy: nothing."""
+    return
+    yield
+
+
+# a donor that declares its state and is always busy, under the honest class name (a peer's handlers are
+# named by its class: another name would not be asked at all)
+AlwaysBusy = type("PseudoGradientAverager", (PseudoGradientAverager,), {"rpc_download_state": answer_nothing})
+
+
+@pytest.mark.timeout(180)
+def test_a_donor_that_is_always_busy_at_a_far_epoch_delays_a_joiner_only_for_a_while():
+    dhts = start_dhts(3)
+    averagers = []
+    try:
+        honest = averager(dhts[0], SWARM_EPOCH, share=True)
+        averagers.append(honest)
+        tensors = [torch.ones(shape) for shape in SHAPES] * 2
+        busy = AlwaysBusy(
+            state_provider=Served({"epoch": 1000}, tensors), averaged_tensors=[torch.zeros(shape) for shape in SHAPES],
+            dht=dhts[1], prefix=PREFIX, min_matchmaking_time=2.0, request_timeout=1.0, start=True, allow_state_sharing=True,
+            robust=RobustOptions.for_pseudo_gradients(max_weight=1e6, inner_lr=1e-3, rounds_held=1.0, parameter_count=len(SHAPES)))
+        busy.state_sharing_priority = 1000
+        averagers.append(busy)
+        joiner = averager(dhts[2], 1, share=False)
+        averagers.append(joiner)
+        wait_for_sharers(dhts[2], PREFIX, 2, top_priority=1000)
+        began = time.monotonic()
+        loaded = joiner.load_state_from_peers(timeout=120)
+        waited = time.monotonic() - began
+        assert loaded is not None and loaded[0] == {"epoch": SWARM_EPOCH}, loaded
+        assert joiner.last_state_source == honest.peer_id.to_base58()
+        # it waited for the far epoch's donor to be free, then took the newest state another donor had
+        assert NEWEST_EPOCH_WAIT_S <= waited < BUSY_WAIT_S, waited
     finally:
         for made in averagers:
             made.shutdown()

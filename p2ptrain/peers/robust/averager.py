@@ -18,6 +18,17 @@
   downloads it served in the last ``RECENT_SERVES_S`` seconds, so a newer epoch
   still wins and, at the same epoch, the peer that served fewer lately does
   (one donor took every joiner in hivemind's swarms: hivemind #169);
+- serves at most ``MAX_SERVES_AT_ONCE`` downloads at once: a further downloader
+  gets an empty answer (busy) and tries the next donor. Priorities are read from
+  the DHT once per download, so a burst of joiners all pick the same donor, the
+  one that reached the newest epoch first, and share its uplink; the busy answer
+  sends them on. For its first ``NEWEST_EPOCH_WAIT_S`` a downloader takes no older
+  epoch than a busy donor's (an older state would be downloaded again at once):
+  after a pass over the donors in which one was busy, it waits ``BUSY_RETRY_S``,
+  reads the priorities again (the rest of the swarm reaches that epoch seconds
+  later) and asks again, for up to ``BUSY_WAIT_S``. Past ``NEWEST_EPOCH_WAIT_S`` it
+  asks the older epochs' donors too, so a peer that declares a far epoch and answers
+  nothing delays joiners by that much, not forever;
 - reports each round's named peers to its ``trust.Trust`` through a queue
   (its rounds run in the averager's own process) and takes ban-list updates
   from it through hivemind's control pipe;
@@ -34,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import multiprocessing
 import random
 import time
@@ -62,6 +74,11 @@ logger = get_logger(__name__)
 _PEER_ID_CHARS = 64  # a libp2p peer id in base58 is 46-52 characters
 RECENT_SERVES_S = 300.0  # downloads served within this many seconds make this peer a later choice for the next
 _SERVES_KEPT = 32  # the serve times remembered (more within RECENT_SERVES_S count as this many)
+MAX_SERVES_AT_ONCE = 2  # downloads of this peer's state served at once; another downloader is told to try elsewhere
+BUSY_RETRY_S = 1.0  # after a pass in which a donor was busy, the downloader asks again this much later...
+BUSY_WAIT_S = 60.0  # ...for up to this long since its download began (and within its own timeout)
+NEWEST_EPOCH_WAIT_S = 10.0  # for this long, no donor of an older epoch than a busy donor's is asked
+BUSY = "busy"  # what a donor's empty answer to a download means (``_download_state``)
 AVERAGING_NAMES = {"_diloco": "pseudo-gradient", "_grad_averager": "gradient", "_state_averager": "state"}
 
 
@@ -84,6 +101,9 @@ class RobustAverager(DecentralizedAverager):
         self._state_source = multiprocessing.Array("c", _PEER_ID_CHARS)  # base58 of the peer whose state was taken last
         self._state_downloads = multiprocessing.Value("i", 0)  # states taken so far
         self._serve_times = multiprocessing.Array("d", _SERVES_KEPT)  # when this peer served its state (time.time())
+        self._serving = multiprocessing.Value("i", 0)  # downloads of this peer's state in progress
+        self._most_serving = multiprocessing.Value("i", 0)  # the most it served at once so far
+        self._busy_refusals = multiprocessing.Value("i", 0)  # downloaders told it was busy so far
         self._banned = {PeerID.from_base58(peer_id) for peer_id in self.trust.banned}
         self._judge: RoundJudge | None = None
         self._tasks_held: set[asyncio.Task] = set()  # in the averager's process: see _held
@@ -122,6 +142,21 @@ class RobustAverager(DecentralizedAverager):
         """The downloads of this peer's state served in the last ``RECENT_SERVES_S`` seconds."""
         since = time.time() - RECENT_SERVES_S
         return sum(1 for served in self._serve_times[:] if served > since)
+
+    @property
+    def serving_now(self) -> int:
+        """Downloads of this peer's state in progress."""
+        return self._serving.value
+
+    @property
+    def most_serving_at_once(self) -> int:
+        """The most downloads of this peer's state it served at once so far (at most ``MAX_SERVES_AT_ONCE``)."""
+        return self._most_serving.value
+
+    @property
+    def busy_refusals(self) -> int:
+        """How many downloaders this peer sent elsewhere so far, busy serving ``MAX_SERVES_AT_ONCE`` others."""
+        return self._busy_refusals.value
 
     @property
     def state_downloads(self) -> int:
@@ -173,12 +208,27 @@ class RobustAverager(DecentralizedAverager):
 
     async def rpc_download_state(self, request: averaging_pb2.DownloadRequest,
                                  context: P2PContext) -> AsyncIterator[averaging_pb2.DownloadData]:
-        """hivemind's: this peer's state to a peer that downloads it; once served, its lower priority
-        is declared at once (see the module doc)."""
+        """hivemind's: this peer's state to a peer that downloads it, or an empty answer while this peer
+        serves ``MAX_SERVES_AT_ONCE`` others (the downloader tries the next donor); once served, its lower
+        priority is declared at once (see the module doc)."""
+        with self._serving.get_lock():
+            busy = self._serving.value >= MAX_SERVES_AT_ONCE
+            if not busy:
+                self._serving.value += 1
+                self._most_serving.value = max(self._most_serving.value, self._serving.value)
+        if busy:
+            with self._busy_refusals.get_lock():
+                self._busy_refusals.value += 1
+            logger.info(f"Sent a state download from {context.remote_id} elsewhere: serving {MAX_SERVES_AT_ONCE} already")
+            return
         served = False
-        async for message in super().rpc_download_state(request, context):
-            served = True
-            yield message
+        try:
+            async for message in super().rpc_download_state(request, context):
+                served = True
+                yield message
+        finally:
+            with self._serving.get_lock():
+                self._serving.value -= 1
         if served:
             times = self._serve_times
             times[min(range(len(times)), key=times.__getitem__)] = time.time()
@@ -219,60 +269,95 @@ class RobustAverager(DecentralizedAverager):
             await self._download_checked_state(future, timeout)
 
     async def _download_checked_state(self, future: MPFuture, timeout: float | None) -> None:
+        """Passes over the donors, newest epoch first (see the module doc), until one's state is taken, no
+        donor was busy, or ``BUSY_WAIT_S`` (or ``timeout``, the caller's for the whole download) passed."""
+        began = time.monotonic()
+        give_up = began + min(BUSY_WAIT_S, timeout if timeout is not None else BUSY_WAIT_S)
         if timeout is not None:
             timeout = self.next_chunk_timeout if self.next_chunk_timeout is not None else self.request_timeout
         try:
-            key_manager = self._matchmaking.group_key_manager
-            priorities, _ = self.dht.get(f"{key_manager.prefix}.all_averagers", latest=True) or ({}, None)
-            priorities = {
-                PeerID(peer_id): (float(info.value), random.random())  # randomness breaks ties
-                for peer_id, info in priorities.items()
-                if isinstance(info, ValueWithExpiration) and isinstance(info.value, (float, int))
-            }
-            candidates = [peer for peer in sorted(priorities, key=priorities.get, reverse=True)
-                          if peer != self.peer_id and peer not in self._banned]
-            own = None
             far_refused = []  # (peer, why, ratio, tensors) refused by checks 3-4 only: a second peer may confirm one
-            for peer in candidates:
-                downloaded = await self._download_state(peer, timeout)
-                if downloaded is None:
-                    continue
-                parameter_count = self.robust_options.parameter_count or 0
-                if own is None:
-                    own_metadata, own, _ = await self._get_current_state_from_host_process()
-                    own_epoch = _epoch(self.serializer.loads(own_metadata)) or 0
-                metadata, tensors = downloaded
-                problem = state_check.broken_state(own, tensors, parameter_count)
-                if problem is not None:
-                    self._refused_state(peer, problem, float("inf"))
-                    continue
-                far = state_check.far_state(own, tensors, parameter_count, (_epoch(metadata) or 0) - own_epoch)
-                if far is None or any(state_check.same_state(other, tensors, parameter_count) for *_, other in far_refused):
-                    # a far state is somebody's fault only once this peer knows the swarm's one
-                    for other_peer, why, ratio, other in far_refused:
-                        if not state_check.same_state(other, tensors, parameter_count):
-                            self._refused_state(other_peer, f"{why}, and it differs from the state another peer served", ratio)
-                    self._state_source.value = peer.to_base58().encode()[:_PEER_ID_CHARS]
-                    with self._state_downloads.get_lock():
-                        self._state_downloads.value += 1
-                    future.set_result(downloaded)
+            refused = set()  # peers whose state was refused, not asked again in a later pass
+            while True:
+                newest_only = time.monotonic() - began < NEWEST_EPOCH_WAIT_S
+                taken, busy = await self._download_pass(timeout, far_refused, refused, newest_only)
+                if taken is not None:
+                    future.set_result(taken)
                     return
-                logger.info(f"Not taking the state of {peer} unless another peer serves the same: {far[0]}")
-                far_refused.append((peer, *far, tensors))
+                if not busy or time.monotonic() + BUSY_RETRY_S > give_up:
+                    return
+                await asyncio.sleep(BUSY_RETRY_S)
         finally:
             if not future.done():
                 future.set_result(None)
 
+    def _state_donors(self) -> list[tuple[PeerID, int]]:
+        """The peers that declare their state (but this one and the banned), highest priority first, each
+        with the epoch its priority declares (``state_sharing_priority``: the epoch less a fraction)."""
+        key_manager = self._matchmaking.group_key_manager
+        priorities, _ = self.dht.get(f"{key_manager.prefix}.all_averagers", latest=True) or ({}, None)
+        priorities = {
+            PeerID(peer_id): (float(info.value), random.random())  # randomness breaks ties
+            for peer_id, info in priorities.items()
+            if isinstance(info, ValueWithExpiration) and isinstance(info.value, (float, int))
+        }
+        return [(peer, math.ceil(priorities[peer][0])) for peer in sorted(priorities, key=priorities.get, reverse=True)
+                if peer != self.peer_id and peer not in self._banned]
+
+    async def _download_pass(self, timeout: float | None, far_refused: list, refused: set[PeerID],
+                             newest_only: bool) -> tuple[tuple | None, bool]:
+        """One pass over the donors but those in ``refused`` (which it adds to): ``(metadata, tensors)`` taken,
+        or None; and whether a donor was busy. ``newest_only``: no donor of an older epoch than a busy one's
+        is asked."""
+        own, busy_epoch = None, None
+        for peer, epoch in self._state_donors():
+            if newest_only and busy_epoch is not None and epoch < busy_epoch:
+                break
+            if peer in refused:
+                continue
+            downloaded = await self._download_state(peer, timeout)
+            if downloaded is BUSY:
+                busy_epoch = epoch if busy_epoch is None else busy_epoch
+                continue
+            if downloaded is None:
+                continue
+            parameter_count = self.robust_options.parameter_count or 0
+            if own is None:
+                own_metadata, own, _ = await self._get_current_state_from_host_process()
+                own_epoch = _epoch(self.serializer.loads(own_metadata)) or 0
+            metadata, tensors = downloaded
+            problem = state_check.broken_state(own, tensors, parameter_count)
+            if problem is not None:
+                self._refused_state(peer, problem, float("inf"))
+                refused.add(peer)
+                continue
+            far = state_check.far_state(own, tensors, parameter_count, (_epoch(metadata) or 0) - own_epoch)
+            if far is None or any(state_check.same_state(other, tensors, parameter_count) for *_, other in far_refused):
+                # a far state is somebody's fault only once this peer knows the swarm's one
+                for other_peer, why, ratio, other in far_refused:
+                    if not state_check.same_state(other, tensors, parameter_count):
+                        self._refused_state(other_peer, f"{why}, and it differs from the state another peer served", ratio)
+                self._state_source.value = peer.to_base58().encode()[:_PEER_ID_CHARS]
+                with self._state_downloads.get_lock():
+                    self._state_downloads.value += 1
+                return downloaded, busy_epoch is not None
+            logger.info(f"Not taking the state of {peer} unless another peer serves the same: {far[0]}")
+            far_refused.append((peer, *far, tensors))
+            refused.add(peer)
+        return None, busy_epoch is not None
+
     async def _download_state(self, peer: PeerID, timeout: float | None):
-        """``(metadata, tensors)`` as ``peer`` shares them, or None (hivemind's download from one peer)."""
+        """``(metadata, tensors)`` as ``peer`` shares them, :data:`BUSY` when it answered nothing (it serves
+        others, or shares no state), or None when the download failed (hivemind's download from one peer)."""
         started = time.monotonic()
         logger.info(f"Downloading parameters from peer {peer}")
-        metadata = None
+        metadata, answered = None, False
         try:
             stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
             stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
             current_tensor_parts, tensors = [], []
             async for message in aiter_with_timeout(stream, timeout=timeout):
+                answered = True
                 if message.metadata:
                     metadata = self.serializer.loads(message.metadata)
                 if message.tensor_part.dtype and current_tensor_parts:
@@ -285,6 +370,9 @@ class RobustAverager(DecentralizedAverager):
         except Exception as error:
             logger.warning(f"Failed to download state from {peer}: {error!r}")
             return None
+        if not answered:
+            logger.info(f"Peer {peer} is busy serving its state to others")
+            return BUSY
         if not metadata:
             logger.debug(f"Peer {peer} did not send its state")
             return None
