@@ -8,7 +8,8 @@ joiner must get the newest epoch's state, no donor may begin more than
 ``MAX_SERVES_AT_ONCE`` serves within half a serve's time (they ran at once), and no
 donor may serve more than 2 of every 3 downloads (the issue's bar). Without the
 limit on serves at once (hivemind's averager, and p2ptrain's before it), the first
-donor served all five at once, and the last joiner waited 20 s instead of 12.
+donor served all five at once, and the last joiner waited 21-22 s instead of 12
+(``benchmarks/state_burst.py``).
 """
 
 from __future__ import annotations
