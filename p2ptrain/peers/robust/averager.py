@@ -29,6 +29,18 @@
   later) and asks again, for up to ``BUSY_WAIT_S``. Past ``NEWEST_EPOCH_WAIT_S`` it
   asks the older epochs' donors too, so a peer that declares a far epoch and answers
   nothing delays joiners by that much, not forever;
+- gives up on a group member that stopped sending in a round after a deadline
+  set by this peer's own recent rounds: ``STALL_FACTOR`` times the longest of
+  its last ``ROUNDS_TIMED`` rounds in which every member sent (at least
+  ``MIN_STALL_S``, at most the deadline configured, else the round's timeout),
+  once ``ROUNDS_BEFORE_ADAPTING`` were timed. hivemind's deadlines are fixed:
+  DiLoCo's averager had none per member, so a volunteer whose machine froze or
+  whose line dropped after its group formed held the group until the round's
+  timeout (120 s on the internet), then the round failed for all; sync mode's
+  was a fixed 30 s. Now the member is left out (hivemind's
+  ``sender_timeout``: the others average without it) once it is that far
+  behind. In a swarm of a thousand someone leaves mid-round every round: a
+  fixed deadline makes every round wait for the slowest;
 - reports each round's named peers to its ``trust.Trust`` through a queue
   (its rounds run in the averager's own process) and takes ban-list updates
   from it through hivemind's control pipe;
@@ -44,6 +56,7 @@ and this module's ``GradientAverager``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import math
 import multiprocessing
@@ -79,6 +92,10 @@ BUSY_RETRY_S = 1.0  # after a pass in which a donor was busy, the downloader ask
 BUSY_WAIT_S = 60.0  # ...for up to this long since its download began (and within its own timeout)
 NEWEST_EPOCH_WAIT_S = 10.0  # for this long, no donor of an older epoch than a busy donor's is asked
 BUSY = "busy"  # what a donor's empty answer to a download means (``_download_state``)
+ROUNDS_TIMED = 8  # the last rounds (every member sent) whose durations set the stall deadline...
+ROUNDS_BEFORE_ADAPTING = 3  # ...once this many were timed
+STALL_FACTOR = 3.0  # a member that sent nothing for this many times the longest of them is left out...
+MIN_STALL_S = 10.0  # ...but never sooner than this
 AVERAGING_NAMES = {"_diloco": "pseudo-gradient", "_grad_averager": "gradient", "_state_averager": "state"}
 
 
@@ -107,6 +124,8 @@ class RobustAverager(DecentralizedAverager):
         self._banned = {PeerID.from_base58(peer_id) for peer_id in self.trust.banned}
         self._judge: RoundJudge | None = None
         self._tasks_held: set[asyncio.Task] = set()  # in the averager's process: see _held
+        self._round_seconds: collections.deque[float] = collections.deque(maxlen=ROUNDS_TIMED)  # ditto
+        self._stall_deadline = multiprocessing.Value("d", 0.0)  # the last round's (0: the configured one)
         super().__init__(*args, **kwargs)
         self.trust.attach(self)
         # the averager's process handles its pipe in order: this comes before any round
@@ -159,6 +178,12 @@ class RobustAverager(DecentralizedAverager):
         return self._busy_refusals.value
 
     @property
+    def stall_deadline(self) -> float | None:
+        """Seconds the last round waited for a member that sent nothing before leaving it out, when set from
+        this peer's recent rounds (None before: the configured deadline)."""
+        return self._stall_deadline.value or None
+
+    @property
     def state_downloads(self) -> int:
         """How many states this averager downloaded and took so far."""
         return self._state_downloads.value
@@ -189,6 +214,8 @@ class RobustAverager(DecentralizedAverager):
     async def _run_allreduce_inplace_(self, tensors, group_info: GroupInfo, group_id: bytes | None = None, **kwargs):
         """hivemind's round, run by a ``RobustAllReduceRunner``."""
         group_id = group_info.group_id if group_id is None else group_id
+        kwargs.update(self._stall_deadlines(kwargs.get("sender_timeout")))
+        started = time.monotonic()
         runner = RobustAllReduceRunner(
             judge=self._round_judge(), p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors,
             group_id=group_id, ordered_peer_ids=group_info.peer_ids, **kwargs,
@@ -205,6 +232,21 @@ class RobustAverager(DecentralizedAverager):
         else:
             async for _ in runner:
                 raise ValueError("aux peers should not receive averaged tensors")
+        if not runner.banned_senders:  # a round that waited for a stalled member would lengthen the next deadline
+            self._round_seconds.append(time.monotonic() - started)
+
+    def _stall_deadlines(self, configured: float | None) -> dict:
+        """The next round's ``sender_timeout`` and ``reducer_timeout`` (hivemind's ratio, 2) from this peer's
+        recent rounds (see the module doc); none before ``ROUNDS_BEFORE_ADAPTING`` rounds were timed.
+        ``configured``: the averager's own ``sender_timeout``, the most it waits."""
+        if len(self._round_seconds) < ROUNDS_BEFORE_ADAPTING:
+            return {}
+        sender = max(MIN_STALL_S, STALL_FACTOR * max(self._round_seconds))
+        ceiling = configured if configured is not None else self._allreduce_timeout
+        if ceiling is not None:
+            sender = min(sender, ceiling)
+        self._stall_deadline.value = sender
+        return {"sender_timeout": sender, "reducer_timeout": 2 * sender}
 
     async def rpc_download_state(self, request: averaging_pb2.DownloadRequest,
                                  context: P2PContext) -> AsyncIterator[averaging_pb2.DownloadData]:
