@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import re
 import subprocess
 import sys
@@ -35,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 from metered_peers import installed_meter, loopback_dhts  # noqa: E402
-from run_facts import facts, read_rows  # noqa: E402
+from run_facts import append_row, facts, read_rows  # noqa: E402
 
 RECORD_BYTES = 869  # a signed progress entry (scale_model's fitted size)
 SINK = "request_framing.sink"
@@ -168,10 +167,7 @@ def main() -> int:
         print(report(options.report))
         return 0
     row = {**measure(options.requests, options.stream_mb), **facts()}
-    print(json.dumps(row))
-    if options.json:
-        with options.json.open("a") as file:
-            file.write(json.dumps(row) + "\n")
+    append_row(options.json, row)
     return 0
 
 

@@ -82,6 +82,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "scale-model": _renderer("scale_model"),
     "request-framing": _renderer("request_framing"),
     "state-burst": _renderer("state_burst"),
+    "round-stall": _renderer("round_stall"),
     "heterogeneous": _renderer("heterogeneous"),
 }
 

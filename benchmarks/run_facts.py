@@ -57,3 +57,11 @@ def facts() -> dict:
 def read_rows(path: Path) -> list[dict]:
     """The raw rows of a benchmark's JSON-lines data file, in its order."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def append_row(path: Path | None, row: dict) -> None:
+    """Print a benchmark's ``row`` as one JSON line, and append it to the data file ``path`` when given."""
+    print(json.dumps(row), flush=True)
+    if path:
+        with path.open("a") as file:
+            file.write(json.dumps(row) + "\n")

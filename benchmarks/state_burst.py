@@ -17,7 +17,6 @@ how long the joiners waited (mean, and the last one).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests" / "netlab")]
 
-from run_facts import facts, read_rows  # noqa: E402
+from run_facts import append_row, facts, read_rows  # noqa: E402
 from joiner_burst import FIRST_EPOCH, burst, most_at_once, top_share  # noqa: E402
 
 ARMS = {0: "none (hivemind's)", None: "p2ptrain's"}  # --max-serves of each arm, in words
@@ -62,10 +61,7 @@ def main() -> int:
     for _ in range(options.repeats):
         for max_serves in ARMS:
             row = {"max_serves": max_serves, "limit": MAX_SERVES_AT_ONCE, **burst(max_serves=max_serves), **facts()}
-            print(json.dumps(row))
-            if options.json:
-                with options.json.open("a") as file:
-                    file.write(json.dumps(row) + "\n")
+            append_row(options.json, row)
     return 0
 
 

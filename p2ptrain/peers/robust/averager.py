@@ -234,6 +234,11 @@ class RobustAverager(DecentralizedAverager):
                 raise ValueError("aux peers should not receive averaged tensors")
         if not runner.banned_senders:  # a round that waited for a stalled member would lengthen the next deadline
             self._round_seconds.append(time.monotonic() - started)
+        else:
+            deadline = kwargs.get("sender_timeout")
+            logger.info(f"Averaged without {len(runner.banned_senders)} group member(s) that sent nothing for "
+                        f"{'the round' if deadline is None else f'{deadline:.1f} s'}: "
+                        f"{', '.join(str(peer) for peer in runner.banned_senders)}")
 
     def _stall_deadlines(self, configured: float | None) -> dict:
         """The next round's ``sender_timeout`` and ``reducer_timeout`` (hivemind's ratio, 2) from this peer's
