@@ -33,7 +33,7 @@ def report(path: Path) -> str:
              "member stopped: s until it ended | of the others, averaged | deadline, s |",
              "|---|---|---:|---:|---:|---:|"]
     for row in read_rows(path):
-        deadlines = {deadline for deadline in row["deadlines"]}
+        deadlines = set(row["deadlines"])
         shown = ", ".join("none" if deadline is None else f"{deadline:g}" for deadline in sorted(deadlines, key=lambda d: d or 0))
         lines.append(f"| {row['commit'][:7]}, {row['date'][:10]} | {ARMS[row['adapt']]} | {statistics.mean(row['rounds_s']):.2f} | "
                      f"{row['seconds']:.1f} | {row['averaged']} of {row['peers'] - 1} | {shown} |")
