@@ -235,6 +235,31 @@ def read_record(dht, key: str, return_future: bool = False, max_age_s: float = 0
                              return_future=return_future)
 
 
+async def _read_each(dht, node, keys: list[str], local_copy_is_complete: bool):
+    """Run in the DHT process: :func:`_read` of each of ``keys`` at once, as one value (the list of what each
+    found, None where nothing) expiring with the latest of them."""
+    from hivemind.utils import ValueWithExpiration
+
+    found = await asyncio.gather(*(_read(dht, node, key, local_copy_is_complete) for key in keys))
+    return ValueWithExpiration(list(found), max((each.expiration_time for each in found if each is not None), default=-float("inf")))
+
+
+def read_records(dht, keys: list[str], return_future: bool = False):
+    """:func:`read_record` of each of ``keys`` at once: a ``ValueWithExpiration`` whose value lists what each
+    key's read found (None where nothing), e.g. a shard of the progress records and the shards' summaries
+    (``progress_shards``).
+
+    Args:
+        dht: a running hivemind DHT (made by ``p2ptrain.peers.net.dht.start_dht``).
+        keys: the DHT keys, read at once.
+        return_future: return hivemind's MPFuture instead of waiting (as ``DHT.get``).
+    """
+    started = getattr(dht, "p2ptrain_started", None)
+    complete = started is not None and time.monotonic() - started >= FULL_COPY_AFTER_S
+    return dht.run_coroutine(functools.partial(_read_each, keys=keys, local_copy_is_complete=complete),
+                             return_future=return_future)
+
+
 async def _search_holders(node, key_id) -> dict:
     """Run in the DHT process: the nodes nearest to ``key_id``, nearest first (this one included, up
     to a k-bucket: a holder that does not answer has a successor), found by a search whose answers

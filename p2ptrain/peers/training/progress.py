@@ -43,10 +43,15 @@ tracker waits for the goodbye that removes its record (``shutdown``). And the
 other peers' records are checked before they are believed: a hostile peer's
 record could otherwise stop the swarm or make it step at every local step
 (``progress_checks``).
+
+Past ``progress_shards.SHARD_RECORDS`` peers the records are kept in shards,
+and each shard's summary stands for its records at the readers of the other
+shards (``progress_shards``): a read carries about N / S + 2 S entries, not N.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Collection
@@ -55,7 +60,8 @@ from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.p2p import PeerID
 from hivemind.utils import ValueWithExpiration, get_dht_time
 
-from p2ptrain.peers.net.local_reads import LocalFirstDHT
+from p2ptrain.peers.net.local_reads import LocalFirstDHT, read_records, store_record
+from p2ptrain.peers.training import progress_shards as shards_of_records
 from p2ptrain.peers.training.progress_checks import ProgressChecks
 from p2ptrain.peers.training.settings import start_round_log
 
@@ -75,11 +81,14 @@ class QuietProgressTracker(ProgressTracker):
         dht: the peer's DHT; progress is read through ``local_reads.LocalFirstDHT``.
         report_period: seconds between stores of this peer's progress within one epoch.
         banned: peer ids (base58) whose records are not believed (``Trust.banned``: read at each read).
+        shard_records: the most records a shard of the progress records is meant to hold
+            (``progress_shards.SHARD_RECORDS``; labs set fewer, to see shards with a few peers).
         **kwargs: hivemind's ProgressTracker arguments; ``min_refresh_period`` and
             ``max_refresh_period`` default to 2 and 30 seconds (hivemind: 0.5 and 10).
     """
 
-    def __init__(self, dht, *args, report_period: float = REPORT_PERIOD_S, banned: Collection[str] = (), **kwargs):
+    def __init__(self, dht, *args, report_period: float = REPORT_PERIOD_S, banned: Collection[str] = (),
+                 shard_records: int = shards_of_records.SHARD_RECORDS, **kwargs):
         kwargs.setdefault("min_refresh_period", MIN_REFRESH_PERIOD_S)
         kwargs.setdefault("max_refresh_period", MAX_REFRESH_PERIOD_S)
         self.report_period = report_period
@@ -88,9 +97,27 @@ class QuietProgressTracker(ProgressTracker):
         self._last_trigger = -float("inf")
         self._banned = banned
         self._checks: ProgressChecks | None = None  # made at the first read (hivemind's __init__ sets what it needs)
-        super().__init__(LocalFirstDHT(dht), *args, **kwargs)
+        self.shard_records = shard_records
+        self.shards = 1  # the layout this peer reads and stores in (``progress_shards``)
+        self._summaries: list[dict] = []  # the shards' summaries at the last read of them
+        self._summaries_read_at = -float("inf")  # monotonic
+        self._summary_stored_at = -float("inf")  # monotonic
+        self._moved_at = -float("inf")  # monotonic: when this peer last moved to another layout
+        super().__init__(_ProgressDHT(dht, self), *args, **kwargs)
 
     other_peers = 0  # set by every look at the swarm's records (the first one in hivemind's __init__)
+
+    @property
+    def _base_key(self) -> str:
+        """hivemind's progress key (a layout of one shard); the shards' keys and the summaries' derive from it."""
+        return f"{self.prefix}_progress"
+
+    def keys_to_read(self, key: str) -> list[str]:
+        """What a read of ``key`` (this peer's shard) asks for: with the shards' summaries when this peer reads
+        in shards, or at its first read and every ``LAYOUT_CHECK_S`` in one (``progress_shards``)."""
+        if self.shards > 1 or time.monotonic() - self._summaries_read_at >= shards_of_records.LAYOUT_CHECK_S:
+            return [key, shards_of_records.summary_key(self._base_key)]
+        return [key]
 
     @property
     def alone(self) -> bool:
@@ -103,10 +130,19 @@ class QuietProgressTracker(ProgressTracker):
         return self.other_peers == 0
 
     def _parse_swarm_progress_data(self, metadata):
-        """hivemind's, on the records ``progress_checks`` believes, counting those of peers other than this
-        one (:attr:`alone`); under the round log (``settings.ROUND_LOG_VARIABLE``) it also logs the records
-        it read and what it doubted of them."""
+        """hivemind's, on the records ``progress_checks`` believes of this peer's shard and the summaries
+        ``progress_shards`` believes of the others, counting the peers other than this one (:attr:`alone`);
+        moves to another layout of shards when the peers seen call for it. Under the round log
+        (``settings.ROUND_LOG_VARIABLE``) it also logs the records it read and what it doubted of them."""
         now = get_dht_time()
+        if isinstance(metadata, list):  # this peer's shard, and the summaries when they were read
+            if len(metadata) > 1:
+                found = metadata[1].value if metadata[1] is not None else None
+                self._summaries = [entry.value for entry in (found.values() if isinstance(found, dict) else ())
+                                   if entry.value is not None]
+                self._summaries_read_at = time.monotonic()
+            metadata = metadata[0].value if metadata[0] is not None else None
+        doubts = []
         if isinstance(metadata, dict):
             if self._checks is None:
                 self._checks = ProgressChecks(self.target_batch_size, self.metadata_expiration, self._banned)
@@ -115,14 +151,68 @@ class QuietProgressTracker(ProgressTracker):
                                           ema.samples_per_second if ema.num_updates else None, now)
             metadata = {key: ValueWithExpiration(value, metadata[key].expiration_time)
                         for key, value in belief.records.items()}
-            if self.log_records and belief.doubts:
-                logger.info("progress records doubted: %s", "; ".join(belief.doubts))
+            doubts += belief.doubts
         records = {key: entry.value for key, entry in (metadata.items() if isinstance(metadata, dict) else ())
                    if isinstance(entry.value, dict)}
-        self.other_peers = sum(1 for key in records if key != self._local_public_key)
+        own_shard = shards_of_records.shard_of(self._local_public_key, self.shards)
+        summaries = shards_of_records.believe_summaries(
+            self._summaries, self.shards, own_shard, list(records.values()), self.local_progress.epoch,
+            self.target_batch_size, self.metadata_expiration, now, self._banned, self.shard_records)
+        doubts += summaries.doubts
+        self.other_peers = sum(1 for key in records if key != self._local_public_key) + summaries.peers
         if self.log_records:
             logger.info("progress records read: %s", describe_records(list(records.values()), now))
-        return super()._parse_swarm_progress_data(metadata)
+            if doubts:
+                logger.info("progress records doubted: %s", "; ".join(doubts))
+        if summaries.records:
+            expiration = now + self.metadata_expiration
+            metadata = {**(metadata if isinstance(metadata, dict) else {}),
+                        **{("summary", *place): ValueWithExpiration(record, expiration) for place, record in summaries.records.items()}}
+        progress = super()._parse_swarm_progress_data(metadata)
+        if summaries.records:
+            progress = dataclasses.replace(progress, num_peers=len(records) + summaries.peers,
+                                           num_clients=sum(record["client_mode"] for record in records.values()) + summaries.clients)
+        self._summarize(records, own_shard, now)
+        self._follow_the_layout(len(records) + summaries.peers, now, progress)
+        return progress
+
+    def _summarize(self, records: dict, own_shard: int, now: float) -> None:
+        """Store this peer's shard's summary (its records as believed, this peer's own as it stands now) when it
+        is one of its shard's summarizers: at most every ``SUMMARY_PERIOD_S`` in shards, every ``LAYOUT_CHECK_S``
+        in one (for the peers in shards to see this layout)."""
+        period = shards_of_records.SUMMARY_PERIOD_S if self.shards > 1 else shards_of_records.LAYOUT_CHECK_S
+        if time.monotonic() - self._summary_stored_at < period:
+            return
+        if not shards_of_records.summarizes(self._local_public_key, list(records)):
+            return
+        own = self.local_progress.dict()
+        summary = shards_of_records.summarize({**records, self._local_public_key: own}, self.shards, own_shard,
+                                              own["peer_id"], now)
+        self._summary_stored_at = time.monotonic()
+        store_record(self.dht, shards_of_records.summary_key(self._base_key), self._local_public_key, summary,
+                     now + self.metadata_expiration, return_future=True)
+
+    def _follow_the_layout(self, peers_seen: int, now: float, progress) -> None:
+        """Move this peer's record to the layout of shards the peers seen call for (``progress_shards``): its
+        record's goodbye in the old key (and its summary's), its record stored in the new one soon, and the
+        next read soon after."""
+        layout = shards_of_records.followed_layout(self._summaries, self.shards, peers_seen, now, self.metadata_expiration)
+        if layout == self.shards:
+            layout = shards_of_records.shards_for(peers_seen, self.shards, self.shard_records)
+        if layout == self.shards:
+            return
+        old_key = self.training_progress_key
+        self.shards, self._moved_at = layout, time.monotonic()
+        self.training_progress_key = shards_of_records.shard_key(
+            self._base_key, layout, shards_of_records.shard_of(self._local_public_key, layout))
+        logger.info("Progress records: %d peer(s) seen, now in %d shard(s); this peer's under %s",
+                    peers_seen, layout, self.training_progress_key)
+        for key in (old_key, shards_of_records.summary_key(self._base_key)):
+            store_record(self.dht, key, self._local_public_key, None, now + self.metadata_expiration, return_future=True)
+        self._summary_stored_at = -float("inf")
+        progress.next_fetch_time = min(progress.next_fetch_time, now + self.min_refresh_period)
+        if hasattr(self, "should_report_progress"):  # not before hivemind's __init__ made it (its first read)
+            self.should_report_progress.set()
 
     def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
         """hivemind's, with two changes.
@@ -191,10 +281,13 @@ class QuietProgressTracker(ProgressTracker):
         self.should_report_progress.set()
         self.global_state_updated.set()
         self.shutdown_complete.wait(timeout)
-        goodbye = self.dht.store(self.training_progress_key, subkey=self._local_public_key, value=None,
-                                 expiration_time=get_dht_time() + self.metadata_expiration, return_future=True)
+        keys = [self.training_progress_key, shards_of_records.summary_key(self._base_key)]
+        goodbyes = [self.dht.store(key, subkey=self._local_public_key, value=None,
+                                   expiration_time=get_dht_time() + self.metadata_expiration, return_future=True)
+                    for key in keys]
         try:
-            goodbye.result(GOODBYE_STORE_TIMEOUT_S)
+            for goodbye in goodbyes:
+                goodbye.result(GOODBYE_STORE_TIMEOUT_S)
         except Exception as error:  # the DHT failed or the holders did not answer: the record expires on its own
             logger.info("Progress goodbye not stored: %r", error)
 
@@ -210,3 +303,16 @@ def describe_records(entries: list[dict], now: float) -> str:
         return (f"{peer} e{entry.get('epoch')} {entry.get('samples_accumulated')} @{now - entry.get('time', now):.0f} s "
                 f"{entry.get('samples_per_second', 0.0):.1f}/s{' client' if entry.get('client_mode') else ''}")
     return "; ".join(line(entry) for entry in sorted(entries, key=lambda entry: entry.get("time", now)))
+
+
+class _ProgressDHT(LocalFirstDHT):
+    """The tracker's DHT: a ``LocalFirstDHT`` whose reads of the progress records also read the shards'
+    summaries when the tracker wants them (:meth:`QuietProgressTracker.keys_to_read`); such a read's value
+    is the list of what each key's read found."""
+
+    def __init__(self, dht, tracker: QuietProgressTracker):
+        super().__init__(dht)
+        self._tracker = tracker
+
+    def get(self, key, latest: bool = False, return_future: bool = False):
+        return read_records(self._dht, self._tracker.keys_to_read(key), return_future=return_future)

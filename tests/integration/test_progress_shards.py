@@ -1,0 +1,96 @@
+"""Progress records in shards, and the shards' summaries (``progress_shards``): real DHT peers on 127.0.0.1.
+
+Every read of hivemind's progress key carries every peer's record: past a
+few dozen peers that is most of a peer's background, and the key's holders
+answer all N peers' reads (the scale model, issue 25). Here eight peers whose
+trackers hold shards to 2 records (``shard_records``; the default is 32) must
+spread their records over 4 keys, none holding them all, and still each see
+all eight peers and the swarm's samples (not their own shard's).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hivemind.dht.crypto import RSASignatureValidator
+
+from metered_peers import loopback_dhts
+from p2ptrain.peers.net.dht import signing_key
+from p2ptrain.peers.net.identity import create_identity
+from p2ptrain.peers.training import progress_shards
+from p2ptrain.peers.training.progress import QuietProgressTracker
+
+pytestmark = pytest.mark.swarm
+
+PEERS, SHARD_RECORDS = 8, 2
+LIFETIME_S = 20.0  # the records' lifetime, and how long a peer that moved to another layout stays
+
+
+def wait_for(condition, timeout: float, what: str, state) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {state()}"
+        time.sleep(0.5)
+
+
+def spread_identities(directory, peers: int, shards: int, most: int) -> None:
+    """Identities for ``loopback_dhts(directory, peers)`` whose records fall at most ``most`` to a shard of ``shards``
+    (new keys are drawn until they do), so that no reader's own shard holds most of the swarm."""
+    while True:
+        for path in directory.glob("peer*.key"):
+            path.unlink()
+        keys = [create_identity(directory / f"peer{index}.key") for index in range(peers)]
+        places = [progress_shards.shard_of(RSASignatureValidator(key).local_public_key, shards) for key in keys]
+        if max(places.count(shard) for shard in range(shards)) <= most:
+            return
+
+
+def records_under(dht, key: str) -> int:
+    """How many peers' records the DHT holds under ``key`` (emptied ones, a peer's goodbye, not counted)."""
+    found = dht.get(key, latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return 0
+    return sum(1 for entry in found.value.values() if isinstance(entry.value, dict))
+
+
+@pytest.mark.timeout(240)
+def test_eight_peers_in_shards_of_two_each_see_every_peer_and_the_swarms_samples(tmp_path):
+    trackers = []
+    spread_identities(tmp_path, PEERS, 4, most=4)
+    with loopback_dhts(tmp_path, PEERS) as dhts:
+        try:
+            trackers += [QuietProgressTracker(dht, prefix="shards", target_batch_size=10 ** 6, start=True,
+                                              private_key=signing_key(dht), shard_records=SHARD_RECORDS,
+                                              metadata_expiration=LIFETIME_S, min_refresh_period=1.0,
+                                              max_refresh_period=2.0) for dht in dhts]
+
+            def state():
+                return [(tracker.shards, tracker.global_progress.num_peers, tracker.global_progress.samples_accumulated)
+                        for tracker in trackers]
+
+            started = time.monotonic()
+            for second in range(1, 1000):
+                for tracker in trackers:
+                    tracker.report_local_progress(0, 4 * second)
+                if {tracker.shards for tracker in trackers} == {4} and \
+                        all(tracker.global_progress.num_peers == PEERS for tracker in trackers):
+                    break
+                assert time.monotonic() - started < 150, f"no common layout of 4 shards, every peer seen: {state()}"
+                time.sleep(1.0)
+            # every reader counts the swarm's samples (8 peers x 4 a second) from its shard's records and the others'
+            # summaries: its own shard alone holds at most 4 of the 8 peers (below)
+            samples = PEERS * 4 * second
+            assert all(0.7 * samples <= progress[2] <= samples for progress in state()), (samples, state())
+
+            # the records are spread over the shards' keys: each peer's in one, no key holds them all, none is left
+            # in hivemind's own key
+            keys = [progress_shards.shard_key("shards_progress", 4, index) for index in range(4)]
+            held = [records_under(dhts[0], key) for key in keys]
+            assert sum(held) == PEERS and max(held) <= 4, held
+            assert records_under(dhts[0], "shards_progress") == 0
+
+        finally:
+            for tracker in trackers:
+                tracker.shutdown()
