@@ -75,6 +75,16 @@ class LightSwarm:
         assert found, f"{host.name} has no address on {host.address}"
         return found
 
+    def start_all(self, hosts: list[Host], start) -> None:
+        """Start the first host's peer (``start(host, peers)``, no peers: it starts the swarm), then every other
+        joining it; returns once every peer is up."""
+        start(hosts[0], [])
+        bootstrap = self.bootstrap(hosts[0])
+        for host in hosts[1:]:
+            start(host, bootstrap)
+        for host in hosts[1:]:
+            self.addresses(host, 240)
+
     def finish(self) -> None:
         """Ask every peer to stop, and check each ended well."""
         self.stop.touch()

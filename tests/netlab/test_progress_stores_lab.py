@@ -63,12 +63,7 @@ def test_eight_peers_storing_and_reading_progress_ask_few_nodes(lab_machine):
             swarm.start(host, peers, "--period", str(STORE_PERIOD_S), "--read-period", str(READ_PERIOD_S),
                         "--reads", str(root / f"{host.name}.reads"), env={REQUEST_LOG: str(root / "log" / host.name)})
 
-        start(hosts[0], [])
-        bootstrap = swarm.bootstrap(hosts[0])
-        for host in hosts[1:]:
-            start(host, bootstrap)
-        for host in hosts[1:]:
-            swarm.addresses(host, 240)
+        swarm.start_all(hosts, start)
         time.sleep(WARM_UP_S)  # every peer has met the others and stored a while
         since = time.time()
         time.sleep(WINDOW_S)

@@ -10,7 +10,9 @@ writes its addresses to ``--addresses``, and until ``--stop`` exists:
   swarm's epoch, or one past its own), and rests ``--rest-s`` (as a worker
   does after each step at a compute share); each move is a JSON line in
   ``--epochs`` (time, the epoch left and its samples, the epoch moved to, the
-  swarm's epoch as the tracker believed it, whether it moved on a return).
+  swarm's epoch as the tracker believed it, whether it moved on a return, the
+  shards its progress records were in, the peers it counted, and what its
+  last read carried: its shard's records and the shards' summaries).
   With ``--return-every-s`` it leaves and comes back that often: its tracker
   shut down, a new one started on the swarm's epoch, with no samples (as a
   worker that downloaded the state);
@@ -39,13 +41,19 @@ def main() -> int:
     parser.add_argument("--return-every-s", type=float, default=0.0, help="leave and come back this often (0: never)")
     parser.add_argument("--return-after-s", type=float, default=0.0, help="the first time, this long after the start")
     parser.add_argument("--epochs", type=Path, help="append each epoch move here (honest peers)")
+    parser.add_argument("--shard-records", type=int, help="the tracker's shard_records (progress_shards; default its own)")
+    parser.add_argument("--lifetime-s", type=float, default=60.0, help="the records' lifetime (metadata_expiration)")
     parser.add_argument("--lies", type=Path, help="be hostile: the lies to tell and when (see the module docstring)")
     options = parser.parse_args()
     if not options.lies and not options.epochs:
         parser.error("an honest peer needs --epochs FILE, where its epoch moves are written")
 
+    from p2ptrain.peers.net import request_log
     from p2ptrain.peers.net.dht import signing_key
+    from p2ptrain.peers.net.traffic import TrafficMeter
 
+    if request_log.enabled():
+        TrafficMeter().install()  # the request log's hooks, in this process and the DHT's
     dht = light_peer.start(options)
     try:
         if options.lies:
@@ -61,7 +69,9 @@ def train(dht, key, options) -> None:
     from p2ptrain.peers.training.progress import QuietProgressTracker
 
     def new_tracker() -> QuietProgressTracker:
-        return QuietProgressTracker(dht, prefix=options.run, target_batch_size=options.target, start=True, private_key=key)
+        shards = {"shard_records": options.shard_records} if options.shard_records else {}
+        return QuietProgressTracker(dht, prefix=options.run, target_batch_size=options.target, start=True, private_key=key,
+                                    metadata_expiration=options.lifetime_s, **shards)
 
     tracker, epoch, samples = new_tracker(), 0, 0
     started = time.monotonic()
@@ -88,7 +98,8 @@ def move(tracker, epoch: int, new_epoch: int, samples: int, epochs: Path, return
     """Move ``tracker`` from ``epoch`` (with ``samples``) to ``new_epoch`` and log it to ``epochs``; returns ``new_epoch``."""
     with epochs.open("a") as moves:
         moves.write(json.dumps({"at": time.time(), "left": epoch, "samples": samples, "to": new_epoch,
-                                "swarm": tracker.global_epoch, "returned": returned}) + "\n")
+                                "swarm": tracker.global_epoch, "returned": returned, "shards": tracker.shards,
+                                "peers": tracker.global_progress.num_peers, "read": tracker.last_read_entries}) + "\n")
     with tracker.pause_updates():
         tracker.update_epoch(new_epoch)
     return new_epoch

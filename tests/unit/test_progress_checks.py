@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from hivemind.p2p import PeerID
 
-from p2ptrain.peers.training.progress_checks import CLOCK_SKEW_S, RISE_WINDOW_S, SPEED_SLACK, ProgressChecks
+from p2ptrain.peers.swarm.progress_checks import CLOCK_SKEW_S, RISE_WINDOW_S, SPEED_SLACK, ProgressChecks
 
 NOW = 1_800_000_000.0
 TARGET = 1024

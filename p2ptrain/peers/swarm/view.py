@@ -6,6 +6,9 @@
   samples compatible peers have accumulated towards the next epoch;
 - our metrics records (``{run_id}_metrics``, :mod:`p2ptrain.peers.swarm.records`),
   under the plain run id: they describe every peer, compatible or not.
+
+Past ``progress_shards.SHARD_RECORDS`` peers the progress records are in
+shards: the view then counts the shards' summaries (it reads no shard).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 from dataclasses import dataclass
 
 from p2ptrain.peers.net.local_reads import read_record
+from p2ptrain.peers.swarm import progress_shards
 from p2ptrain.peers.swarm.manifest import averaging_prefix_for
 from p2ptrain.peers.swarm.records import LocalMetrics
 from p2ptrain.peers.swarm.run_records import read_metrics
@@ -24,6 +28,8 @@ logger = logging.getLogger(__name__)
 # a read of the swarm's records that a holder answered this recently is what the view shows, without
 # asking again: the ProgressTracker reads progress every 2-30 s, and metrics records change every 30 s
 RECENT_READ_S = 30.0
+# how long a progress record or summary lives (hivemind's metadata_expiration, as the workers' trackers keep it)
+RECORD_LIFETIME_S = 60.0
 
 
 @dataclass
@@ -63,6 +69,22 @@ def _read_progress(dht, prefix: str) -> list[_Progress]:
     return progress
 
 
+def _read_shards(dht, prefix: str, peers_seen: int, target_batch_size: int, now: float) -> tuple[list[_Progress], int]:
+    """When the run's progress records are in shards (``progress_shards``), what the shards' summaries say: one
+    entry per shard and epoch (with no peer id), and the peers they count; else nothing."""
+    found = read_record(dht, progress_shards.summary_key(f"{prefix}_progress"), max_age_s=RECENT_READ_S)
+    summaries = [entry.value for entry in (found.value.values() if found is not None and isinstance(found.value, dict) else ())
+                 if entry.value is not None]
+    layout = progress_shards.followed_layout(summaries, 1, peers_seen, now, RECORD_LIFETIME_S)
+    if layout == 1:
+        return [], 0
+    belief = progress_shards.believe_summaries(summaries, layout, -1, [], 0, target_batch_size, RECORD_LIFETIME_S, now)
+    entries = [_Progress(peer_id="", epoch=record["epoch"], samples_accumulated=record["samples_accumulated"],
+                         samples_per_second=record["samples_per_second"], time=record["time"],
+                         client_mode=record["client_mode"]) for record in belief.records.values()]
+    return entries, belief.peers
+
+
 def _peer_row(metrics: LocalMetrics, compatible: bool, is_local: bool) -> PeerRow:
     """The row of a peer that publishes metrics: its record, seen at the record's time."""
     return PeerRow(**metrics.model_dump(exclude={"time"}), compatible=compatible, last_seen=metrics.time, is_local=is_local)
@@ -90,25 +112,28 @@ def read_swarm(
     from hivemind.utils import get_dht_time
 
     now = get_dht_time()
-    progress = _read_progress(dht, progress_prefix or averaging_prefix_for(run_id, manifest_hash))
+    prefix = progress_prefix or averaging_prefix_for(run_id, manifest_hash)
+    progress = _read_progress(dht, prefix)
+    summed, summed_peers = _read_shards(dht, prefix, len(progress), target_batch_size, now)
     metrics = read_metrics(dht, run_id, max_age_s=RECENT_READ_S)
     own_peer_id = dht.peer_id.to_base58()
 
-    servers = [entry for entry in progress if not entry.client_mode] or progress
+    counted = progress + summed  # the records of a swarm in one shard, or the shards' summaries
+    servers = [entry for entry in counted if not entry.client_mode] or counted
     compatible_metrics = [row for row in metrics if row.manifest_hash == manifest_hash]
     if servers:
         epoch = max(entry.epoch for entry in servers)
     else:
         epoch = max((row.epoch for row in compatible_metrics), default=0)
 
-    samples_accumulated = sum(entry.samples_accumulated for entry in progress if entry.epoch == epoch)
+    samples_accumulated = sum(entry.samples_accumulated for entry in counted if entry.epoch == epoch)
     # As hivemind's ProgressTracker does: peers keep working since they last reported.
     estimated_samples = sum(
         entry.samples_accumulated + max(0.0, now - entry.time) * entry.samples_per_second
-        for entry in progress
+        for entry in counted
         if entry.epoch == epoch
     )
-    total_speed = sum(entry.samples_per_second for entry in progress)
+    total_speed = sum(entry.samples_per_second for entry in counted)
     eta = max(0.0, target_batch_size - estimated_samples) / total_speed if total_speed > 0 else None
 
     rows = [_peer_row(row, row.manifest_hash == manifest_hash, row.peer_id == own_peer_id) for row in metrics]
@@ -137,6 +162,6 @@ def read_swarm(
         samples_accumulated=samples_accumulated,
         target_batch_size=target_batch_size,
         eta_next_epoch_s=eta,
-        num_peers=len(compatible_ids),
+        num_peers=max(len(compatible_ids), summed_peers),
         peers=rows,
     )

@@ -61,8 +61,8 @@ from hivemind.p2p import PeerID
 from hivemind.utils import ValueWithExpiration, get_dht_time
 
 from p2ptrain.peers.net.local_reads import LocalFirstDHT, read_records, store_record
-from p2ptrain.peers.training import progress_shards as shards_of_records
-from p2ptrain.peers.training.progress_checks import ProgressChecks
+from p2ptrain.peers.swarm import progress_shards as shards_of_records
+from p2ptrain.peers.swarm.progress_checks import ProgressChecks
 from p2ptrain.peers.training.settings import start_round_log
 
 logger = logging.getLogger(__name__)
@@ -106,6 +106,9 @@ class QuietProgressTracker(ProgressTracker):
         super().__init__(_ProgressDHT(dht, self), *args, **kwargs)
 
     other_peers = 0  # set by every look at the swarm's records (the first one in hivemind's __init__)
+    # what the last read carried: the records of this peer's shard (goodbyes not counted), and the shards'
+    # summaries (None: not read)
+    last_read_entries: tuple[int, int | None] = (0, None)
 
     @property
     def _base_key(self) -> str:
@@ -135,13 +138,16 @@ class QuietProgressTracker(ProgressTracker):
         moves to another layout of shards when the peers seen call for it. Under the round log
         (``settings.ROUND_LOG_VARIABLE``) it also logs the records it read and what it doubted of them."""
         now = get_dht_time()
+        summaries_read = None
         if isinstance(metadata, list):  # this peer's shard, and the summaries when they were read
             if len(metadata) > 1:
                 found = metadata[1].value if metadata[1] is not None else None
                 self._summaries = [entry.value for entry in (found.values() if isinstance(found, dict) else ())
                                    if entry.value is not None]
-                self._summaries_read_at = time.monotonic()
+                self._summaries_read_at, summaries_read = time.monotonic(), len(self._summaries)
             metadata = metadata[0].value if metadata[0] is not None else None
+        self.last_read_entries = (sum(isinstance(entry.value, dict) for entry in metadata.values())
+                                  if isinstance(metadata, dict) else 0, summaries_read)
         doubts = []
         if isinstance(metadata, dict):
             if self._checks is None:
@@ -172,18 +178,22 @@ class QuietProgressTracker(ProgressTracker):
         if summaries.records:
             progress = dataclasses.replace(progress, num_peers=len(records) + summaries.peers,
                                            num_clients=sum(record["client_mode"] for record in records.values()) + summaries.clients)
-        self._summarize(records, own_shard, now)
+        self._summarize(records, own_shard, now, progress)
         self._follow_the_layout(len(records) + summaries.peers, now, progress)
         return progress
 
-    def _summarize(self, records: dict, own_shard: int, now: float) -> None:
+    def _summarize(self, records: dict, own_shard: int, now: float, progress) -> None:
         """Store this peer's shard's summary (its records as believed, this peer's own as it stands now) when it
         is one of its shard's summarizers: at most every ``SUMMARY_PERIOD_S`` in shards, every ``LAYOUT_CHECK_S``
-        in one (for the peers in shards to see this layout)."""
+        in one (for the peers in shards to see this layout). A summarizer in shards reads (and so summarizes)
+        at least three times in a record's lifetime, whatever the epoch's end it expects: its summary must not
+        expire between two."""
+        if not shards_of_records.summarizes(self._local_public_key, list(records)):
+            return
+        if self.shards > 1:
+            progress.next_fetch_time = min(progress.next_fetch_time, now + self.metadata_expiration / 3)
         period = shards_of_records.SUMMARY_PERIOD_S if self.shards > 1 else shards_of_records.LAYOUT_CHECK_S
         if time.monotonic() - self._summary_stored_at < period:
-            return
-        if not shards_of_records.summarizes(self._local_public_key, list(records)):
             return
         own = self.local_progress.dict()
         summary = shards_of_records.summarize({**records, self._local_public_key: own}, self.shards, own_shard,

@@ -5,7 +5,8 @@ few dozen peers that is most of a peer's background, and the key's holders
 answer all N peers' reads (the scale model, issue 25). Here eight peers whose
 trackers hold shards to 2 records (``shard_records``; the default is 32) must
 spread their records over 4 keys, none holding them all, and still each see
-all eight peers and the swarm's samples (not their own shard's).
+all eight peers and the swarm's samples (not their own shard's), as the
+swarm view does.
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ import time
 
 import pytest
 
-from hivemind.dht.crypto import RSASignatureValidator
-
 from metered_peers import loopback_dhts
 from p2ptrain.peers.net.dht import signing_key
-from p2ptrain.peers.net.identity import create_identity
-from p2ptrain.peers.training import progress_shards
+from p2ptrain.peers.swarm.view import read_swarm
+from p2ptrain.peers.swarm import progress_shards
 from p2ptrain.peers.training.progress import QuietProgressTracker
+from shard_keys import spread_identities
 
 pytestmark = pytest.mark.swarm
 
@@ -35,18 +35,6 @@ def wait_for(condition, timeout: float, what: str, state) -> None:
         time.sleep(0.5)
 
 
-def spread_identities(directory, peers: int, shards: int, most: int) -> None:
-    """Identities for ``loopback_dhts(directory, peers)`` whose records fall at most ``most`` to a shard of ``shards``
-    (new keys are drawn until they do), so that no reader's own shard holds most of the swarm."""
-    while True:
-        for path in directory.glob("peer*.key"):
-            path.unlink()
-        keys = [create_identity(directory / f"peer{index}.key") for index in range(peers)]
-        places = [progress_shards.shard_of(RSASignatureValidator(key).local_public_key, shards) for key in keys]
-        if max(places.count(shard) for shard in range(shards)) <= most:
-            return
-
-
 def records_under(dht, key: str) -> int:
     """How many peers' records the DHT holds under ``key`` (emptied ones, a peer's goodbye, not counted)."""
     found = dht.get(key, latest=True)
@@ -58,7 +46,7 @@ def records_under(dht, key: str) -> int:
 @pytest.mark.timeout(240)
 def test_eight_peers_in_shards_of_two_each_see_every_peer_and_the_swarms_samples(tmp_path):
     trackers = []
-    spread_identities(tmp_path, PEERS, 4, most=4)
+    spread_identities([tmp_path / f"peer{index}.key" for index in range(PEERS)], 4, most=4)
     with loopback_dhts(tmp_path, PEERS) as dhts:
         try:
             trackers += [QuietProgressTracker(dht, prefix="shards", target_batch_size=10 ** 6, start=True,
@@ -90,6 +78,10 @@ def test_eight_peers_in_shards_of_two_each_see_every_peer_and_the_swarms_samples
             held = [records_under(dhts[0], key) for key in keys]
             assert sum(held) == PEERS and max(held) <= 4, held
             assert records_under(dhts[0], "shards_progress") == 0
+
+            # the swarm view (the dashboard's, the monitor's) reads no shard: it counts the summaries
+            view = read_swarm(dhts[0], "shards", "manifest", 10 ** 6, progress_prefix="shards")
+            assert view.num_peers == PEERS and 0.5 * samples <= view.samples_accumulated <= samples, view
 
         finally:
             for tracker in trackers:

@@ -161,7 +161,7 @@ class ProgressChecks:
             return "with no peer id or client mode"  # hivemind's parser would fail on it
         if at > now + CLOCK_SKEW_S:
             return f"dated {at - now:.0f} s ahead"
-        if _peer_id(record) in self.banned:
+        if record_peer_id(record) in self.banned:
             return "banned"
         return None
 
@@ -253,7 +253,7 @@ class ProgressChecks:
         return rise
 
 
-def _peer_id(record: dict) -> str | None:
+def record_peer_id(record: dict) -> str | None:
     try:
         return PeerID(record.get("peer_id")).to_base58()
     except (TypeError, ValueError):  # not a peer id: nobody banned it
@@ -262,5 +262,5 @@ def _peer_id(record: dict) -> str | None:
 
 def _name(record: dict) -> str:
     """A record's peer as the round log names it: its peer id's last 6 characters."""
-    peer = _peer_id(record)
+    peer = record_peer_id(record)
     return peer[-6:] if peer else "?"

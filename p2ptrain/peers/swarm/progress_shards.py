@@ -56,7 +56,7 @@ import math
 import statistics
 from collections import Counter
 
-from p2ptrain.peers.training.progress_checks import CLOCK_SKEW_S, SPEED_SLACK
+from p2ptrain.peers.swarm.progress_checks import CLOCK_SKEW_S, SPEED_SLACK, record_peer_id
 
 # the most records a shard is meant to hold: past it a swarm doubles its shards; under a quarter of it, halves them
 SHARD_RECORDS = 32
@@ -197,7 +197,6 @@ def believe_summaries(summaries: list[dict], shards: int, own_shard: int, own_re
         banned: peer ids (base58) whose summaries are left out.
         shard_records: the layout's records a shard; a summary of more than 4 times that many peers is left out.
     """
-    from p2ptrain.peers.training.progress_checks import _peer_id
 
     doubts, by_shard = [], {}
     for summary in summaries:
@@ -206,12 +205,12 @@ def believe_summaries(summaries: list[dict], shards: int, own_shard: int, own_re
             continue
         if summary["shards"] != shards or summary["shard"] == own_shard:
             continue
-        name = f"summary of shard {summary['shard']} by {(_peer_id(summary) or '?')[-6:]}"
+        name = f"summary of shard {summary['shard']} by {(record_peer_id(summary) or '?')[-6:]}"
         if summary["time"] > now + CLOCK_SKEW_S or summary["time"] < now - lifetime_s - CLOCK_SKEW_S:
             doubts.append(f"{name} dated {now - summary['time']:.0f} s ago: left out")
         elif summary["peers"] > 4 * shard_records:
             doubts.append(f"{name} of {summary['peers']} peers: left out")
-        elif _peer_id(summary) in banned:
+        elif record_peer_id(summary) in banned:
             doubts.append(f"{name} banned: left out")
         else:
             by_shard.setdefault(summary["shard"], []).append(summary)
@@ -229,7 +228,7 @@ def believe_summaries(summaries: list[dict], shards: int, own_shard: int, own_re
     samples_cap = SPEED_SLACK * statistics.median_high(per_peer_samples) if per_peer_samples else 0.0
     records, clients = {}, 0
     for shard, summary in chosen.items():
-        name = f"summary of shard {shard} by {(_peer_id(summary) or '?')[-6:]}"
+        name = f"summary of shard {shard} by {(record_peer_id(summary) or '?')[-6:]}"
         for record, tally in zip(pseudo_records(summary, now), summary["epochs"]):
             count = tally[1] + tally[2]
             clients += tally[2]
