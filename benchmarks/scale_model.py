@@ -94,6 +94,7 @@ from p2ptrain.peers.net.identity import Ed25519PrivateKey, OwnerSignatureValidat
 from p2ptrain.peers.net.local_reads import HOLDERS_MEMORY_S, HOLDERS_PER_READ  # noqa: E402
 from p2ptrain.peers.net.traffic import kind_of_key  # noqa: E402
 from p2ptrain.peers.training.progress import MAX_REFRESH_PERIOD_S, MIN_REFRESH_PERIOD_S, REPORT_PERIOD_S  # noqa: E402
+from p2ptrain.peers.swarm import progress_shards  # noqa: E402
 from p2ptrain.peers.swarm.view import RECENT_READ_S  # noqa: E402
 from p2ptrain.peers.worker.training_worker import METRICS_INTERVAL_S, SWARM_REPORT_INTERVAL_S  # noqa: E402
 from run_facts import facts  # noqa: E402
@@ -145,6 +146,9 @@ class Design:
             read every 30 s. False: it reads both every 15 s, as before.
         ed25519_records: records are signed with the peers' Ed25519 identities (since 375d8aa): each
             entry and store is :func:`ed25519_saving` bytes smaller. False: RSA-2048, as the fit's run.
+        shard_records: progress records in shards of at most this many (``progress_shards``, since 49c1b31):
+            S keys, each stored to and read by N / S peers, and a summaries key that 2 peers a shard store to
+            and every peer reads with its shard (:func:`progress_keys`). None: one key, as before.
     """
 
     name: str
@@ -155,6 +159,7 @@ class Design:
     serving_share: float | None = None
     view_remembers: bool = False
     ed25519_records: bool = False
+    shard_records: int | None = None
 
     def servers(self, peers: int) -> int:
         """How many of ``peers`` serve the DHT."""
@@ -179,8 +184,11 @@ class Design:
 PUBLIC_SHARE = 0.25  # peers with a public address in the projection (2 of 8 in the scale lab's churn runs)
 VIEW_REMEMBERS = Design("+ the swarm view reads no more than the tracker keeps fresh (27ce1ff)",
                         holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE, view_remembers=True)
-NOW = Design("+ records signed with Ed25519 keys (now)", holders_per_read=HOLDERS_PER_READ,
+# the last design with every progress record under one key (the tests of the one key's growth use it)
+NOW = Design("+ records signed with Ed25519 keys (375d8aa)", holders_per_read=HOLDERS_PER_READ,
              serving_share=PUBLIC_SHARE, view_remembers=True, ed25519_records=True)
+SHARDED = dataclasses.replace(NOW, name=f"+ progress in shards of {progress_shards.SHARD_RECORDS} records, "
+                              f"{progress_shards.SUMMARIZERS} summaries a shard (now)", shard_records=progress_shards.SHARD_RECORDS)
 SEARCH_READS = Design("holders remembered, reads by hivemind's search (before 46082cf)")
 BEFORE = Design("a search before each store (before ed0023b)", search_before_store=True)
 TWO_HOLDERS = Design("holders remembered, reads from 2 holders (46082cf to 4262333)", holders_per_read=2)
@@ -188,7 +196,7 @@ SERVING_PUBLIC = Design(f"+ peers behind NAT serve nothing, {PUBLIC_SHARE:.0%} p
                         holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE)
 REDESIGNS = (SEARCH_READS, TWO_HOLDERS,
              Design(f"+ reads from {HOLDERS_PER_READ} holder and the earlier answers", holders_per_read=HOLDERS_PER_READ),
-             SERVING_PUBLIC, VIEW_REMEMBERS, NOW,
+             SERVING_PUBLIC, VIEW_REMEMBERS, NOW, SHARDED,
              Design("+ progress stored every 10 s", paced_stores=True, holders_per_read=HOLDERS_PER_READ,
                     serving_share=PUBLIC_SHARE, view_remembers=True, ed25519_records=True),
              Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True,
@@ -276,6 +284,16 @@ def ed25519_saving(kind: str) -> int:
     RSA-2048 (:func:`signed_entry_bytes`)."""
     sizes = signed_entry_bytes(kind)
     return sizes["rsa"] - sizes["ed25519"]
+
+
+@functools.cache
+def summary_extra_bytes() -> int:
+    """Bytes a shard's summary takes beyond one progress record (``progress_shards.summarize`` of records on
+    one epoch), msgpack-serialized as the DHT stores them; its key and signature are a record's."""
+    record = {"peer_id": bytes(PEER_ID_BYTES), "epoch": 1000, "samples_accumulated": 100, "samples_per_second": 1.5,
+              "time": 1.7e9, "client_mode": False}
+    summary = progress_shards.summarize({b"a": record, b"b": record}, 32, 7, record["peer_id"], 1.7e9)
+    return len(MSGPackSerializer.dumps(summary)) - len(MSGPackSerializer.dumps(record))
 
 
 def neighbours_in_answer(peers: int) -> int:
@@ -551,6 +569,36 @@ def record_key(kind: str, swarm: Swarm, fitted: Fitted, activity: Activity, desi
     return key
 
 
+def progress_keys(swarm: Swarm, fitted: Fitted, activity: Activity, design: Design) -> list[KeyTraffic]:
+    """The requests of the progress records' keys: one key (``record_key``), or with ``design.shard_records``
+    S shard keys, each with a 1 / S share of every peer's stores, searches and reads (each peer stores to and
+    reads its own shard) and N / S entries, and the summaries key: stored by 2 peers a shard at each of their
+    reads (at most every ``SUMMARY_PERIOD_S``; every ``LAYOUT_CHECK_S`` in one shard), read by every peer
+    with its shard (every ``LAYOUT_CHECK_S`` in one shard), each read 2 S summaries."""
+    whole = record_key("progress", swarm, fitted, activity, design)
+    if not design.shard_records:
+        return [whole]
+    peers = swarm.peers
+    shards = progress_shards.shards_for(peers, 1, design.shard_records)
+    keys = [dataclasses.replace(
+        whole, ranks=_ranks(swarm.servers, swarm.visits, f"{peers} progress {shards}.{index}"),
+        holder_search=tuple(rate / shards for rate in whole.holder_search), stores=whole.stores / shards,
+        value_bytes=whole.value_bytes / shards, reads=whole.reads / shards, client_searches=whole.client_searches / shards,
+        client_reads=whole.client_reads / shards) for index in range(shards)] if shards > 1 else [whole]
+    summarizers = min(peers, progress_shards.SUMMARIZERS * shards)
+    tracker_reads = reads_per_s("progress", peers, activity, design)
+    reads = tracker_reads if shards > 1 else 1 / progress_shards.LAYOUT_CHECK_S
+    summaries_per_s = (min(tracker_reads, 1 / progress_shards.SUMMARY_PERIOD_S) if shards > 1
+                       else 1 / progress_shards.LAYOUT_CHECK_S)
+    summary_bytes = whole.value_bytes / peers + summary_extra_bytes()
+    keys.append(dataclasses.replace(
+        whole, ranks=_ranks(swarm.servers, swarm.visits, f"{peers} progress summaries"),
+        stores=summaries_per_s * summarizers / peers, store_bytes=whole.store_bytes + summary_extra_bytes(),
+        value_bytes=summarizers * summary_bytes, reads=reads if whole.reads else 0.0,
+        client_reads=reads if whole.client_reads else 0.0))
+    return keys
+
+
 def matchmaking_key(name: str, swarm: Swarm, fitted: Fitted, activity: Activity) -> KeyTraffic:
     """The searches of one matchmaking key: a few a round by every peer, as hivemind makes them."""
     searches = fitted.matchmaking_searches_per_epoch * activity.epochs_per_s
@@ -568,8 +616,9 @@ def model(peers: int, fitted: Fitted, activity: Activity, design: Design = NOW) 
         design: how records are stored and read.
     """
     swarm = Swarm(peers, design.servers(peers))
-    for kind in RECORD_KINDS:
-        swarm.add_key(record_key(kind, swarm, fitted, activity, design))
+    for key in progress_keys(swarm, fitted, activity, design):
+        swarm.add_key(key)
+    swarm.add_key(record_key("metrics", swarm, fitted, activity, design))
     for name in ("grad", "state"):
         swarm.add_key(matchmaking_key(name, swarm, fitted, activity))
     worst, anyone, plain = swarm.loads()
