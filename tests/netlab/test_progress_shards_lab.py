@@ -71,6 +71,8 @@ def test_twelve_peers_in_shards_of_three_end_epochs_at_the_swarms_pace_reading_a
         assert all(0.6 * honest_epochs <= len(peer) <= 1.5 * honest_epochs + 2 for peer in moves.values()), \
             {name: len(peer) for name, peer in moves.items()}
         # a read carried its shard's records (at most 4: the identities above), not all twelve as hivemind's key
-        # did, and the summaries of the shards' summarizers, 2 a shard at most
+        # did, and the summaries of the shards' summarizers: 2 a shard, and for a moment a third (a peer that
+        # took its record for the lowest while the lowest's was not read yet, until it reads it)
         assert max(records for peer in reads.values() for records, _ in peer) <= 4, reads
-        assert max(summaries or 0 for peer in reads.values() for _, summaries in peer) <= 2 * 4, reads
+        summaries = sorted(summaries for peer in reads.values() for _, summaries in peer if summaries is not None)
+        assert summaries and summaries[len(summaries) // 2] <= 2 * 4 and summaries[-1] <= 3 * 4, reads

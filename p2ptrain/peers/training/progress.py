@@ -185,10 +185,15 @@ class QuietProgressTracker(ProgressTracker):
     def _summarize(self, records: dict, own_shard: int, now: float, progress) -> None:
         """Store this peer's shard's summary (its records as believed, this peer's own as it stands now) when it
         is one of its shard's summarizers: at most every ``SUMMARY_PERIOD_S`` in shards, every ``LAYOUT_CHECK_S``
-        in one (for the peers in shards to see this layout). A summarizer in shards reads (and so summarizes)
+        in one (for the peers in shards to see this layout); a peer that stops being one replaces its summary
+        with an empty one. A summarizer in shards reads (and so summarizes)
         at least three times in a record's lifetime, whatever the epoch's end it expects: its summary must not
         expire between two."""
         if not shards_of_records.summarizes(self._local_public_key, list(records)):
+            if self._summary_stored_at > -float("inf"):  # it was one (a peer with a lower hash came): its goodbye
+                self._summary_stored_at = -float("inf")
+                store_record(self.dht, shards_of_records.summary_key(self._base_key), self._local_public_key, None,
+                             now + self.metadata_expiration, return_future=True)
             return
         if self.shards > 1:
             progress.next_fetch_time = min(progress.next_fetch_time, now + self.metadata_expiration / 3)
