@@ -149,6 +149,8 @@ class Design:
         shard_records: progress records in shards of at most this many (``progress_shards``, since 49c1b31):
             S keys, each stored to and read by N / S peers, and a summaries key that 2 peers a shard store to
             and every peer reads with its shard (:func:`progress_keys`). None: one key, as before.
+        metrics_in_shards: the metrics records in the progress records' shards too (each peer's record and the
+            swarm view's reads in its shard; no summaries). False: one key.
     """
 
     name: str
@@ -160,6 +162,7 @@ class Design:
     view_remembers: bool = False
     ed25519_records: bool = False
     shard_records: int | None = None
+    metrics_in_shards: bool = False
 
     def servers(self, peers: int) -> int:
         """How many of ``peers`` serve the DHT."""
@@ -188,7 +191,8 @@ VIEW_REMEMBERS = Design("+ the swarm view reads no more than the tracker keeps f
 NOW = Design("+ records signed with Ed25519 keys (375d8aa)", holders_per_read=HOLDERS_PER_READ,
              serving_share=PUBLIC_SHARE, view_remembers=True, ed25519_records=True)
 SHARDED = dataclasses.replace(NOW, name=f"+ progress in shards of {progress_shards.SHARD_RECORDS} records, "
-                              f"{progress_shards.SUMMARIZERS} summaries a shard (now)", shard_records=progress_shards.SHARD_RECORDS)
+                              f"{progress_shards.SUMMARIZERS} summaries a shard (49c1b31)", shard_records=progress_shards.SHARD_RECORDS)
+METRICS_SHARDED = dataclasses.replace(SHARDED, name="+ metrics records in the same shards (now)", metrics_in_shards=True)
 SEARCH_READS = Design("holders remembered, reads by hivemind's search (before 46082cf)")
 BEFORE = Design("a search before each store (before ed0023b)", search_before_store=True)
 TWO_HOLDERS = Design("holders remembered, reads from 2 holders (46082cf to 4262333)", holders_per_read=2)
@@ -196,7 +200,7 @@ SERVING_PUBLIC = Design(f"+ peers behind NAT serve nothing, {PUBLIC_SHARE:.0%} p
                         holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE)
 REDESIGNS = (SEARCH_READS, TWO_HOLDERS,
              Design(f"+ reads from {HOLDERS_PER_READ} holder and the earlier answers", holders_per_read=HOLDERS_PER_READ),
-             SERVING_PUBLIC, VIEW_REMEMBERS, NOW, SHARDED,
+             SERVING_PUBLIC, VIEW_REMEMBERS, NOW, SHARDED, METRICS_SHARDED,
              Design("+ progress stored every 10 s", paced_stores=True, holders_per_read=HOLDERS_PER_READ,
                     serving_share=PUBLIC_SHARE, view_remembers=True, ed25519_records=True),
              Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True,
@@ -569,6 +573,18 @@ def record_key(kind: str, swarm: Swarm, fitted: Fitted, activity: Activity, desi
     return key
 
 
+def in_shards(whole: KeyTraffic, swarm: Swarm, shards: int) -> list[KeyTraffic]:
+    """One record key's requests split over ``shards`` keys: each with a 1 / S share of every peer's stores,
+    searches and reads (each peer stores to and reads its own shard) and 1 / S of the entries."""
+    if shards == 1:
+        return [whole]
+    return [dataclasses.replace(
+        whole, ranks=_ranks(swarm.servers, swarm.visits, f"{swarm.peers} {whole.kind} {shards}.{index}"),
+        holder_search=tuple(rate / shards for rate in whole.holder_search), stores=whole.stores / shards,
+        value_bytes=whole.value_bytes / shards, reads=whole.reads / shards, client_searches=whole.client_searches / shards,
+        client_reads=whole.client_reads / shards) for index in range(shards)]
+
+
 def progress_keys(swarm: Swarm, fitted: Fitted, activity: Activity, design: Design) -> list[KeyTraffic]:
     """The requests of the progress records' keys: one key (``record_key``), or with ``design.shard_records``
     S shard keys, each with a 1 / S share of every peer's stores, searches and reads (each peer stores to and
@@ -580,11 +596,7 @@ def progress_keys(swarm: Swarm, fitted: Fitted, activity: Activity, design: Desi
         return [whole]
     peers = swarm.peers
     shards = progress_shards.shards_for(peers, 1, design.shard_records)
-    keys = [dataclasses.replace(
-        whole, ranks=_ranks(swarm.servers, swarm.visits, f"{peers} progress {shards}.{index}"),
-        holder_search=tuple(rate / shards for rate in whole.holder_search), stores=whole.stores / shards,
-        value_bytes=whole.value_bytes / shards, reads=whole.reads / shards, client_searches=whole.client_searches / shards,
-        client_reads=whole.client_reads / shards) for index in range(shards)] if shards > 1 else [whole]
+    keys = in_shards(whole, swarm, shards)
     summarizers = min(peers, progress_shards.SUMMARIZERS * shards)
     tracker_reads = reads_per_s("progress", peers, activity, design)
     reads = tracker_reads if shards > 1 else 1 / progress_shards.LAYOUT_CHECK_S
@@ -618,7 +630,10 @@ def model(peers: int, fitted: Fitted, activity: Activity, design: Design = NOW) 
     swarm = Swarm(peers, design.servers(peers))
     for key in progress_keys(swarm, fitted, activity, design):
         swarm.add_key(key)
-    swarm.add_key(record_key("metrics", swarm, fitted, activity, design))
+    metrics = record_key("metrics", swarm, fitted, activity, design)
+    shards = progress_shards.shards_for(peers, 1, design.shard_records) if design.metrics_in_shards else 1
+    for key in in_shards(metrics, swarm, shards):
+        swarm.add_key(key)
     for name in ("grad", "state"):
         swarm.add_key(matchmaking_key(name, swarm, fitted, activity))
     worst, anyone, plain = swarm.loads()

@@ -6,7 +6,7 @@ answer all N peers' reads (the scale model, issue 25). Here eight peers whose
 trackers hold shards to 2 records (``shard_records``; the default is 32) must
 spread their records over 4 keys, none holding them all, and still each see
 all eight peers and the swarm's samples (not their own shard's), as the
-swarm view does.
+swarm view does; the metrics records go to the same shards.
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from hivemind.utils import get_dht_time
 
 from metered_peers import loopback_dhts
 from p2ptrain.peers.net.dht import signing_key
+from p2ptrain.peers.swarm.records import LocalMetrics, metrics_key
+from p2ptrain.peers.swarm.run_records import publish_metrics
 from p2ptrain.peers.swarm.view import read_swarm
 from p2ptrain.peers.swarm import progress_shards
 from p2ptrain.peers.training.progress import QuietProgressTracker
@@ -69,7 +72,7 @@ def test_eight_peers_in_shards_of_two_each_see_every_peer_and_the_swarms_samples
                 time.sleep(1.0)
             # every reader counts the swarm's samples (8 peers x 4 a second) from its shard's records and the others'
             # summaries: its own shard alone holds at most 4 of the 8 peers (below)
-            samples = PEERS * 4 * second
+            samples, reported_at = PEERS * 4 * second, time.monotonic()
             assert all(0.7 * samples <= progress[2] <= samples for progress in state()), (samples, state())
 
             # the records are spread over the shards' keys: each peer's in one, no key holds them all, none is left
@@ -79,9 +82,27 @@ def test_eight_peers_in_shards_of_two_each_see_every_peer_and_the_swarms_samples
             assert sum(held) == PEERS and max(held) <= 4, held
             assert records_under(dhts[0], "shards_progress") == 0
 
-            # the swarm view (the dashboard's, the monitor's) reads no shard: it counts the summaries
-            view = read_swarm(dhts[0], "shards", "manifest", 10 ** 6, progress_prefix="shards")
-            assert view.num_peers == PEERS and 0.5 * samples <= view.samples_accumulated <= samples, view
+            # each peer's metrics record goes to its shard too, and the swarm view counts the summaries: a training
+            # peer's lists its shard's peers (the dashboard's table), an observer's every peer (the monitor's)
+            for dht, tracker in zip(dhts, trackers):
+                assert publish_metrics(dht, "shards", LocalMetrics(peer_id=dht.peer_id.to_base58(), manifest_hash="manifest",
+                                                                   time=get_dht_time()), place=tracker.place())
+            held = [records_under(dhts[0], metrics_key("shards", 4, index)) for index in range(4)]
+            assert sum(held) == PEERS and max(held) <= 4 and records_under(dhts[0], "shards_metrics") == 0, held
+            for dht, tracker in zip(dhts, trackers):
+                views = []  # a summary read a moment before a record reached its summarizer counts one peer fewer
+
+                def view_counts_every_peer(dht=dht, tracker=tracker, views=views):
+                    views.append(read_swarm(dht, "shards", "manifest", 10 ** 6, progress_prefix="shards", place=tracker.place()))
+                    return views[-1].num_peers == PEERS
+
+                wait_for(view_counts_every_peer, 30, "the view to count every peer", lambda views=views: views[-1])
+                # (the records' samples extrapolated at 4 a second a peer since they were reported)
+                most = PEERS * 4 * (second + time.monotonic() - reported_at + 1)
+                assert 0.5 * samples <= views[-1].samples_accumulated <= most, (views[-1], most)
+                assert len(views[-1].peers) == held[tracker.place()[1]], (views[-1].peers, held)
+            observer = read_swarm(dhts[0], "shards", "manifest", 10 ** 6, progress_prefix="shards")
+            assert len(observer.peers) == PEERS and observer.num_peers == PEERS, observer
 
         finally:
             for tracker in trackers:

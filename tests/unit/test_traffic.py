@@ -109,7 +109,10 @@ def test_socket_totals_count_what_this_process_sends_through_tcp():
     thread.start()
     client = socket.create_connection(listener.getsockname())
     totals = SocketTotals(os.getpid())
-    client.sendall(b"x" * 300_000)
+    client.sendall(b"x" * 300_000)  # returns once the kernel holds the bytes, maybe before it sent them
+    deadline = time.monotonic() + 10
+    while len(received) < 300_000 and time.monotonic() < deadline:  # sent: the other end has them all
+        time.sleep(0.01)
     sent, _ = totals.sample()
     totals.close()
     client.close()

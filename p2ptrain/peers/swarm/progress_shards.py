@@ -57,6 +57,7 @@ import statistics
 from collections import Counter
 
 from p2ptrain.peers.swarm.progress_checks import CLOCK_SKEW_S, SPEED_SLACK, record_peer_id
+from p2ptrain.peers.swarm.records import MAX_SHARDS
 
 # the most records a shard is meant to hold: past it a swarm doubles its shards; under a quarter of it, halves them
 SHARD_RECORDS = 32
@@ -97,9 +98,9 @@ def shard_of(signing_key: bytes, shards: int) -> int:
 
 def shards_for(peers: int, shards: int, shard_records: int = SHARD_RECORDS) -> int:
     """How many shards a swarm of ``peers`` should use, from ``shards`` now: doubled while a shard would hold
-    more than ``shard_records``, halved while one would hold fewer than a quarter of that (the gap keeps a
-    swarm near a boundary from moving at every read)."""
-    while peers > shard_records * shards:
+    more than ``shard_records`` (up to ``records.MAX_SHARDS``), halved while one would hold fewer than a quarter
+    of that (the gap keeps a swarm near a boundary from moving at every read)."""
+    while peers > shard_records * shards and shards < MAX_SHARDS:
         shards *= 2
     while shards > 1 and 4 * peers < shard_records * shards:
         shards //= 2
@@ -157,7 +158,7 @@ def well_formed(summary) -> bool:
     shards, shard, at, peers, epochs = (summary.get(field) for field in ("shards", "shard", "time", "peers", "epochs"))
     if type(shards) is not int or type(shard) is not int or type(peers) is not int or not isinstance(summary.get("peer_id"), bytes):
         return False
-    if shards < 1 or shards & (shards - 1) or not 0 <= shard < shards or peers < 1 or not isinstance(at, float) or not math.isfinite(at):
+    if not 1 <= shards <= MAX_SHARDS or shards & (shards - 1) or not 0 <= shard < shards or peers < 1 or not isinstance(at, float) or not math.isfinite(at):
         return False
     if not isinstance(epochs, list) or not 0 < len(epochs) <= MAX_SUMMARY_EPOCHS:
         return False

@@ -1,7 +1,9 @@
 """Per-peer metrics records: what each peer in a run says about itself.
 
 Every peer publishes a :class:`LocalMetrics` under the DHT key
-``{run_id}_metrics``, subkey = its own public key (``identity``), signed. The key uses the
+``{run_id}_metrics`` (past 32 peers ``{run_id}_{S}.{i}_metrics``, its shard of
+the progress records: :func:`metrics_key`), subkey = its own public key
+(``identity``), signed. The key uses the
 plain run id (not the averaging prefix) so peers with another manifest are
 still seen, marked incompatible by their ``manifest_hash``.
 
@@ -24,9 +26,24 @@ PeerId = Annotated[str, pydantic.StringConstraints(min_length=1, max_length=128)
 FIELDS_SINCE_FORMAT_5 = frozenset({"last_group", "bans"})
 
 
-def metrics_key(run_id: str) -> str:
-    """The DHT key under which a run's per-peer metrics live."""
-    return f"{run_id}_metrics"
+# the most shards a run's records are kept in (``progress_shards``; 32,768 peers at 32 a shard): a validator knows
+# the keys of every layout up to it
+MAX_SHARDS = 1024
+
+
+def metrics_key(run_id: str, shards: int = 1, shard: int = 0) -> str:
+    """The DHT key under which a run's per-peer metrics live: shard ``shard`` of ``shards`` (one: the run's own key).
+    Past 32 peers the records are in the progress records' shards, each peer's in its own (``progress_shards``)."""
+    return f"{run_id}_metrics" if shards == 1 else f"{run_id}_{shards}.{shard}_metrics"
+
+
+def every_metrics_key(run_id: str) -> list[str]:
+    """The metrics keys of every layout of shards up to :data:`MAX_SHARDS`."""
+    keys, shards = [], 1
+    while shards <= MAX_SHARDS:
+        keys += [metrics_key(run_id, shards, shard) for shard in range(shards)]
+        shards *= 2
+    return keys
 
 
 class LocalMetrics(pydantic.BaseModel):

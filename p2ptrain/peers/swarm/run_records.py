@@ -124,47 +124,50 @@ def publish_manifest(dht, manifest: Manifest, expiration_s: float = MANIFEST_EXP
 
 
 def publish_metrics(dht, run_id: str, metrics: LocalMetrics, manifest_format: int = MANIFEST_FORMAT,
-                    expiration_s: float = METRICS_EXPIRATION_S) -> bool:
+                    expiration_s: float = METRICS_EXPIRATION_S, place: tuple[int, int] = (1, 0)) -> bool:
     """Publish this peer's metrics for ``run_id``, signed under its own public key.
 
     :param manifest_format: the run's manifest format: the record holds only the fields
         its peers know (``records.record_for_format``).
     :param expiration_s: the record vanishes after this many seconds unless
         republished; publish at least twice per period to stay visible.
+    :param place: this peer's shard of the run's records, ``(shards, shard)`` (``progress_shards``;
+        ``QuietProgressTracker.place``): its record goes under that shard's key.
     :returns: whether the DHT accepted the record (False e.g. when no peer
         answered; the next publish retries, so callers usually just log it).
     """
     from hivemind.utils import get_dht_time
 
     follow_run(dht, run_id)
-    stored = store_record(dht, metrics_key(run_id), own_public_key(dht), record_for_format(metrics, manifest_format),
+    stored = store_record(dht, metrics_key(run_id, *place), own_public_key(dht), record_for_format(metrics, manifest_format),
                           get_dht_time() + expiration_s)
     if not stored:
         logger.warning("the DHT did not accept this peer's metrics for run %s", run_id)
     return bool(stored)
 
 
-def withdraw_metrics(dht, run_id: str, expiration_s: float = METRICS_EXPIRATION_S) -> bool:
+def withdraw_metrics(dht, run_id: str, expiration_s: float = METRICS_EXPIRATION_S, place: tuple[int, int] = (1, 0)) -> bool:
     """Say goodbye: replace this peer's metrics with an empty entry, so readers drop it at once.
 
     A record with a *shorter* life cannot replace ours (the DHT keeps the entry
     that expires last), so an empty entry that outlives the last published
     record is stored instead; ``expiration_s`` must be at least the one used
-    by :func:`publish_metrics`.
+    by :func:`publish_metrics`; ``place`` the shard it was published in.
 
     :returns: whether the DHT accepted it.
     """
     from hivemind.utils import get_dht_time
 
     follow_run(dht, run_id)
-    stored = store_record(dht, metrics_key(run_id), own_public_key(dht), None, get_dht_time() + expiration_s)
+    stored = store_record(dht, metrics_key(run_id, *place), own_public_key(dht), None, get_dht_time() + expiration_s)
     return bool(stored)
 
 
-def read_metrics(dht, run_id: str, max_age_s: float = 0.0) -> list[LocalMetrics]:
-    """Every peer's current metrics for ``run_id``: from this peer's own copy once it holds every
-    record, else the newest state the DHT's nodes have (``local_reads.read_record``; ``max_age_s``:
-    what a holder answered this recently is fresh enough, as there).
+def read_metrics(dht, run_id: str, max_age_s: float = 0.0, shards: int = 1, shard: int | None = 0) -> list[LocalMetrics]:
+    """Every peer's current metrics for ``run_id`` in shard ``shard`` of ``shards`` (None: in every shard, as an
+    observer outside the swarm reads them): from this peer's own copy once it holds every record, else the
+    newest state the DHT's nodes have (``local_reads.read_record``; ``max_age_s``: what a holder answered this
+    recently is fresh enough, as there).
 
     Records that fail the schema, or whose ``peer_id`` is not the one of the
     key they are signed with, are logged and dropped. Signatures are checked
@@ -177,11 +180,15 @@ def read_metrics(dht, run_id: str, max_age_s: float = 0.0) -> list[LocalMetrics]
     from hivemind.dht.protocol import DHTProtocol
 
     follow_run(dht, run_id)
-    found = read_record(dht, metrics_key(run_id), max_age_s=max_age_s)
-    if found is None or not isinstance(found.value, dict):
-        return []
+    if shard is None:
+        reads = [read_record(dht, metrics_key(run_id, shards, index), return_future=True, max_age_s=max_age_s)
+                 for index in range(shards)]
+        found = [read.result() for read in reads]
+    else:
+        found = [read_record(dht, metrics_key(run_id, shards, shard), max_age_s=max_age_s)]
+    entries = [item for each in found if each is not None and isinstance(each.value, dict) for item in each.value.items()]
     peers = []
-    for subkey, entry in found.value.items():
+    for subkey, entry in entries:
         if entry.value is None:
             continue
         try:

@@ -26,7 +26,7 @@ from hivemind.utils import MSGPackSerializer
 
 from p2ptrain.peers.net.identity import peer_id_of_public_key, public_key_from_bytes
 from p2ptrain.peers.swarm.manifest import Manifest, manifest_key
-from p2ptrain.peers.swarm.records import LocalMetrics, metrics_key
+from p2ptrain.peers.swarm.records import LocalMetrics, every_metrics_key
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +51,27 @@ class RunRecordValidator(RecordValidatorBase):
     """
 
     def __init__(self, run_ids: tuple[str, ...] | list[str] = ()):
-        self._kinds: dict[bytes, tuple[str, str]] = {}
-        for run_id in run_ids:
-            self._kinds[DHTID.generate(source=manifest_key(run_id)).to_bytes()] = ("manifest", run_id)
-            self._kinds[DHTID.generate(source=metrics_key(run_id)).to_bytes()] = ("metrics", run_id)
+        self._run_ids = set(run_ids)
+        self._kinds: dict[bytes, tuple[str, str]] | None = None  # made at the first record (``_kind_of``)
+
+    def __getstate__(self) -> dict:
+        """Only the runs: the DHT process gets the validator through a pipe that a large message breaks
+        (hivemind's DHT reads it without blocking), and the keys' ids are thousands (every shard's)."""
+        return {"_run_ids": self._run_ids, "_kinds": None}
+
+    def _kind_of(self, key: bytes) -> tuple[str, str] | None:
+        """``(kind, run_id)`` of a DHT key's id: a followed run's manifest key, or one of its metrics keys (the
+        run's own and every shard's: 2,047 ids a run, made once, in milliseconds); None for any other key."""
+        if self._kinds is None:
+            self._kinds = {}
+            for run_id in self._run_ids:
+                self._kinds[DHTID.generate(source=manifest_key(run_id)).to_bytes()] = ("manifest", run_id)
+                for metrics in every_metrics_key(run_id):
+                    self._kinds[DHTID.generate(source=metrics).to_bytes()] = ("metrics", run_id)
+        return self._kinds.get(key)
 
     def validate(self, record: DHTRecord) -> bool:
-        entry = self._kinds.get(record.key)
+        entry = self._kind_of(record.key)
         if entry is None:
             return True
         kind, run_id = entry
@@ -83,7 +97,8 @@ class RunRecordValidator(RecordValidatorBase):
     def merge_with(self, other: RecordValidatorBase) -> bool:
         if not isinstance(other, RunRecordValidator):
             return False
-        self._kinds.update(other._kinds)
+        self._run_ids |= other._run_ids
+        self._kinds = None  # made again, with the new runs' keys
         return True
 
 

@@ -8,7 +8,9 @@
   under the plain run id: they describe every peer, compatible or not.
 
 Past ``progress_shards.SHARD_RECORDS`` peers the progress records are in
-shards: the view then counts the shards' summaries (it reads no shard).
+shards: the view then counts the shards' summaries (it reads no shard), and
+lists the peers of the reader's own shard of the metrics records (an observer:
+of every shard).
 """
 
 from __future__ import annotations
@@ -69,20 +71,21 @@ def _read_progress(dht, prefix: str) -> list[_Progress]:
     return progress
 
 
-def _read_shards(dht, prefix: str, peers_seen: int, target_batch_size: int, now: float) -> tuple[list[_Progress], int]:
+def _read_shards(dht, prefix: str, peers_seen: int, target_batch_size: int, now: float) -> tuple[list[_Progress], int, int]:
     """When the run's progress records are in shards (``progress_shards``), what the shards' summaries say: one
-    entry per shard and epoch (with no peer id), and the peers they count; else nothing."""
+    entry per shard and epoch (with no peer id), the peers they count, and the number of shards; else nothing,
+    and one shard."""
     found = read_record(dht, progress_shards.summary_key(f"{prefix}_progress"), max_age_s=RECENT_READ_S)
     summaries = [entry.value for entry in (found.value.values() if found is not None and isinstance(found.value, dict) else ())
                  if entry.value is not None]
     layout = progress_shards.followed_layout(summaries, 1, peers_seen, now, RECORD_LIFETIME_S)
     if layout == 1:
-        return [], 0
+        return [], 0, 1
     belief = progress_shards.believe_summaries(summaries, layout, -1, [], 0, target_batch_size, RECORD_LIFETIME_S, now)
     entries = [_Progress(peer_id="", epoch=record["epoch"], samples_accumulated=record["samples_accumulated"],
                          samples_per_second=record["samples_per_second"], time=record["time"],
                          client_mode=record["client_mode"]) for record in belief.records.values()]
-    return entries, belief.peers
+    return entries, belief.peers, layout
 
 
 def _peer_row(metrics: LocalMetrics, compatible: bool, is_local: bool) -> PeerRow:
@@ -91,7 +94,8 @@ def _peer_row(metrics: LocalMetrics, compatible: bool, is_local: bool) -> PeerRo
 
 
 def read_swarm(
-    dht, run_id: str, manifest_hash: str, target_batch_size: int, progress_prefix: str | None = None
+    dht, run_id: str, manifest_hash: str, target_batch_size: int, progress_prefix: str | None = None,
+    place: tuple[int, int] | None = None,
 ) -> Swarm:
     """Read the run's progress and peers from the DHT, as the ``Swarm`` report the worker sends.
 
@@ -108,17 +112,26 @@ def read_swarm(
     :param target_batch_size: samples per epoch, from the manifest.
     :param progress_prefix: read hivemind's progress under this prefix instead
         (only if the worker gave hivemind another run id than the averaging prefix).
+    :param place: the reader's shard of the run's records, ``(shards, shard)`` (a training peer's
+        ``QuietProgressTracker.place``): ``peers`` then lists the peers of its shard (past 32 peers, not
+        all of them; ``num_peers`` counts all). None: an observer outside the swarm (``p2ptrain monitor``),
+        which reads every shard's metrics.
     """
     from hivemind.utils import get_dht_time
 
     now = get_dht_time()
     prefix = progress_prefix or averaging_prefix_for(run_id, manifest_hash)
     progress = _read_progress(dht, prefix)
-    summed, summed_peers = _read_shards(dht, prefix, len(progress), target_batch_size, now)
-    metrics = read_metrics(dht, run_id, max_age_s=RECENT_READ_S)
+    summed, summed_peers, shards = _read_shards(dht, prefix, len(progress), target_batch_size, now)
+    if shards > 1:  # what is left under hivemind's key is peers moving to the shards (or a remembered answer)
+        progress = []
+    if place is not None:
+        metrics = read_metrics(dht, run_id, RECENT_READ_S, *place)
+    else:
+        metrics = read_metrics(dht, run_id, RECENT_READ_S, shards, None)
     own_peer_id = dht.peer_id.to_base58()
 
-    counted = progress + summed  # the records of a swarm in one shard, or the shards' summaries
+    counted = progress or summed  # the records of a swarm in one shard, or the shards' summaries
     servers = [entry for entry in counted if not entry.client_mode] or counted
     compatible_metrics = [row for row in metrics if row.manifest_hash == manifest_hash]
     if servers:

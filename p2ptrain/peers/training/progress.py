@@ -110,6 +110,10 @@ class QuietProgressTracker(ProgressTracker):
     # summaries (None: not read)
     last_read_entries: tuple[int, int | None] = (0, None)
 
+    def place(self) -> tuple[int, int]:
+        """This peer's shard of the run's records, ``(shards, shard)``: its metrics records go there too."""
+        return self.shards, shards_of_records.shard_of(self._local_public_key, self.shards)
+
     @property
     def _base_key(self) -> str:
         """hivemind's progress key (a layout of one shard); the shards' keys and the summaries' derive from it."""

@@ -140,6 +140,7 @@ class Worker:
         self.last_loss: float | None = None
         self.samples_per_second = 0.0
         self.last_round_group = 0  # peers in the last averaging round that finished (its metrics record's last_group)
+        self.metrics_place = (1, 0)  # the shard of the run's records its metrics record was last published in
         self.peer_id = ""
         self.left = False
         self.guard = DivergenceGuard()
@@ -675,7 +676,7 @@ class Worker:
         )
 
     def _report_swarm_forever(self) -> None:
-        from p2ptrain.peers.swarm.run_records import publish_metrics
+        from p2ptrain.peers.swarm.run_records import publish_metrics, withdraw_metrics
         from p2ptrain.peers.swarm.view import read_swarm
 
         published_state, published_at = None, -METRICS_INTERVAL_S
@@ -683,12 +684,16 @@ class Worker:
             if self.trainer is None:
                 return
             try:
-                training = self.state == "training"
-                if time.monotonic() - published_at >= METRICS_INTERVAL_S or self.state != published_state:
+                training, place = self.state == "training", self.trainer.tracker.place()
+                if place != self.metrics_place:  # the swarm moved to another layout of shards: the old record goes
+                    withdraw_metrics(self.dht, self.manifest.run_id, place=self.metrics_place)
+                if time.monotonic() - published_at >= METRICS_INTERVAL_S or self.state != published_state \
+                        or place != self.metrics_place:
                     publish_metrics(self.dht, self.manifest.run_id, self.local_metrics(self.samples_per_second if training else 0.0),
-                                    self.manifest.format)
-                    published_state, published_at = self.state, time.monotonic()
-                self.report(read_swarm(self.dht, self.manifest.run_id, self.manifest_hash, self.manifest.target_batch_size))
+                                    self.manifest.format, place=place)
+                    published_state, published_at, self.metrics_place = self.state, time.monotonic(), place
+                self.report(read_swarm(self.dht, self.manifest.run_id, self.manifest_hash, self.manifest.target_batch_size,
+                                       place=place))
             except Exception:
                 logger.exception("Could not publish metrics or read the swarm")
             time.sleep(SWARM_REPORT_INTERVAL_S)
@@ -699,7 +704,7 @@ class Worker:
         from p2ptrain.peers.swarm.run_records import withdraw_metrics
 
         try:
-            withdraw_metrics(self.dht, self.manifest.run_id)
+            withdraw_metrics(self.dht, self.manifest.run_id, place=self.metrics_place)
         except Exception:
             logger.exception("Could not say goodbye to the swarm")
 
