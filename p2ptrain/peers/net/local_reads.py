@@ -100,10 +100,10 @@ def _why_not_every_record(node, key_id) -> str | None:
     return f"not among the {node.num_replicas} nodes nearest to the key of {len(node.protocol.routing_table.uid_to_peer_id)} known"
 
 
-async def _read(dht, node, key: str, local_copy_is_complete: bool, max_age_s: float = 0.0):
+async def _read(dht, node, key: str, local_copy_is_complete: bool, max_age_s: float = 0.0, search: bool = True):
     """Run in the DHT process: the record under ``key``, from the local copy when it is complete, else
-    from what a holder answered at most ``max_age_s`` ago, else from the key's holders, else from
-    hivemind's search."""
+    from what a holder answered at most ``max_age_s`` ago, else from the key's holders, else (unless not
+    ``search``: None) from hivemind's search."""
     from hivemind.dht.routing import DHTID
 
     key_id = DHTID.generate(source=key)
@@ -126,6 +126,9 @@ async def _read(dht, node, key: str, local_copy_is_complete: bool, max_age_s: fl
         if found is not None:
             log_read(key, f"holders: {why_not}")
             return found
+        if not search:
+            log_read(key, f"nothing: {why_not}; the holders answered nothing")
+            return None
         log_read(key, f"network: {why_not}; the holders answered nothing")
         return await node.get(key, latest=True)
 
@@ -237,17 +240,21 @@ def read_record(dht, key: str, return_future: bool = False, max_age_s: float = 0
 
 async def _read_each(dht, node, keys: list[str], local_copy_is_complete: bool):
     """Run in the DHT process: :func:`_read` of each of ``keys`` at once, as one value (the list of what each
-    found, None where nothing) expiring with the latest of them."""
+    found, None where nothing) expiring with the latest of them; only the first key is searched for when its
+    holders hold nothing."""
     from hivemind.utils import ValueWithExpiration
 
-    found = await asyncio.gather(*(_read(dht, node, key, local_copy_is_complete) for key in keys))
+    found = await asyncio.gather(*(_read(dht, node, key, local_copy_is_complete, search=index == 0)
+                                   for index, key in enumerate(keys)))
     return ValueWithExpiration(list(found), max((each.expiration_time for each in found if each is not None), default=-float("inf")))
 
 
 def read_records(dht, keys: list[str], return_future: bool = False):
     """:func:`read_record` of each of ``keys`` at once: a ``ValueWithExpiration`` whose value lists what each
     key's read found (None where nothing), e.g. a shard of the progress records and the shards' summaries
-    (``progress_shards``).
+    (``progress_shards``). Keys after the first hold what is often absent (no summary in a small swarm): when
+    their holders hold nothing, they are not searched for across the swarm (hivemind's search asks every
+    node, and the first key's read would wait for it).
 
     Args:
         dht: a running hivemind DHT (made by ``p2ptrain.peers.net.dht.start_dht``).
