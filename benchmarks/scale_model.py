@@ -36,8 +36,12 @@ nodes asked per search and e the bytes of one peer's signed entry:
   asks it anything. The swarm's requests stay the same once S > 20; the S serving peers answer them
   all. ``Design.serving_share`` is S / N (the projection takes ``PUBLIC_SHARE``); None: every peer.
 - **Matchmaking.** Each round, each peer runs a few searches of each matchmaking key (hivemind's
-  declare and ``get_averagers``): V requests each, answers listing min(N - 2, 20) nodes. That grows
-  until N = 21, then stays; the nodes nearest to a matchmaking key answer all N peers: O(N).
+  declare and ``get_averagers``): V requests each, answers listing min(N - 2, 20) nodes and every
+  leader's declaration (the public peers: O(N) bytes). The requests grow until N = 21, then stay; the
+  nodes nearest to a matchmaking key answer all N peers: O(N) requests of O(N) bytes. Since
+  ``install_matchmaking`` a fetch is a read from one holder and a declaration goes straight to the
+  holders, as for the records (``Design.group_keys_from_holders``); the answers still carry every
+  leader's declaration, since the whole swarm averages under one key.
 
 What the request log prints below each peer's top rows (0.5-1.4 KB/s a peer at N = 8) is not added:
 it is mostly these same keys' smaller rows, which the model counts already.
@@ -118,6 +122,10 @@ PROJECTED = (16, 32, 100, 1000)
 SIMULATED = (8, 16, 32, 100, 1000)  # swarm sizes whose searches are run through hivemind's traverse_dht
 MEAN_BAR, WORST_BAR = 10_000.0, 20_000.0  # issue 25: background bytes/s per peer, mean and worst
 BOUNDED_READ_ENTRIES = 32
+# the fit run's averagers that declare themselves in the group keys: its one public peer (the peers behind NAT
+# average as clients, which never lead); a projection's are its public peers (``leading_peers``)
+FIT_LEADERS = 1
+DECLARATIONS_PER_ROUND = 2  # a leader's declaration in a group key a round, and its withdrawal (hivemind's key manager)
 RECORD_KINDS = ("progress", "metrics")
 
 
@@ -151,6 +159,9 @@ class Design:
             and every peer reads with its shard (:func:`progress_keys`). None: one key, as before.
         metrics_in_shards: the metrics records in the progress records' shards too (each peer's record and the
             swarm view's reads in its shard; no summaries). False: one key.
+        group_keys_from_holders: the averagers read and declare in their group keys through ``local_reads``
+            (``matchmaking.install_matchmaking``): a fetch asks one holder, a declaration goes straight to the
+            holders (:func:`matchmaking_key`). False: hivemind's searches.
     """
 
     name: str
@@ -163,6 +174,7 @@ class Design:
     ed25519_records: bool = False
     shard_records: int | None = None
     metrics_in_shards: bool = False
+    group_keys_from_holders: bool = False
 
     def servers(self, peers: int) -> int:
         """How many of ``peers`` serve the DHT."""
@@ -192,7 +204,8 @@ NOW = Design("+ records signed with Ed25519 keys (375d8aa)", holders_per_read=HO
              serving_share=PUBLIC_SHARE, view_remembers=True, ed25519_records=True)
 SHARDED = dataclasses.replace(NOW, name=f"+ progress in shards of {progress_shards.SHARD_RECORDS} records, "
                               f"{progress_shards.SUMMARIZERS} summaries a shard (49c1b31)", shard_records=progress_shards.SHARD_RECORDS)
-METRICS_SHARDED = dataclasses.replace(SHARDED, name="+ metrics records in the same shards (now)", metrics_in_shards=True)
+METRICS_SHARDED = dataclasses.replace(SHARDED, name="+ metrics records in the same shards (0f3a11d)", metrics_in_shards=True)
+GROUP_KEYS = dataclasses.replace(METRICS_SHARDED, name="+ group keys read from their holders (now)", group_keys_from_holders=True)
 SEARCH_READS = Design("holders remembered, reads by hivemind's search (before 46082cf)")
 BEFORE = Design("a search before each store (before ed0023b)", search_before_store=True)
 TWO_HOLDERS = Design("holders remembered, reads from 2 holders (46082cf to 4262333)", holders_per_read=2)
@@ -200,7 +213,7 @@ SERVING_PUBLIC = Design(f"+ peers behind NAT serve nothing, {PUBLIC_SHARE:.0%} p
                         holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE)
 REDESIGNS = (SEARCH_READS, TWO_HOLDERS,
              Design(f"+ reads from {HOLDERS_PER_READ} holder and the earlier answers", holders_per_read=HOLDERS_PER_READ),
-             SERVING_PUBLIC, VIEW_REMEMBERS, NOW, SHARDED, METRICS_SHARDED,
+             SERVING_PUBLIC, VIEW_REMEMBERS, NOW, SHARDED, METRICS_SHARDED, GROUP_KEYS,
              Design("+ progress stored every 10 s", paced_stores=True, holders_per_read=HOLDERS_PER_READ,
                     serving_share=PUBLIC_SHARE, view_remembers=True, ed25519_records=True),
              Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True,
@@ -611,11 +624,37 @@ def progress_keys(swarm: Swarm, fitted: Fitted, activity: Activity, design: Desi
     return keys
 
 
-def matchmaking_key(name: str, swarm: Swarm, fitted: Fitted, activity: Activity) -> KeyTraffic:
-    """The searches of one matchmaking key: a few a round by every peer, as hivemind makes them."""
+def leading_peers(peers: int) -> int:
+    """Averagers in a swarm of ``peers`` that declare themselves in each group key at each round (``PUBLIC_SHARE``
+    of them: the peers behind NAT average as clients, which never lead); hivemind keeps each declaration
+    (withdrawn or not) in the key's value until it expires, so every answer lists them all."""
+    return max(1, round(PUBLIC_SHARE * peers))
+
+
+def matchmaking_key(name: str, swarm: Swarm, fitted: Fitted, activity: Activity, design: Design) -> KeyTraffic:
+    """The requests of one group key: a few fetches a round by every peer and a declaration and its withdrawal
+    by each leader, each answer carrying every leader's declaration (``leading_peers``).
+
+    hivemind searches at each fetch and before each declaration (the fitted searches a round count both).
+    With ``design.group_keys_from_holders`` a fetch reads as a record key is read (its own copy, or one holder)
+    and a declaration goes straight to the holders; each fitted search is taken as a fetch (an upper bound:
+    some were a declaration's search), and the declarations are added as stores, averaged over the peers."""
     searches = fitted.matchmaking_searches_per_epoch * activity.epochs_per_s
-    return KeyTraffic("matchmaking", _ranks(swarm.servers, swarm.visits, f"{swarm.peers} {name}"),
-                      value_search=(searches, searches), value_bytes=fitted.matchmaking_value_bytes)
+    leaders = leading_peers(swarm.peers)
+    declaration = fitted.matchmaking_value_bytes / FIT_LEADERS
+    key = KeyTraffic("matchmaking", _ranks(swarm.servers, swarm.visits, f"{swarm.peers} {name}"),
+                     value_bytes=declaration * leaders)
+    if not design.group_keys_from_holders:
+        key.value_search = (searches, searches)
+        return key
+    key.stores = DECLARATIONS_PER_ROUND * activity.epochs_per_s * leaders / swarm.peers
+    key.store_bytes = store_overhead_bytes() + declaration
+    if swarm.clients:  # as ``record_key``: a client reads from the holders whatever the swarm's size
+        key.client_searches, key.client_reads, key.read_holders = 1 / HOLDERS_MEMORY_S, searches, HOLDERS_PER_READ
+    if swarm.servers - 1 >= NUM_REPLICAS:
+        key.holder_search = (1 / HOLDERS_MEMORY_S, 1 / HOLDERS_MEMORY_S)
+        key.reads, key.read_holders = searches, HOLDERS_PER_READ
+    return key
 
 
 def model(peers: int, fitted: Fitted, activity: Activity, design: Design = NOW) -> dict:
@@ -635,7 +674,7 @@ def model(peers: int, fitted: Fitted, activity: Activity, design: Design = NOW) 
     for key in in_shards(metrics, swarm, shards):
         swarm.add_key(key)
     for name in ("grad", "state"):
-        swarm.add_key(matchmaking_key(name, swarm, fitted, activity))
+        swarm.add_key(matchmaking_key(name, swarm, fitted, activity, design))
     worst, anyone, plain = swarm.loads()
     loads = list(swarm.special.values())
 

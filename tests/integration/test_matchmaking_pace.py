@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from p2ptrain.peers.net.dht import start_dht, visible_addresses
-from p2ptrain.peers.robust.matchmaking import fetch_interval, pace_leader_search
+from p2ptrain.peers.robust.matchmaking import fetch_interval, install_matchmaking
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
@@ -28,7 +28,7 @@ def test_a_search_without_leaders_fetches_at_its_pace(tmp_path, matchmaking_time
     from hivemind.averaging.key_manager import GroupKeyManager
 
     search_s = max(8.0, matchmaking_time + 1)  # hivemind refuses a timeout below the window
-    pace_leader_search()
+    install_matchmaking()
     fetches = multiprocessing.Value("i", 0)
     original = GroupKeyManager.get_averagers
 

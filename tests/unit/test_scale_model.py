@@ -139,7 +139,8 @@ def test_a_network_read_grows_linearly_in_the_swarm():
 
 def test_the_worst_peer_grows_as_n_squared_and_the_mean_as_n():
     small, middle, large = (scale_model.model(peers, FITTED, ACTIVITY) for peers in (100, 550, 1000))
-    assert large["worst"]["bytes_per_s"] / small["worst"]["bytes_per_s"] > 50  # the nodes nearest to the key
+    # the nodes nearest to a record key or a group key (10 if linear; the linear parts weigh most at 100)
+    assert large["worst"]["bytes_per_s"] / small["worst"]["bytes_per_s"] > 30
 
     def growth(side):  # 2 when linear in N, (1000^2 - 100^2) / (550^2 - 100^2) = 3.4 when quadratic
         return (large[side]["bytes_per_s"] - small[side]["bytes_per_s"]) / (middle[side]["bytes_per_s"] - small[side]["bytes_per_s"])
@@ -163,6 +164,23 @@ def test_the_holders_answer_every_store_and_share_every_read(design):
         answered = stores * (peers - 1) + (peers - 1) / scale_model.HOLDERS_MEMORY_S
         answered += reads * others * design.holders_per_read / scale_model.NUM_REPLICAS
         assert holder - far == pytest.approx(answered - stores - reads * design.holders_per_read), rank
+
+
+def test_a_fetch_of_a_group_key_asks_one_holder_not_a_bucket_and_its_answer_lists_every_leader():
+    peers = 400
+    searched, read = (scale_model.matchmaking_key("grad", scale_model.Swarm(peers, 100), FITTED, ACTIVITY, design)
+                      for design in (scale_model.METRICS_SHARDED, scale_model.GROUP_KEYS))
+    searches = FITTED.matchmaking_searches_per_epoch * ACTIVITY.epochs_per_s
+    assert searched.value_search == (searches, searches) and searched.reads == 0
+    assert read.value_search == (0.0, 0.0) and read.reads == searches and read.read_holders == 1
+    leaders = scale_model.leading_peers(peers)
+    assert leaders == 100 and read.value_bytes == searched.value_bytes == pytest.approx(
+        leaders * FITTED.matchmaking_value_bytes / scale_model.FIT_LEADERS)
+    # each leader declares and withdraws in each round: stores to the holders, averaged over every peer
+    assert read.stores * peers == pytest.approx(scale_model.DECLARATIONS_PER_ROUND * ACTIVITY.epochs_per_s * leaders)
+    by_search, by_holders = (scale_model.model(peers, FITTED, ACTIVITY, design)["mean"]["requests_per_min"]["matchmaking"]
+                             for design in (scale_model.METRICS_SHARDED, scale_model.GROUP_KEYS))
+    assert by_holders < by_search / 4  # what is left: the holders searched for every 30 s, and the stores
 
 
 def test_the_data_file_is_what_the_model_says_now():

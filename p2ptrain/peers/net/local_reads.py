@@ -220,7 +220,7 @@ def mark_joined(dht) -> None:
     dht.p2ptrain_started = time.monotonic()
 
 
-def read_record(dht, key: str, return_future: bool = False, max_age_s: float = 0.0):
+def read_record(dht, key: str, return_future: bool = False, max_age_s: float = 0.0, search: bool = True):
     """``dht.get(key, latest=True)``, answered from this peer's own copy when it holds every
     peer's latest record, else by :data:`HOLDERS_PER_READ` of the key's holders (see the module docstring).
 
@@ -231,11 +231,13 @@ def read_record(dht, key: str, return_future: bool = False, max_age_s: float = 0
         max_age_s: what a holder answered this many seconds ago or less, merged with the earlier
             answers, is fresh enough: no request (the swarm view, every 15 s, takes the progress the
             ProgressTracker's reads keep fresh). 0: ask.
+        search: when the holders hold nothing, search the swarm as hivemind does (False: None), for a
+            key that is often empty, such as an averaging group's while nobody leads one.
     """
     started = getattr(dht, "p2ptrain_started", None)
     complete = started is not None and time.monotonic() - started >= FULL_COPY_AFTER_S
-    return dht.run_coroutine(functools.partial(_read, key=key, local_copy_is_complete=complete, max_age_s=max_age_s),
-                             return_future=return_future)
+    return dht.run_coroutine(functools.partial(_read, key=key, local_copy_is_complete=complete, max_age_s=max_age_s,
+                                               search=search), return_future=return_future)
 
 
 async def _read_each(dht, node, keys: list[str], local_copy_is_complete: bool):
@@ -384,16 +386,21 @@ class LocalFirstDHT:
     """A DHT whose ``get`` is :func:`read_record` and ``store`` :func:`store_record`, for hivemind's
     ProgressTracker (which reads its progress key as often as every ``progress.MIN_REFRESH_PERIOD_S``,
     always with ``latest=True``: ``latest`` is therefore not looked at, and stores about once a
-    step); everything else is the DHT's."""
+    step) and its matchmaking (``peers.robust.matchmaking``); everything else is the DHT's.
 
-    def __init__(self, dht):
-        self._dht = dht
+    Args:
+        dht: a running hivemind DHT (made by ``p2ptrain.peers.net.dht.start_dht``).
+        search: as :func:`read_record`'s, for every read.
+    """
+
+    def __init__(self, dht, search: bool = True):
+        self._dht, self._search = dht, search
 
     def __getattr__(self, name):
         return getattr(self._dht, name)
 
     def get(self, key, latest: bool = False, return_future: bool = False):
-        return read_record(self._dht, key, return_future=return_future)
+        return read_record(self._dht, key, return_future=return_future, search=self._search)
 
     def store(self, key, value, expiration_time, subkey=None, return_future: bool = False):
         return store_record(self._dht, key, subkey, value, expiration_time, return_future=return_future)

@@ -121,7 +121,6 @@ def _install_hooks() -> None:
     if getattr(P2P, "p2ptrain_counted", False):
         return
     P2P.p2ptrain_counted = True
-    logged = request_log.enabled()
     send_protobuf, receive_protobuf = P2P.send_protobuf, P2P.receive_protobuf
     call_unary, add_unary = P2P._call_unary_protobuf_handler, P2P._add_protobuf_unary_handler
 
@@ -129,7 +128,7 @@ def _install_hooks() -> None:
         await send_protobuf(protobuf, writer)
         kind, size = kind_of_message(type(protobuf)), protobuf.ByteSize() + _FRAMING_BYTES
         _count(kind, sent=size)
-        if logged:
+        if request_log.enabled():  # looked at each time: a test sets it for the peers it forks
             request_log.record("stream", kind, type(protobuf).__name__, "", size, 0)
 
     async def counted_receive(input_protobuf_type, reader):
@@ -137,14 +136,14 @@ def _install_hooks() -> None:
         received = protobuf if protobuf is not None else error
         kind, size = kind_of_message(input_protobuf_type), received.ByteSize() + _FRAMING_BYTES
         _count(kind, received=size)
-        if logged:
+        if request_log.enabled():
             request_log.record("stream", kind, type(received).__name__, "", 0, size)
         return protobuf, error
 
     async def counted_call(self, peer_id, handle_name, input, output_protobuf_type):
         response = await call_unary(self, peer_id, handle_name, input, output_protobuf_type)
         _count(_current_kind.get(), sent=input.ByteSize(), received=response.ByteSize())
-        if logged:
+        if request_log.enabled():
             request_log.record("call", _current_kind.get(), handle_name, _current_key.get(), input.ByteSize(),
                                response.ByteSize())
         return response
@@ -154,7 +153,7 @@ def _install_hooks() -> None:
             response = await handler(request, context)
             # answering other peers' DHT requests: upkeep of the swarm's DHT
             _count("dht", sent=response.ByteSize(), received=request.ByteSize())
-            if logged:
+            if request_log.enabled():
                 request_log.record("serve", "dht", handle_name, request_log.served_key(request), response.ByteSize(),
                                    request.ByteSize())
             return response

@@ -190,12 +190,12 @@ def make_trainer(spec: WorkerSpec, plan: WorkerPlan, manifest, dht, parameters, 
             client always does: other peers cannot dial this one directly (``peers.net.network``).
     """
     from p2ptrain.peers.swarm.manifest import averaging_prefix
-    from p2ptrain.peers.robust.matchmaking import pace_leader_search
+    from p2ptrain.peers.robust.matchmaking import install_matchmaking
     from p2ptrain.peers.training.sync import averaging_timings
     from p2ptrain.peers.training.settings import LrSchedule, SwarmSettings
     from p2ptrain.peers.robust.trust import Trust
 
-    pace_leader_search()  # before the averager processes fork
+    install_matchmaking()  # before the averager processes fork
 
     swarm = SwarmSettings(
         trust=Trust(banned=spec.banned_peers),
