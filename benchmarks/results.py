@@ -81,6 +81,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "scale": _renderer("scale"),
     "scale-model": _renderer("scale_model"),
     "request-framing": _renderer("request_framing"),
+    "matchmaking-requests": _renderer("matchmaking_requests"),
     "state-burst": _renderer("state_burst"),
     "round-stall": _renderer("round_stall"),
     "heterogeneous": _renderer("heterogeneous"),
