@@ -13,7 +13,11 @@ Both paths run in one invocation, side by side:
 - ``holders``: ``install_matchmaking`` (a fetch from this peer's copy or one
   holder, declarations straight to the holders).
 
-    .venv/bin/python benchmarks/matchmaking_requests.py --peers 8 16 --json benchmarks/matchmaking_requests_<date>.jsonl
+With ``--hiding K`` the holders path runs again with the K holders nearest to the
+group key hostile: each deletes every declaration from its storage as soon as it
+is stored (every 50 ms), so it answers every fetch with nothing.
+
+    .venv/bin/python benchmarks/matchmaking_requests.py --peers 8 16 --hiding 1 --json benchmarks/matchmaking_requests_<date>.jsonl
     .venv/bin/python benchmarks/matchmaking_requests.py --report benchmarks/matchmaking_requests_<date>.jsonl
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import multiprocessing
 import os
 import sys
@@ -77,6 +82,40 @@ def _counted(method_name: str, counter):
         setattr(GroupKeyManager, method_name, original)
 
 
+async def _node_id(dht, node):
+    """Run in a DHT process: its node's DHT id."""
+    return node.node_id
+
+
+async def _hide(dht, node, key: str) -> None:
+    """Run in a DHT process: from now on, delete what its storage holds under ``key`` every 50 ms (a holder
+    that hides every declaration from those who ask it)."""
+    import asyncio
+
+    from hivemind.dht.routing import DHTID
+
+    key_id = DHTID.generate(source=key)
+
+    async def keep_hiding():
+        while True:
+            for storage in (node.protocol.storage, node.protocol.cache):
+                if key_id in storage:
+                    del storage[key_id]
+            await asyncio.sleep(0.05)
+
+    node.p2ptrain_hiding = asyncio.create_task(keep_hiding())
+
+
+def _hide_in_nearest(dhts, hiding: int) -> None:
+    """Make the ``hiding`` DHT nodes nearest to the group key hide it (``_hide``)."""
+    from hivemind.dht.routing import DHTID
+
+    key_id = DHTID.generate(source=GROUP_KEY)
+    ids = [dht.run_coroutine(_node_id) for dht in dhts]
+    for index in sorted(range(len(dhts)), key=lambda index: key_id.xor_distance(ids[index]))[:hiding]:
+        dhts[index].run_coroutine(functools.partial(_hide, key=GROUP_KEY))
+
+
 def _average_once(averagers) -> list:
     """One round of every averager at once; each one's gathered data (None where it found no group)."""
     from hivemind.utils import get_dht_time
@@ -97,7 +136,7 @@ def _logged_lines(directory: Path, since: float, until: float) -> list[list[str]
     return lines
 
 
-def measure(directory: Path, peers: int, clients: int, path: str) -> dict:
+def measure(directory: Path, peers: int, clients: int, path: str, hiding: int = 0) -> dict:
     """One swarm's measured round (see the module docstring).
 
     Args:
@@ -105,6 +144,7 @@ def measure(directory: Path, peers: int, clients: int, path: str) -> dict:
         peers: averagers in the swarm.
         clients: how many of them average as clients.
         path: "hivemind" or "holders" (``PATHS``).
+        hiding: how many of the group key's nearest holders hide it (see the module docstring).
 
     Returns:
         ``group_sizes`` (each averager's group in the measured round, 0 where none), ``averaged_right``
@@ -127,6 +167,7 @@ def measure(directory: Path, peers: int, clients: int, path: str) -> dict:
             try:
                 for dht in dhts:  # each peer trusts its own copy as after a minute in the swarm (not waited for)
                     dht.p2ptrain_started -= FULL_COPY_AFTER_S + 1
+                _hide_in_nearest(dhts, hiding)
                 averagers += [DecentralizedAverager([torch.full((4,), float(index))], dht, prefix=PREFIX,
                                                     client_mode=index >= peers - clients, min_matchmaking_time=3.0,
                                                     request_timeout=1.0, allow_state_sharing=False, start=True)
@@ -153,7 +194,7 @@ def measure(directory: Path, peers: int, clients: int, path: str) -> dict:
     calls = [fields for fields in lines if fields[1] == "call" and fields[4] == GROUP_KEY]
     handlers = ("rpc_find", "rpc_store")
     reads = [fields[3].split(":")[0] for fields in lines if fields[1] == "read" and fields[4] == GROUP_KEY]
-    return {"peers": peers, "clients": clients, "path": path, "round_s": ended - started,
+    return {"peers": peers, "clients": clients, "path": path, "hiding": hiding, "round_s": ended - started,
             "group_sizes": [len(each) if each else 0 for each in gathered], "averaged_right": averaged_right,
             "fetches": fetches.value, "declarations": declarations.value,
             "requests": {name: sum(1 for fields in calls if fields[3].endswith(name)) for name in handlers},
@@ -173,7 +214,8 @@ def report(path: Path) -> str:
             operations = found["fetches"] + found["declarations"]
             requests = sum(found["requests"].values())
             reads = found["reads"]
-            lines.append(f"| {row['commit'][:7]}, {row['date'][:10]} | {found['peers']} ({found['clients']}) | {found['path']} | "
+            path_shown = found["path"] + (f", {found['hiding']} hiding" if found.get("hiding") else "")
+            lines.append(f"| {row['commit'][:7]}, {row['date'][:10]} | {found['peers']} ({found['clients']}) | {path_shown} | "
                          f"{', '.join(map(str, sizes))} | {found['fetches']} / {found['declarations']} | "
                          f"{found['requests']['rpc_find']} | {found['requests']['rpc_store']} | {requests / operations:.1f} | "
                          f"{sum(found['request_bytes'].values()) / 1000:.1f} | "
@@ -185,6 +227,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, nargs="+", default=[8], help="swarm sizes measured, each with both paths")
     parser.add_argument("--clients", type=float, default=0.25, help="share of each swarm averaging as clients")
+    parser.add_argument("--hiding", type=int, default=0, help="also run the holders path with this many hiding holders")
     parser.add_argument("--json", type=Path, help="append the row here")
     parser.add_argument("--report", type=Path, help="print the table of a --json file and exit")
     options = parser.parse_args()
@@ -193,9 +236,9 @@ def main() -> int:
         return 0
     found = []
     for peers in options.peers:
-        for path in PATHS:
+        for path, hiding in [(path, 0) for path in PATHS] + ([("holders", options.hiding)] if options.hiding else []):
             with tempfile.TemporaryDirectory(prefix="matchmaking-requests-") as directory:
-                found.append(measure(Path(directory), peers, round(options.clients * peers), path))
+                found.append(measure(Path(directory), peers, round(options.clients * peers), path, hiding))
     append_row(options.json, {"benchmark": "matchmaking_requests", "paths": found, **facts()})
     return 0
 

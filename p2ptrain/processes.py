@@ -78,6 +78,18 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     return True
 
 
+def dying_with_parent(sig: int = signal.SIGTERM):
+    """A ``preexec_fn`` for ``subprocess.Popen``: in the child, between fork and exec, it asks the kernel to
+    send ``sig`` to the child when the thread that started it ends, even by SIGKILL (``PR_SET_PDEATHSIG``,
+    kept across exec). The C library is looked up here, in the parent: the child of a threaded process must
+    do as little as it can. None where there is no ``prctl`` (not Linux)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(PR_SET_PDEATHSIG, int(sig))
+
+
 def install_stop_handlers(handler) -> None:
     """Route SIGTERM and SIGINT to ``handler(signum, frame)``.
 

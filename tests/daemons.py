@@ -23,6 +23,7 @@ from p2ptrain.control_types import Status
 from p2ptrain.daemon.worker_process import recorded_group
 from p2ptrain.demo import loopback_config
 from p2ptrain.paths import resolve_paths
+from p2ptrain.processes import dying_with_parent
 from p2ptrain.protocol import ControlClient, DaemonNotRunning
 
 import shutil
@@ -161,6 +162,8 @@ def stop_all(daemons, timeout: float = 30) -> None:
 
 def start_daemon(home: Path, env: dict | None = None, wait: bool = True, log_level: str = "info", prefix: tuple[str, ...] = ()) -> DaemonProcess:
     """Start ``p2ptrain daemon --home HOME`` in its own session; wait until it answers ``status``.
+    It is sent SIGTERM when the thread that started it ends, so a test process that is killed
+    (SIGKILL, a whole run stopped) leaves no daemon behind; start it from the test's own thread.
 
     ``prefix`` runs it under another command, e.g. ``ip netns exec NS`` in the network lab."""
     home.mkdir(parents=True, exist_ok=True)
@@ -172,6 +175,7 @@ def start_daemon(home: Path, env: dict | None = None, wait: bool = True, log_lev
             stderr=subprocess.STDOUT,
             env=child_environment(env),
             start_new_session=True,
+            preexec_fn=dying_with_parent(),
         )
     daemon = DaemonProcess(home, process, log_path)
     if wait:

@@ -232,3 +232,27 @@ def test_unknown_method_error_carries_the_list_of_methods(daemons):
     with pytest.raises(DaemonError) as raised:
         daemon.client.call("explode")
     assert raised.value.code == "unknown-method" and "status" in raised.value.fix
+
+
+def test_a_daemon_a_test_started_ends_when_the_test_process_is_killed(short_tmp):
+    # a test process stopped by SIGKILL runs no teardown: its daemons must not outlive it
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    tests = Path(__file__).resolve().parents[1]
+    script = (f"import os, signal, sys; sys.path.insert(0, {str(tests)!r}); from pathlib import Path; "
+              f"from daemons import start_daemon; daemon = start_daemon(Path({str(short_tmp / 'orphan')!r})); "
+              "print(daemon.process.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    test_process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert test_process.returncode == -9, test_process.stderr
+    try:
+        daemon = psutil.Process(int(test_process.stdout.split()[0]))
+        daemon.wait(timeout=30)
+    except psutil.NoSuchProcess:
+        pass  # gone already
+    except psutil.TimeoutExpired:
+        daemon.kill()
+        pytest.fail("the daemon outlived the test process that started it")

@@ -34,3 +34,11 @@ def test_eight_averagers_find_one_group_with_a_request_a_fetch_at_most(tmp_path)
     assert found["requests"]["rpc_store"] <= 5 * found["declarations"]
     assert set(found["reads"]) <= {"local", "holders"}, found["reads"]  # never hivemind's search
     assert found["reads"].get("local", 0) >= found["fetches"] // 4  # the key's holders read their own copy
+
+
+def test_a_holder_that_hides_every_leader_splits_no_group(tmp_path):
+    # the holder nearest to the group key answers every fetch with nothing; the others hold every declaration
+    found = matchmaking_requests.measure(tmp_path, peers=8, clients=2, path="holders", hiding=1)
+    print(found)
+    assert found["group_sizes"] == [8] * 8 and all(found["averaged_right"])
+    assert set(found["reads"]) <= {"local", "holders"}, found["reads"]

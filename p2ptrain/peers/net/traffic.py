@@ -26,18 +26,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import ctypes
 import logging
 import multiprocessing
 import os
 import re
 import shutil
-import signal
 import subprocess
 import threading
 import time
 
 from p2ptrain.peers.net import request_log
+from p2ptrain.processes import dying_with_parent
 from p2ptrain.worker_pipe import Traffic
 
 logger = logging.getLogger(__name__)
@@ -240,17 +239,6 @@ def socket_bytes(pid: int) -> dict[str, tuple[int, int]] | None:
     return {cookie: counts for cookie, _, _, counts in _parse_sockets(finished.stdout.splitlines(), inodes)}
 
 
-def _dying_with_parent():
-    """A function for ``preexec_fn``: in the child, between fork and exec, it asks the kernel to end the child
-    when the thread that started it ends (``PR_SET_PDEATHSIG``). The C library is looked up here, in the parent:
-    the child of a threaded process must do as little as it can. None where there is no ``prctl``."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, signal.SIGTERM)
-
-
 class SocketTotals:
     """Bytes through a process's TCP sockets since this was made.
 
@@ -282,7 +270,7 @@ class SocketTotals:
             command = ["stdbuf", "-oL", *command]
         try:
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                       preexec_fn=_dying_with_parent())
+                                       preexec_fn=dying_with_parent())
         except OSError:
             return None
         threading.Thread(target=self._read_ends, args=(process.stdout,), name="socket-ends", daemon=True).start()
