@@ -162,6 +162,9 @@ class Design:
         group_keys_from_holders: the averagers read and declare in their group keys through ``local_reads``
             (``matchmaking.install_matchmaking``): a fetch asks one holder, a declaration goes straight to the
             holders (:func:`matchmaking_key`). False: hivemind's searches.
+        group_size: the swarm averages in groups of about this many (hivemind's group bits: not built),
+            each group's leaders declared under a key of its own, so a peer reads and declares in 1 of
+            N / G keys, each holding N / G of the leaders (``in_shards``). None: one group, one key.
     """
 
     name: str
@@ -175,6 +178,7 @@ class Design:
     shard_records: int | None = None
     metrics_in_shards: bool = False
     group_keys_from_holders: bool = False
+    group_size: int | None = None
 
     def servers(self, peers: int) -> int:
         """How many of ``peers`` serve the DHT."""
@@ -206,19 +210,24 @@ SHARDED = dataclasses.replace(NOW, name=f"+ progress in shards of {progress_shar
                               f"{progress_shards.SUMMARIZERS} summaries a shard (49c1b31)", shard_records=progress_shards.SHARD_RECORDS)
 METRICS_SHARDED = dataclasses.replace(SHARDED, name="+ metrics records in the same shards (0f3a11d)", metrics_in_shards=True)
 GROUP_KEYS = dataclasses.replace(METRICS_SHARDED, name="+ group keys read from their holders (now)", group_keys_from_holders=True)
+AVERAGING_GROUP = 32  # the group size of the design not built below
 SEARCH_READS = Design("holders remembered, reads by hivemind's search (before 46082cf)")
 BEFORE = Design("a search before each store (before ed0023b)", search_before_store=True)
 TWO_HOLDERS = Design("holders remembered, reads from 2 holders (46082cf to 4262333)", holders_per_read=2)
 SERVING_PUBLIC = Design(f"+ peers behind NAT serve nothing, {PUBLIC_SHARE:.0%} public (022d5d1)",
                         holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE)
+# two designs not built, for comparison: reads bounded in size, and averaging in groups
+BOUNDED_READS = Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True,
+                       holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE, view_remembers=True,
+                       ed25519_records=True, read_entries=BOUNDED_READ_ENTRIES)
+GROUPS = dataclasses.replace(GROUP_KEYS, name=f"+ averaging in groups of {AVERAGING_GROUP}, a group key each (not built)",
+                             group_size=AVERAGING_GROUP)
 REDESIGNS = (SEARCH_READS, TWO_HOLDERS,
              Design(f"+ reads from {HOLDERS_PER_READ} holder and the earlier answers", holders_per_read=HOLDERS_PER_READ),
              SERVING_PUBLIC, VIEW_REMEMBERS, NOW, SHARDED, METRICS_SHARDED, GROUP_KEYS,
              Design("+ progress stored every 10 s", paced_stores=True, holders_per_read=HOLDERS_PER_READ,
                     serving_share=PUBLIC_SHARE, view_remembers=True, ed25519_records=True),
-             Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True,
-                    holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE, view_remembers=True,
-                    ed25519_records=True, read_entries=BOUNDED_READ_ENTRIES))
+             BOUNDED_READS, GROUPS)
 # every measured row: its file, swarm size and commit, and the design of that commit (its store path and read
 # path; tests/unit/test_scale_model.py checks them against the commits' history)
 MEASURED = (("scale_2026-11-27.jsonl", 2, "b606afe", BEFORE), ("scale_2026-11-27.jsonl", 4, "b606afe", BEFORE),
@@ -587,8 +596,8 @@ def record_key(kind: str, swarm: Swarm, fitted: Fitted, activity: Activity, desi
 
 
 def in_shards(whole: KeyTraffic, swarm: Swarm, shards: int) -> list[KeyTraffic]:
-    """One record key's requests split over ``shards`` keys: each with a 1 / S share of every peer's stores,
-    searches and reads (each peer stores to and reads its own shard) and 1 / S of the entries."""
+    """One key's requests split over ``shards`` keys: each with a 1 / S share of every peer's stores,
+    searches and reads (each peer stores to and reads its own shard, or its group's key) and 1 / S of the entries."""
     if shards == 1:
         return [whole]
     return [dataclasses.replace(
@@ -673,8 +682,10 @@ def model(peers: int, fitted: Fitted, activity: Activity, design: Design = NOW) 
     shards = progress_shards.shards_for(peers, 1, design.shard_records) if design.metrics_in_shards else 1
     for key in in_shards(metrics, swarm, shards):
         swarm.add_key(key)
+    groups = max(1, round(peers / design.group_size)) if design.group_size else 1
     for name in ("grad", "state"):
-        swarm.add_key(matchmaking_key(name, swarm, fitted, activity, design))
+        for key in in_shards(matchmaking_key(name, swarm, fitted, activity, design), swarm, groups):
+            swarm.add_key(key)
     worst, anyone, plain = swarm.loads()
     loads = list(swarm.special.values())
 
