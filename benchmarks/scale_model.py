@@ -162,6 +162,9 @@ class Design:
         group_keys_from_holders: the averagers read and declare in their group keys through ``local_reads``
             (``matchmaking.install_matchmaking``): a fetch asks one holder, a declaration goes straight to the
             holders (:func:`matchmaking_key`). False: hivemind's searches.
+        summaries_read_s: a peer in shards reads the summaries at most this often (its shard at every read;
+            ``progress_shards.SUMMARIES_READ_SHARE`` of a record's lifetime, 10 s). None: at every read,
+            as from 49c1b31 to d6d5eb6.
         group_size: the swarm averages in groups of about this many (hivemind's group bits: not built),
             each group's leaders declared under a key of its own, so a peer reads and declares in 1 of
             N / G keys, each holding N / G of the leaders (``in_shards``). None: one group, one key.
@@ -178,6 +181,7 @@ class Design:
     shard_records: int | None = None
     metrics_in_shards: bool = False
     group_keys_from_holders: bool = False
+    summaries_read_s: float | None = None
     group_size: int | None = None
 
     def servers(self, peers: int) -> int:
@@ -209,7 +213,10 @@ NOW = Design("+ records signed with Ed25519 keys (375d8aa)", holders_per_read=HO
 SHARDED = dataclasses.replace(NOW, name=f"+ progress in shards of {progress_shards.SHARD_RECORDS} records, "
                               f"{progress_shards.SUMMARIZERS} summaries a shard (49c1b31)", shard_records=progress_shards.SHARD_RECORDS)
 METRICS_SHARDED = dataclasses.replace(SHARDED, name="+ metrics records in the same shards (0f3a11d)", metrics_in_shards=True)
-GROUP_KEYS = dataclasses.replace(METRICS_SHARDED, name="+ group keys read from their holders (now)", group_keys_from_holders=True)
+GROUP_KEYS = dataclasses.replace(METRICS_SHARDED, name="+ group keys read from their holders (d6d5eb6)", group_keys_from_holders=True)
+SUMMARIES_READ_S = _TRACKER["metadata_expiration"].default * progress_shards.SUMMARIES_READ_SHARE
+PACED_SUMMARIES = dataclasses.replace(GROUP_KEYS, name=f"+ summaries read every {SUMMARIES_READ_S:.0f} s in shards (now)",
+                                      summaries_read_s=SUMMARIES_READ_S)
 AVERAGING_GROUP = 32  # the group size of the design not built below
 SEARCH_READS = Design("holders remembered, reads by hivemind's search (before 46082cf)")
 BEFORE = Design("a search before each store (before ed0023b)", search_before_store=True)
@@ -220,11 +227,11 @@ SERVING_PUBLIC = Design(f"+ peers behind NAT serve nothing, {PUBLIC_SHARE:.0%} p
 BOUNDED_READS = Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True,
                        holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE, view_remembers=True,
                        ed25519_records=True, read_entries=BOUNDED_READ_ENTRIES)
-GROUPS = dataclasses.replace(GROUP_KEYS, name=f"+ averaging in groups of {AVERAGING_GROUP}, a group key each (not built)",
+GROUPS = dataclasses.replace(PACED_SUMMARIES, name=f"+ averaging in groups of {AVERAGING_GROUP}, a group key each (not built)",
                              group_size=AVERAGING_GROUP)
 REDESIGNS = (SEARCH_READS, TWO_HOLDERS,
              Design(f"+ reads from {HOLDERS_PER_READ} holder and the earlier answers", holders_per_read=HOLDERS_PER_READ),
-             SERVING_PUBLIC, VIEW_REMEMBERS, NOW, SHARDED, METRICS_SHARDED, GROUP_KEYS,
+             SERVING_PUBLIC, VIEW_REMEMBERS, NOW, SHARDED, METRICS_SHARDED, GROUP_KEYS, PACED_SUMMARIES,
              Design("+ progress stored every 10 s", paced_stores=True, holders_per_read=HOLDERS_PER_READ,
                     serving_share=PUBLIC_SHARE, view_remembers=True, ed25519_records=True),
              BOUNDED_READS, GROUPS)
@@ -612,7 +619,8 @@ def progress_keys(swarm: Swarm, fitted: Fitted, activity: Activity, design: Desi
     S shard keys, each with a 1 / S share of every peer's stores, searches and reads (each peer stores to and
     reads its own shard) and N / S entries, and the summaries key: stored by 2 peers a shard at each of their
     reads (at most every ``SUMMARY_PERIOD_S``; every ``LAYOUT_CHECK_S`` in one shard), read by every peer
-    with its shard (every ``LAYOUT_CHECK_S`` in one shard), each read 2 S summaries."""
+    with its shard (at most every ``design.summaries_read_s``; every ``LAYOUT_CHECK_S`` in one shard), each
+    read 2 S summaries."""
     whole = record_key("progress", swarm, fitted, activity, design)
     if not design.shard_records:
         return [whole]
@@ -622,6 +630,8 @@ def progress_keys(swarm: Swarm, fitted: Fitted, activity: Activity, design: Desi
     summarizers = min(peers, progress_shards.SUMMARIZERS * shards)
     tracker_reads = reads_per_s("progress", peers, activity, design)
     reads = tracker_reads if shards > 1 else 1 / progress_shards.LAYOUT_CHECK_S
+    if shards > 1 and design.summaries_read_s:
+        reads = min(reads, 1 / design.summaries_read_s)
     summaries_per_s = (min(tracker_reads, 1 / progress_shards.SUMMARY_PERIOD_S) if shards > 1
                        else 1 / progress_shards.LAYOUT_CHECK_S)
     summary_bytes = whole.value_bytes / peers + summary_extra_bytes()

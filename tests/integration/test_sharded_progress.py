@@ -75,6 +75,15 @@ def test_eight_peers_in_shards_of_two_each_see_every_peer_and_the_swarms_samples
             samples, reported_at = PEERS * 4 * second, time.monotonic()
             assert all(0.7 * samples <= progress[2] <= samples for progress in state()), (samples, state())
 
+            # a peer reads its shard every 1-2 s here, and the summaries at most every sixth of a record's
+            # lifetime (3.3 s): some reads carry them (a number), the others only the shard (None)
+            seen = [set() for _ in trackers]
+            for _ in range(24):
+                for found, tracker in zip(seen, trackers):
+                    found.add(tracker.last_read_entries[1] is None)
+                time.sleep(0.5)
+            assert all(found == {True, False} for found in seen), seen
+
             # the records are spread over the shards' keys: each peer's in one, no key holds them all, none is left
             # in hivemind's own key
             keys = [progress_shards.shard_key("shards_progress", 4, index) for index in range(4)]

@@ -17,8 +17,9 @@ epoch on record, how many peers, their samples and speeds, and the sum of
 each record's time by its speed, so that a reader extrapolates the shard's
 samples exactly as it would every record's. Every peer reads the summaries
 with its own shard, under one key (:func:`summary_key`), each signed by the
-peer that wrote it. A read carries about N / S + 2 S entries instead of N:
-at 1,000 peers 31 + 64, not 1,000.
+peer that wrote it, at most every :data:`SUMMARIES_READ_SHARE` of a record's
+lifetime (10 s): a read carries about N / S entries, and one in a few 2 S
+summaries more, instead of N: at 1,000 peers 31 + 64, not 1,000.
 
 With one shard (up to :data:`SHARD_RECORDS` peers) the key is hivemind's own:
 a small swarm reads and stores as before, and reads the summaries only at its first read and every
@@ -67,6 +68,11 @@ SUMMARIZERS = 2
 SUMMARY_PERIOD_S = 2.0
 # a swarm in one shard reads the summaries this often, to find that the others run in shards
 LAYOUT_CHECK_S = 30.0
+# a swarm in shards reads the summaries at most this often, as a share of a record's lifetime (every 10 s at
+# hivemind's 60 s), and its own shard at every read: every peer reads all 2 S summaries from the few holders
+# of one key, which made them the worst peer at 1,000 (the scale model); between two reads a reader
+# extrapolates each summary from its speeds, as it does a record
+SUMMARIES_READ_SHARE = 1 / 6
 # the most epochs a summary lists (honest peers are within one epoch of each other; a shard has a few more)
 MAX_SUMMARY_EPOCHS = 4
 

@@ -120,9 +120,12 @@ class QuietProgressTracker(ProgressTracker):
         return f"{self.prefix}_progress"
 
     def keys_to_read(self, key: str) -> list[str]:
-        """What a read of ``key`` (this peer's shard) asks for: with the shards' summaries when this peer reads
-        in shards, or at its first read and every ``LAYOUT_CHECK_S`` in one (``progress_shards``)."""
-        if self.shards > 1 or time.monotonic() - self._summaries_read_at >= shards_of_records.LAYOUT_CHECK_S:
+        """What a read of ``key`` (this peer's shard) asks for: with the shards' summaries at its first read, then
+        every ``SUMMARIES_READ_SHARE`` of a record's lifetime in shards and every ``LAYOUT_CHECK_S`` in one
+        (``progress_shards``); the summaries read last count in between."""
+        every = (self.metadata_expiration * shards_of_records.SUMMARIES_READ_SHARE if self.shards > 1
+                 else shards_of_records.LAYOUT_CHECK_S)
+        if time.monotonic() - self._summaries_read_at >= every:
             return [key, shards_of_records.summary_key(self._base_key)]
         return [key]
 
@@ -214,7 +217,7 @@ class QuietProgressTracker(ProgressTracker):
     def _follow_the_layout(self, peers_seen: int, now: float, progress) -> None:
         """Move this peer's record to the layout of shards the peers seen call for (``progress_shards``): its
         record's goodbye in the old key (and its summary's), its record stored in the new one soon, and the
-        next read soon after."""
+        next read, with the summaries, soon after."""
         layout = shards_of_records.followed_layout(self._summaries, self.shards, peers_seen, now, self.metadata_expiration)
         if layout == self.shards:
             layout = shards_of_records.shards_for(peers_seen, self.shards, self.shard_records)
@@ -228,7 +231,7 @@ class QuietProgressTracker(ProgressTracker):
                     peers_seen, layout, self.training_progress_key)
         for key in (old_key, shards_of_records.summary_key(self._base_key)):
             store_record(self.dht, key, self._local_public_key, None, now + self.metadata_expiration, return_future=True)
-        self._summary_stored_at = -float("inf")
+        self._summary_stored_at = self._summaries_read_at = -float("inf")  # the new layout's summaries at the next read
         progress.next_fetch_time = min(progress.next_fetch_time, now + self.min_refresh_period)
         if hasattr(self, "should_report_progress"):  # not before hivemind's __init__ made it (its first read)
             self.should_report_progress.set()
