@@ -150,9 +150,10 @@ async def _read_from_holders(node, key_id, trust_routing_table: bool):
     known = protocol.routing_table.get_nearest_neighbors(key_id, k=node.num_replicas, exclude=node.node_id)
     if trust_routing_table and len(known) < node.num_replicas:
         holders = list(known)
-    else:
-        holders = [(node_id, peer_id) for node_id, peer_id in await _holder_candidates(node, key_id)
-                   if node_id != node.node_id][:node.num_replicas]  # this node's own copy is not complete
+    else:  # the key's holders but this node, whose own copy is not complete: not the next nearest instead
+        candidates = [(node_id, peer_id) for node_id, peer_id in await _holder_candidates(node, key_id)
+                      if node_id != node.node_id or not protocol.client_mode]  # a client holds nothing
+        holders = [(node_id, peer_id) for node_id, peer_id in candidates[:node.num_replicas] if node_id != node.node_id]
     random.shuffle(holders)  # spread the swarm's reads over every holder, not the nearest two
     merged = _search_state(node, key_id)
     answered = 0  # holders that answered, with or without a record
