@@ -130,3 +130,41 @@ def test_a_donor_that_is_always_busy_at_a_far_epoch_delays_a_joiner_only_for_a_w
             made.shutdown()
         for dht in dhts:
             dht.shutdown()
+
+
+@pytest.mark.timeout(240)
+def test_a_download_reads_the_donors_from_one_holder_and_a_declaration_goes_straight_to_the_holders(tmp_path, monkeypatch, meter):
+    # hivemind searched every node of the 20 nearest to the key at each download and before each declaration
+    from p2ptrain.peers.net.request_log import ENVIRONMENT_VARIABLE
+
+    logs = tmp_path / "requests"
+    monkeypatch.setenv(ENVIRONMENT_VARIABLE, str(logs))  # before the DHT processes fork: they log too
+    dhts = start_dhts(8)
+    averagers = []
+    try:
+        donors = [averager(dht, SWARM_EPOCH, share=True) for dht in dhts[:2]]
+        joiners = [averager(dht, 1, share=False) for dht in dhts[2:]]
+        averagers += donors + joiners
+        wait_for_sharers(dhts[2], PREFIX, 2)
+        for measured in (False, True):  # the first downloads find the key's holders (a search each, kept 30 s)
+            started = time.time()
+            for joiner in joiners:
+                loaded = joiner.load_state_from_peers(timeout=30)
+                assert loaded is not None and loaded[0] == {"epoch": SWARM_EPOCH}
+            ended = time.time()
+    finally:
+        for made in averagers:
+            made.shutdown()
+        for dht in dhts:
+            dht.shutdown()
+    calls = [line.split("\t") for path in logs.glob("*.tsv") for line in path.read_text().splitlines()]
+    calls = [fields for fields in calls if fields[1] == "call" and fields[4] == f"{PREFIX}.all_averagers"
+             and started <= float(fields[0]) <= ended]
+    finds = sum(1 for fields in calls if fields[3].endswith("rpc_find"))
+    stores = sum(1 for fields in calls if fields[3].endswith("rpc_store"))
+    print(f"{len(joiners)} downloads: rpc_find {finds}, rpc_store {stores}")
+    # a download reads the donors from one holder (again after a busy donor: at most twice); each download served
+    # lowers the donor's priority, which it declares again, with 5 stores (one to each holder) and no search.
+    # hivemind's search asked all 7 other nodes at each read and before each declaration
+    assert finds <= 2 * len(joiners), finds
+    assert stores <= 5 * 2 * len(joiners), stores

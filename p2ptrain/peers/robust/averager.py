@@ -46,7 +46,12 @@
   from it through hivemind's control pipe;
 - holds the task of each round and download while it runs (``_held``), which
   hivemind's loop holds only until its next command: the garbage collector
-  destroyed them mid-wait.
+  destroyed them mid-wait;
+- reads the donors' declarations and stores its own through ``local_reads``, as
+  the group keys are read (``matchmaking``): hivemind searched every node of the
+  20 nearest to the key at each download and before each declaration (every
+  epoch and every serve: the priority changes), each answer carrying every
+  donor's declaration.
 
 The averagers p2ptrain uses derive from it: DiLoCo's ``PseudoGradientAverager``,
 sync mode's ``CheckedTrainingStateAverager`` (through ``sync.CheckedStateMixin``)
@@ -77,6 +82,7 @@ from hivemind.utils.asyncio import aiter_with_timeout, as_aiter, azip
 from hivemind.utils.streaming import combine_from_streaming
 from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
 
+from p2ptrain.peers.net.local_reads import read_record, store_record
 from p2ptrain.peers.robust import state_check
 from p2ptrain.peers.robust.allreduce import ReplayMemory, RobustAllReduceRunner, RoundJudge
 from p2ptrain.peers.robust.reduce import BAD_STATE, RobustOptions
@@ -338,11 +344,34 @@ class RobustAverager(DecentralizedAverager):
             if not future.done():
                 future.set_result(None)
 
+    def _download_key(self) -> str:
+        """hivemind's key of the donors' declarations."""
+        return f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
+
+    async def _declare_for_download_periodically(self):
+        """hivemind 1.1.12's, each declaration stored straight to the key's holders (``local_reads.store_record``):
+        at once when the priority changes (each epoch, each download served), else every ``declare_state_period``;
+        a declaration of None when sharing was switched off."""
+        sharing_was_allowed = self.allow_state_sharing
+        while True:
+            expiration_time = get_dht_time() + self.declare_state_period
+            if self.allow_state_sharing or sharing_was_allowed:
+                asyncio.create_task(asyncio.wait_for(
+                    store_record(self.dht, self._download_key(), self.peer_id.to_bytes(),
+                                 self.state_sharing_priority if self.allow_state_sharing else None,
+                                 expiration_time, return_future=True),
+                    timeout=expiration_time - get_dht_time()))
+                sharing_was_allowed = self.allow_state_sharing
+            self._state_updated.clear()
+            try:
+                await asyncio.wait_for(self._state_updated.wait(), timeout=max(0.0, expiration_time - get_dht_time()))
+            except asyncio.TimeoutError:
+                pass
+
     def _state_donors(self) -> list[tuple[PeerID, int]]:
         """The peers that declare their state (but this one and the banned), highest priority first, each
         with the epoch its priority declares (``state_sharing_priority``: the epoch less a fraction)."""
-        key_manager = self._matchmaking.group_key_manager
-        priorities, _ = self.dht.get(f"{key_manager.prefix}.all_averagers", latest=True) or ({}, None)
+        priorities, _ = read_record(self.dht, self._download_key()) or ({}, None)
         priorities = {
             PeerID(peer_id): (float(info.value), random.random())  # randomness breaks ties
             for peer_id, info in priorities.items()
