@@ -165,6 +165,11 @@ class Design:
         summaries_read_s: a peer in shards reads the summaries at most this often (its shard at every read;
             ``progress_shards.SUMMARIES_READ_SHARE`` of a record's lifetime, 10 s). None: at every read,
             as from 49c1b31 to d6d5eb6.
+        donors_from_holders: the averagers declare themselves as state donors straight to the donors key's holders
+            (``RobustAverager._declare_for_download_periodically``, :func:`donors_key`). False: hivemind's
+            search before each declaration.
+        shards_per_summary_key: the summaries of this many shards share a key, every peer reading each: S / 8
+            keys (not built: the model finds it costs more than it saves). None: one key.
         group_size: the swarm averages in groups of about this many (hivemind's group bits: not built),
             each group's leaders declared under a key of its own, so a peer reads and declares in 1 of
             N / G keys, each holding N / G of the leaders (``in_shards``). None: one group, one key.
@@ -182,6 +187,8 @@ class Design:
     metrics_in_shards: bool = False
     group_keys_from_holders: bool = False
     summaries_read_s: float | None = None
+    donors_from_holders: bool = False
+    shards_per_summary_key: int | None = None
     group_size: int | None = None
 
     def servers(self, peers: int) -> int:
@@ -215,8 +222,10 @@ SHARDED = dataclasses.replace(NOW, name=f"+ progress in shards of {progress_shar
 METRICS_SHARDED = dataclasses.replace(SHARDED, name="+ metrics records in the same shards (0f3a11d)", metrics_in_shards=True)
 GROUP_KEYS = dataclasses.replace(METRICS_SHARDED, name="+ group keys read from their holders (d6d5eb6)", group_keys_from_holders=True)
 SUMMARIES_READ_S = _TRACKER["metadata_expiration"].default * progress_shards.SUMMARIES_READ_SHARE
-PACED_SUMMARIES = dataclasses.replace(GROUP_KEYS, name=f"+ summaries read every {SUMMARIES_READ_S:.0f} s in shards (now)",
+PACED_SUMMARIES = dataclasses.replace(GROUP_KEYS, name=f"+ summaries read every {SUMMARIES_READ_S:.0f} s in shards (d48560b)",
                                       summaries_read_s=SUMMARIES_READ_S)
+DONORS = dataclasses.replace(PACED_SUMMARIES, name="+ state donors declared straight to the holders (now)",
+                             donors_from_holders=True)
 AVERAGING_GROUP = 32  # the group size of the design not built below
 SEARCH_READS = Design("holders remembered, reads by hivemind's search (before 46082cf)")
 BEFORE = Design("a search before each store (before ed0023b)", search_before_store=True)
@@ -227,14 +236,15 @@ SERVING_PUBLIC = Design(f"+ peers behind NAT serve nothing, {PUBLIC_SHARE:.0%} p
 BOUNDED_READS = Design(f"+ reads of at most {BOUNDED_READ_ENTRIES} entries", paced_stores=True,
                        holders_per_read=HOLDERS_PER_READ, serving_share=PUBLIC_SHARE, view_remembers=True,
                        ed25519_records=True, read_entries=BOUNDED_READ_ENTRIES)
-GROUPS = dataclasses.replace(PACED_SUMMARIES, name=f"+ averaging in groups of {AVERAGING_GROUP}, a group key each (not built)",
+GROUPS = dataclasses.replace(DONORS, name=f"+ averaging in groups of {AVERAGING_GROUP}, a group key each (not built)",
                              group_size=AVERAGING_GROUP)
+SUMMARY_KEYS = dataclasses.replace(GROUPS, name="+ the summaries of 8 shards a key (not built)", shards_per_summary_key=8)
 REDESIGNS = (SEARCH_READS, TWO_HOLDERS,
              Design(f"+ reads from {HOLDERS_PER_READ} holder and the earlier answers", holders_per_read=HOLDERS_PER_READ),
-             SERVING_PUBLIC, VIEW_REMEMBERS, NOW, SHARDED, METRICS_SHARDED, GROUP_KEYS, PACED_SUMMARIES,
+             SERVING_PUBLIC, VIEW_REMEMBERS, NOW, SHARDED, METRICS_SHARDED, GROUP_KEYS, PACED_SUMMARIES, DONORS,
              Design("+ progress stored every 10 s", paced_stores=True, holders_per_read=HOLDERS_PER_READ,
                     serving_share=PUBLIC_SHARE, view_remembers=True, ed25519_records=True),
-             BOUNDED_READS, GROUPS)
+             BOUNDED_READS, GROUPS, SUMMARY_KEYS)
 # every measured row: its file, swarm size and commit, and the design of that commit (its store path and read
 # path; tests/unit/test_scale_model.py checks them against the commits' history)
 MEASURED = (("scale_2026-11-27.jsonl", 2, "b606afe", BEFORE), ("scale_2026-11-27.jsonl", 4, "b606afe", BEFORE),
@@ -635,11 +645,12 @@ def progress_keys(swarm: Swarm, fitted: Fitted, activity: Activity, design: Desi
     summaries_per_s = (min(tracker_reads, 1 / progress_shards.SUMMARY_PERIOD_S) if shards > 1
                        else 1 / progress_shards.LAYOUT_CHECK_S)
     summary_bytes = whole.value_bytes / peers + summary_extra_bytes()
-    keys.append(dataclasses.replace(
-        whole, ranks=_ranks(swarm.servers, swarm.visits, f"{peers} progress summaries"),
-        stores=summaries_per_s * summarizers / peers, store_bytes=whole.store_bytes + summary_extra_bytes(),
-        value_bytes=summarizers * summary_bytes, reads=reads if whole.reads else 0.0,
-        client_reads=reads if whole.client_reads else 0.0))
+    summary_keys = math.ceil(shards / design.shards_per_summary_key) if design.shards_per_summary_key else 1
+    keys += [dataclasses.replace(  # each summaries key read by every peer, stored to by its shards' summarizers
+        whole, ranks=_ranks(swarm.servers, swarm.visits, f"{peers} progress summaries {index}" if index else f"{peers} progress summaries"),
+        stores=summaries_per_s * summarizers / peers / summary_keys, store_bytes=whole.store_bytes + summary_extra_bytes(),
+        value_bytes=summarizers * summary_bytes / summary_keys, reads=reads if whole.reads else 0.0,
+        client_reads=reads if whole.client_reads else 0.0) for index in range(summary_keys)]
     return keys
 
 
@@ -676,6 +687,26 @@ def matchmaking_key(name: str, swarm: Swarm, fitted: Fitted, activity: Activity,
     return key
 
 
+def donors_key(name: str, swarm: Swarm, fitted: Fitted, activity: Activity, design: Design) -> KeyTraffic:
+    """The declarations of one averager's state donors (``<prefix>.all_averagers``): each leader (a public peer;
+    clients share no state) declares its priority, its epoch, at each epoch, averaged here over every peer; each
+    declaration is a store to the holders, of an entry the size of a group key's (a peer id and a number), and
+    every answer carries every donor's declaration. hivemind searches for the holders before each declaration;
+    with ``design.donors_from_holders`` a declaring peer searches for them once per ``HOLDERS_MEMORY_S``. Left
+    out: the joiners' reads of the key, one a download (a join or a return, not every round)."""
+    leaders = leading_peers(swarm.peers)
+    entry = fitted.matchmaking_value_bytes / FIT_LEADERS
+    declarations = activity.epochs_per_s * leaders / swarm.peers
+    key = KeyTraffic("matchmaking", _ranks(swarm.servers, swarm.visits, f"{swarm.peers} {name} donors"),
+                     value_bytes=entry * leaders, stores=declarations, store_bytes=store_overhead_bytes() + entry)
+    if not design.donors_from_holders:
+        key.value_search = (declarations, declarations)
+    elif swarm.servers - 1 >= NUM_REPLICAS:
+        searches = leaders / swarm.peers / HOLDERS_MEMORY_S
+        key.holder_search = (searches, searches)
+    return key
+
+
 def model(peers: int, fitted: Fitted, activity: Activity, design: Design = NOW) -> dict:
     """Mean and worst peer's background in a swarm of ``peers``: bytes/s by kind and in all, requests/min by kind.
 
@@ -696,6 +727,7 @@ def model(peers: int, fitted: Fitted, activity: Activity, design: Design = NOW) 
     for name in ("grad", "state"):
         for key in in_shards(matchmaking_key(name, swarm, fitted, activity, design), swarm, groups):
             swarm.add_key(key)
+        swarm.add_key(donors_key(name, swarm, fitted, activity, design))
     worst, anyone, plain = swarm.loads()
     loads = list(swarm.special.values())
 

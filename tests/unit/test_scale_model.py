@@ -179,13 +179,26 @@ def test_a_fetch_of_a_group_key_asks_one_holder_not_a_bucket_and_its_answer_list
     # each leader declares and withdraws in each round: stores to the holders, averaged over every peer
     assert read.stores * peers == pytest.approx(scale_model.DECLARATIONS_PER_ROUND * ACTIVITY.epochs_per_s * leaders)
     by_search, by_holders = (scale_model.model(peers, FITTED, ACTIVITY, design)["mean"]["requests_per_min"]["matchmaking"]
-                             for design in (scale_model.METRICS_SHARDED, scale_model.GROUP_KEYS))
+                             for design in (dataclasses.replace(scale_model.METRICS_SHARDED, donors_from_holders=True),
+                                            dataclasses.replace(scale_model.GROUP_KEYS, donors_from_holders=True)))
     assert by_holders < by_search / 4  # what is left: the holders searched for every 30 s, and the stores
     # in groups (not built) each key holds a group's leaders: the holders' answers no longer grow with N
     one_key, in_groups = (scale_model.model(1000, FITTED, ACTIVITY, design)
                           for design in (scale_model.GROUP_KEYS, scale_model.GROUPS))
     assert in_groups["mean"]["by_kind"]["matchmaking"] < one_key["mean"]["by_kind"]["matchmaking"] / 3
     assert in_groups["worst"]["by_kind"]["matchmaking"] < 50_000  # 879 KB/s at a holder of the one key
+
+
+def test_state_donors_declare_each_epoch_with_a_search_by_hivemind_and_straight_to_the_holders_now():
+    peers = 400
+    searched, stored = (scale_model.donors_key("grad", scale_model.Swarm(peers, 100), FITTED, ACTIVITY, design)
+                        for design in (scale_model.PACED_SUMMARIES, scale_model.DONORS))
+    leaders = scale_model.leading_peers(peers)
+    declarations = ACTIVITY.epochs_per_s * leaders / peers  # a leader's each epoch, averaged over every peer
+    assert searched.stores == stored.stores == pytest.approx(declarations)
+    assert searched.value_search == (declarations, declarations) and stored.value_search == (0.0, 0.0)
+    assert stored.holder_search[1] == pytest.approx(leaders / peers / scale_model.HOLDERS_MEMORY_S)
+    assert searched.value_bytes == stored.value_bytes == pytest.approx(leaders * FITTED.matchmaking_value_bytes)
 
 
 def test_the_data_file_is_what_the_model_says_now():
