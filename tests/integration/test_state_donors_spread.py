@@ -18,6 +18,7 @@ lab: ``tests/netlab/test_state_burst_lab.py``.)
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import AsyncIterator
 
@@ -55,9 +56,10 @@ def declared(dht, donor) -> float | None:
     return None if record is None else record.value
 
 
-@pytest.mark.timeout(240)
-def test_sixteen_downloads_alternate_between_two_donors_at_the_same_epoch():
-    assert RECENT_SERVES_S > 120, "the test's downloads must all count as recent"
+@contextlib.contextmanager
+def two_donors_and_six_joiners():
+    """Eight DHT peers; two averagers at the swarm's epoch that share their state, six behind it that do not;
+    yields ``(dhts, donors, joiners)`` once a joiner sees both donors, and shuts every one down after."""
     dhts = start_dhts(8)
     averagers = []
     try:
@@ -65,6 +67,18 @@ def test_sixteen_downloads_alternate_between_two_donors_at_the_same_epoch():
         joiners = [averager(dht, 1, share=False) for dht in dhts[2:]]
         averagers += donors + joiners
         wait_for_sharers(dhts[2], PREFIX, 2)
+        yield dhts, donors, joiners
+    finally:
+        for made in averagers:
+            made.shutdown()
+        for dht in dhts:
+            dht.shutdown()
+
+
+@pytest.mark.timeout(240)
+def test_sixteen_downloads_alternate_between_two_donors_at_the_same_epoch():
+    assert RECENT_SERVES_S > 120, "the test's downloads must all count as recent"
+    with two_donors_and_six_joiners() as (dhts, donors, joiners):
         served = {donor.peer_id.to_base58(): 0 for donor in donors}
         for download in range(16):
             joiner = joiners[download % len(joiners)]
@@ -82,11 +96,6 @@ def test_sixteen_downloads_alternate_between_two_donors_at_the_same_epoch():
                 time.sleep(0.1)
         assert sorted(served.values()) == [8, 8]
         assert sorted(donor.recent_serves for donor in donors) == [8, 8]
-    finally:
-        for made in averagers:
-            made.shutdown()
-        for dht in dhts:
-            dht.shutdown()
 
 
 async def answer_nothing(self, request: averaging_pb2.DownloadRequest,
@@ -139,24 +148,13 @@ def test_a_download_reads_the_donors_from_one_holder_and_a_declaration_goes_stra
 
     logs = tmp_path / "requests"
     monkeypatch.setenv(ENVIRONMENT_VARIABLE, str(logs))  # before the DHT processes fork: they log too
-    dhts = start_dhts(8)
-    averagers = []
-    try:
-        donors = [averager(dht, SWARM_EPOCH, share=True) for dht in dhts[:2]]
-        joiners = [averager(dht, 1, share=False) for dht in dhts[2:]]
-        averagers += donors + joiners
-        wait_for_sharers(dhts[2], PREFIX, 2)
-        for measured in (False, True):  # the first downloads find the key's holders (a search each, kept 30 s)
+    with two_donors_and_six_joiners() as (_, _, joiners):
+        for _ in range(2):  # the first downloads find the key's holders (a search each, kept 30 s); the second are measured
             started = time.time()
             for joiner in joiners:
                 loaded = joiner.load_state_from_peers(timeout=30)
                 assert loaded is not None and loaded[0] == {"epoch": SWARM_EPOCH}
             ended = time.time()
-    finally:
-        for made in averagers:
-            made.shutdown()
-        for dht in dhts:
-            dht.shutdown()
     calls = [line.split("\t") for path in logs.glob("*.tsv") for line in path.read_text().splitlines()]
     calls = [fields for fields in calls if fields[1] == "call" and fields[4] == f"{PREFIX}.all_averagers"
              and started <= float(fields[0]) <= ended]
