@@ -458,7 +458,8 @@ class RobustAverager(DecentralizedAverager):
     def _refused_state(self, peer: PeerID, problem: str, ratio: float) -> None:
         logger.warning(f"Refused the state downloaded from {peer}: {problem}")
         self._round_reports.put({"time": time.time(), "group": None, "senders": 0,
-                                 "suspects": [{"peer_id": peer.to_base58(), "reason": BAD_STATE, "ratio": ratio, "role": "state"}]})
+                                 "suspects": [{"peer_id": peer.to_base58(), "reason": BAD_STATE, "ratio": ratio, "role": "state",
+                                               "detail": problem}]})
 
 
 def _epoch(metadata) -> int | None:

@@ -6,8 +6,9 @@ piece; ``robust_allreduce``: a result far from ours; ``state_check``: a state
 far from ours). ``Trust.collect`` turns those reports into the worker's events:
 
 - ``suspect-peer`` for each peer named in a round: its peer id, the epoch, the
-  round (hivemind's group id), why (``reason``), the ratio (how far past the
-  bound) and how many rounds it was named in so far;
+  round (hivemind's group id), why (``reason``, and ``detail`` where the reducer
+  said more: a refused state's problem), the ratio (how far past the bound) and
+  how many rounds it was named in so far;
 - ``peer-banned`` when a peer has been named in ``BAN_AFTER_ROUNDS`` (3)
   rounds: from then on this peer's averagers refuse its join requests, leave
   its pieces and results out of their rounds, and skip it when downloading
@@ -99,12 +100,13 @@ class Trust:
         rounds = self.named_rounds[peer_id] = self.named_rounds.get(peer_id, 0) + 1
         reason, ratio = suspect["reason"], float(suspect["ratio"])
         sent = "returned" if reason == "bad-result" else "served" if reason == "bad-state" else "sent"
+        detail = suspect.get("detail")
         events = [TrustEvent(
             "suspect-peer",
-            f"peer {peer_id} {sent} {REASON_WORDS.get(reason, reason)} in a {averaging} round (ratio {ratio:.3g}); "
-            f"named in {rounds} round{'s' if rounds > 1 else ''}",
+            f"peer {peer_id} {sent} {REASON_WORDS.get(reason, reason)}{f' ({detail})' if detail else ''} in a "
+            f"{averaging} round (ratio {ratio:.3g}); named in {rounds} round{'s' if rounds > 1 else ''}",
             {"peer_id": peer_id, "epoch": epoch, "round": report.get("group"), "reason": reason, "ratio": ratio,
-             "role": suspect.get("role"), "averaging": averaging, "rounds_named": rounds},
+             "role": suspect.get("role"), "averaging": averaging, "rounds_named": rounds, "detail": detail},
         )]
         if rounds >= self.ban_after:
             self.banned.add(peer_id)
