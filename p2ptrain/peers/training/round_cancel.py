@@ -10,6 +10,9 @@ inside its state averager, out of our reach; ``CancellableRounds``, mixed into
 an averager before hivemind's class, remembers every round started without
 waiting (``step(wait=False)``, which is how hivemind starts them too), and
 ``cancel_rounds`` ends them: the waiting step goes on as after a failed round.
+A worker that leaves cancels only those that found no group (``without_group``):
+hivemind's shutdown waits for a state round in flight, and one nobody is left to
+join waited out the whole averaging timeout (120 s of a leave in the NAT lab).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import threading
 
 from hivemind.averaging import DecentralizedAverager
-from hivemind.averaging.control import StepControl
+from hivemind.averaging.control import AveragingStage, StepControl
 
 
 class CancellableRounds(DecentralizedAverager):
@@ -35,10 +38,11 @@ class CancellableRounds(DecentralizedAverager):
                 self._rounds_in_flight = [control for control in self._rounds_in_flight if not control.done()] + [result]
         return result
 
-    def cancel_rounds(self) -> None:
-        """Cancel every round this averager started that has not finished."""
+    def cancel_rounds(self, without_group: bool = False) -> None:
+        """Cancel every round this averager started that has not finished (``without_group``: only those
+        still before their group formed; a formed group's members wait for this peer's part)."""
         with self._rounds_lock:
             rounds = list(self._rounds_in_flight)
         for control in rounds:
-            if not control.done():
+            if not control.done() and (not without_group or control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)):
                 control.cancel()
