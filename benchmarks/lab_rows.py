@@ -2,13 +2,16 @@
 
 Each row is what the benchmark measured plus the commit, date and machine
 (``run_facts.py``; the load is the benchmark's own, taken when it measured),
-printed as a JSON line and appended to the ``--json`` file.
+printed as a JSON line and appended to the ``--json`` file. A SIGTERM ends the
+benchmark as Ctrl-C does: its lab's daemons and namespaces are torn down (before,
+they stayed until ``tests/netlab/lab.remove_stale_labs()``).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +38,8 @@ def measure_each(settings: Iterable, measure: Callable[[object, Path], dict], js
         print(reason, file=sys.stderr)
         return 2
     remove_stale_labs()
+    # SystemExit in the main thread, so each measure's `finally` ends its lab
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     root = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         for setting in settings:
