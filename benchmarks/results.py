@@ -67,6 +67,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "guard-cost": _renderer("guard_cost", in_a_list=True),
     "diloco-stability": _renderer("diloco_study", "stability", in_a_list=True),
     "diloco-sparse": _renderer("diloco_study", "sparse_table", in_a_list=True),
+    "group-study": _renderer("group_study", in_a_list=True),
     "convergence": _renderer("convergence", "rows_table"),
     "compression": _renderer("compression_table", in_a_list=True),
     "slow-volunteer": _renderer("slow_volunteer"),
