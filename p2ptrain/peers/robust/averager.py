@@ -47,11 +47,14 @@
 - holds the task of each round and download while it runs (``_held``), which
   hivemind's loop holds only until its next command: the garbage collector
   destroyed them mid-wait;
-- reads the donors' declarations and stores its own through ``local_reads``, as
-  the group keys are read (``matchmaking``): hivemind searched every node of the
-  20 nearest to the key at each download and before each declaration (every
-  epoch and every serve: the priority changes), each answer carrying every
-  donor's declaration.
+- stores its own declaration as a donor straight to the key's holders
+  (``local_reads.store_record``): hivemind searched every node of the 20
+  nearest to the key before each declaration (every epoch and every serve: the
+  priority changes), each answer carrying every donor's declaration. A download
+  still reads the declarations by hivemind's search: read from one holder, a
+  declaration stored before that holder joined (the first donor's, alone in the
+  swarm) stayed missing until the donor declared again, and a burst of joiners
+  took an older epoch's state (the state-burst lab, 2 of 2 runs).
 
 The averagers p2ptrain uses derive from it: DiLoCo's ``PseudoGradientAverager``,
 sync mode's ``CheckedTrainingStateAverager`` (through ``sync.CheckedStateMixin``)
@@ -82,7 +85,7 @@ from hivemind.utils.asyncio import aiter_with_timeout, as_aiter, azip
 from hivemind.utils.streaming import combine_from_streaming
 from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
 
-from p2ptrain.peers.net.local_reads import read_record, store_record
+from p2ptrain.peers.net.local_reads import store_record
 from p2ptrain.peers.robust import state_check
 from p2ptrain.peers.robust.allreduce import ReplayMemory, RobustAllReduceRunner, RoundJudge
 from p2ptrain.peers.robust.reduce import BAD_STATE, RobustOptions
@@ -371,7 +374,7 @@ class RobustAverager(DecentralizedAverager):
     def _state_donors(self) -> list[tuple[PeerID, int]]:
         """The peers that declare their state (but this one and the banned), highest priority first, each
         with the epoch its priority declares (``state_sharing_priority``: the epoch less a fraction)."""
-        priorities, _ = read_record(self.dht, self._download_key()) or ({}, None)
+        priorities, _ = self.dht.get(self._download_key(), latest=True) or ({}, None)
         priorities = {
             PeerID(peer_id): (float(info.value), random.random())  # randomness breaks ties
             for peer_id, info in priorities.items()
