@@ -305,7 +305,7 @@ class SyncOptimizer(hivemind.Optimizer):
         return out_of_sync
 
     def load_state_from_peers(self, **kwargs):
-        self._cancel_round_without_group()
+        self._cancel_rounds_without_group()
         # hivemind resets the accumulators after a download: save them, and put them back unless the
         # downloaded epoch is more than MAX_ROUNDS_BEHIND ahead of the one they were accumulated in
         kept, epoch_before = self.accumulated_gradients(), self.local_epoch
@@ -317,7 +317,7 @@ class SyncOptimizer(hivemind.Optimizer):
             return
         self.restore_accumulated_gradients(kept)
 
-    def _cancel_round_without_group(self, state_too: bool = False) -> None:
+    def _cancel_rounds_without_group(self, state_too: bool = False) -> None:
         """Cancel the pre-scheduled gradient round (and, with ``state_too``, the state rounds) if it has found
         no group yet. Before a download hivemind tags along in it (weight 0) and waits for its end, up to
         the averaging timeout: a round still looking for its group (scheduled for the round the swarm just
@@ -336,7 +336,7 @@ class SyncOptimizer(hivemind.Optimizer):
         """hivemind's shutdown, without waiting for a round that found no group: it waits for the state round
         in flight and tags along in those scheduled ahead, and when nobody is left to join them that is the
         whole averaging timeout (a leave of the NAT lab's public peer, last, took 120-142 s in 2 of 3 runs)."""
-        self._cancel_round_without_group(state_too=True)
+        self._cancel_rounds_without_group(state_too=True)
         super().shutdown()
 
     def accumulated_gradients(self) -> dict | None:
