@@ -48,25 +48,25 @@ def join_run(swarm, mode_args: list[str], run: str) -> None:
         assert joined.returncode == 0, joined.stderr
 
 
-SHUTDOWN_WITHIN_S = 30
+LEAVE_WITHIN_S = 60
 
 
 def leave_all(swarm) -> None:
     """The homes leave first: a peer that averages as a client waits out a whole round when the peers
-    that reduce are gone, before it handles ``leave``. Each peer's shutdown, from its leave checkpoint to
-    ``left``, ends within ``SHUTDOWN_WITHIN_S``: it finishes a round whose group formed, not the 120 s
-    averaging timeout of one nobody is left to join (the public peer, last, took 120 s there in 2 of 3
-    runs before ``SyncOptimizer.shutdown`` cancelled it). Not bounded: the step the leave came in,
-    which may itself wait for such a round (once 120 s, in a full run)."""
+    that reduce are gone, before it handles ``leave``. Each leave, from the command to ``left``, ends
+    within ``LEAVE_WITHIN_S``: it finishes a round whose group formed, not the 120 s averaging timeout
+    of one nobody is left to join. The public peer, last, took 120-142 s in 2 of 3 runs in hivemind's
+    shutdown (until ``SyncOptimizer.shutdown`` cancelled such rounds), and once 120 s inside the step
+    the leave came in (until the worker let go of them as the leave arrived: ``command_inbox``)."""
     for name in ("h1", "h2", "pub"):
         if status(swarm[name])["state"] == "idle":
             continue
+        sent = time.time()
         assert run_cli(swarm[name], "leave", "--no-wait").returncode == 0
         swarm[name].wait_until(lambda s: s["state"] == "idle", 300, what=f"{name} to leave")
-        checkpoint = max(event["ts"] for event in events(swarm[name], "checkpoint-saved") if "(leave)" in event["message"])
         left = max(event["ts"] for event in events(swarm[name], "left"))
-        assert left - checkpoint <= SHUTDOWN_WITHIN_S, \
-            f"{name} took {left - checkpoint:.0f} s from its leave checkpoint to leaving; log tail:\n{swarm[name].log()[-3000:]}"
+        assert left - sent <= LEAVE_WITHIN_S, \
+            f"{name} took {left - sent:.0f} s from the leave command to leaving; log tail:\n{swarm[name].log()[-3000:]}"
 
 
 @pytest.fixture(scope="module")

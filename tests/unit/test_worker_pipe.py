@@ -15,6 +15,7 @@ from p2ptrain import protocol
 from p2ptrain.daemon.reports import WorkerReports
 from p2ptrain.daemon.worker_process import received_reports
 from p2ptrain.peers.swarm.records import LocalMetrics
+from p2ptrain.peers.worker.command_inbox import CommandInbox
 from p2ptrain.peers.worker.training_worker import Worker
 from p2ptrain.storage.schema import PEER_COLUMNS
 from p2ptrain.worker_pipe import (
@@ -183,9 +184,12 @@ def test_the_daemon_logs_and_drops_what_a_broken_worker_sends_and_reads_on(caplo
 def test_the_worker_answers_an_unknown_command_with_an_error_and_reads_on():
     daemon_end, worker_end = multiprocessing.Pipe()
     worker = Worker(worker_end, WorkerSpec(run_id="r", paths=WorkerPaths("s", "c", "k", "i")), pgid=0)
+    worker.inbox = CommandInbox(worker_end, worker._command_arrived, worker._unknown_command)  # as its loop's start does
+    worker.inbox.start()
     daemon_end.send({"cmd": "dance"})
     daemon_end.send(encode(Pause()))
-    assert worker.receive_command() is None
+    assert daemon_end.poll(10), "no answer to an unknown command"
     answer = decode_report(daemon_end.recv())
     assert isinstance(answer, Error) and not answer.fatal and "unknown worker command {'cmd': 'dance'}" in answer.message
-    assert worker.receive_command() == Pause()
+    worker.inbox.wait(10)
+    assert worker.inbox.take() == [Pause()]

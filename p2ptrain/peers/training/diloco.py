@@ -153,6 +153,10 @@ class DiLoCoTrainer:
         self.account = SampleAccount()
         self.rejected_averages = 0  # averaging rounds whose result was not finite
         self.rounds_without_group = 0  # rounds in a row that found no group (see ``alone``)
+        # a round just showed the swarm ahead of this peer (``_joined_a_later_round``): download before the
+        # next round, whatever the progress records say yet; one download per such round, so a peer that
+        # gathered a false epoch into a round costs one download, not one per step
+        self.download_due = False
         self.lr_scale = 1.0  # this peer's own inner lr multiplier (``scale_lr``)
         self._done_since: float | None = None
         self._lock = threading.Lock()
@@ -205,8 +209,9 @@ class DiLoCoTrainer:
         return self.inner_steps < self.local_steps
 
     def is_behind(self) -> bool:
-        """True when the swarm finished an outer step this peer did not take part in."""
-        return self.local_epoch < self.tracker.global_epoch
+        """True when the swarm finished an outer step this peer did not take part in (its progress
+        records say so, or the last round did: ``download_due``)."""
+        return self.download_due or self.local_epoch < self.tracker.global_epoch
 
     @property
     def alone(self) -> bool:
@@ -262,10 +267,11 @@ class DiLoCoTrainer:
     def pause(self) -> None:
         """Nothing to let go of: a round of fixed H runs inside ``step``/``tick``, never while paused."""
 
-    def abandon_rounds(self) -> None:
-        """Cancel the round an outer step waits for (or, in rounds on samples, the one in flight):
-        it ends as a round without a group, and the local progress is kept."""
-        self.averager.cancel_rounds()
+    def abandon_rounds(self, without_group: bool) -> None:
+        """Cancel the round an outer step waits for (or, in rounds on samples, the one in flight;
+        ``without_group``: only before its group formed): it ends as a round without a group, and the
+        local progress is kept."""
+        self.averager.cancel_rounds(without_group=without_group)
 
     def tick(self) -> StepOutcome:
         """Take the outer step once this peer and the swarm are ready for it."""
@@ -373,7 +379,10 @@ class DiLoCoTrainer:
         its pseudo-gradient went into their outer step, one round stale, but their global
         parameters are not ours, so their average is not ours to apply. Keep only what was
         trained since sending (over our global parameters); the worker then downloads their
-        state, re-basing that progress on it."""
+        state, re-basing that progress on it (``download_due``: the progress records may not show
+        their epoch yet, and a peer that waited for them joined the swarm's next round late again,
+        every round, without ever downloading)."""
+        self.download_due = True
         logger.info("Averaged with peers ahead of this one's outer step %d: downloading their state", self.local_epoch)
         self.account.add_contributed(self.pending_samples)
         if sent_from is None:
@@ -419,6 +428,7 @@ class DiLoCoTrainer:
         """Download global parameters, outer momentum and epoch from a peer ahead of
         us (checked before adoption) and re-base the local progress on them (dropped
         when more than ``MAX_ROUNDS_BEHIND`` rounds behind); True if adopted."""
+        self.download_due = False
         try:
             loaded = self.averager.load_state_from_peers(timeout=self.averaging_timeout)
         except Exception as error:

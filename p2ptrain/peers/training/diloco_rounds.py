@@ -132,7 +132,7 @@ class SwarmRoundTrainer(DiLoCoTrainer):
 
     def is_behind(self) -> bool:
         """True when the swarm finished a round this peer is not part of (then it downloads and re-bases)."""
-        return self._round is None and not self._group_waits_for_us() and self.local_epoch < self.tracker.global_epoch
+        return self._round is None and not self._group_waits_for_us() and super().is_behind()
 
     def _count_fresh_samples(self, samples: int) -> None:
         if self._round is not None:

@@ -23,6 +23,11 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import AveragingStage, StepControl
 
 
+def before_group(control: StepControl) -> bool:
+    """Whether the round of ``control`` is still before its group formed (nobody waits for this peer's part)."""
+    return control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)
+
+
 class CancellableRounds(DecentralizedAverager):
     """A ``DecentralizedAverager`` whose rounds in flight can be cancelled from another thread."""
 
@@ -44,5 +49,5 @@ class CancellableRounds(DecentralizedAverager):
         with self._rounds_lock:
             rounds = list(self._rounds_in_flight)
         for control in rounds:
-            if not control.done() and (not without_group or control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)):
+            if not control.done() and (not without_group or before_group(control)):
                 control.cancel()

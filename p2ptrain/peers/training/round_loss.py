@@ -17,6 +17,8 @@ keeps the smaller in shared memory, where the training worker reads it with
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import multiprocessing
 from typing import Sequence
 
@@ -38,9 +40,10 @@ def received_share(results_failed: float, results_total: float, inputs_received:
 
 
 def found_no_group(error: BaseException) -> bool:
-    """True when a failed ``averager.step`` never formed a group (hivemind's message for it),
-    False when a group formed and its data exchange failed."""
-    return "could not find a group" in str(error)
+    """True when a failed ``averager.step`` never formed a group (hivemind's message for it) or this
+    peer let go of it (cancelled: a pause, leave or stop; ``Trainer.abandon_rounds``), False when a
+    group formed and its data exchange failed."""
+    return isinstance(error, (asyncio.CancelledError, concurrent.futures.CancelledError)) or "could not find a group" in str(error)
 
 
 class CountsLostParts:

@@ -86,7 +86,7 @@ from p2ptrain.peers.training.optimizers import make_optimizer, make_scheduler
 from p2ptrain.peers.training.progress import QuietProgressTracker
 from p2ptrain.peers.robust.averager import GradientAverager, RobustAverager
 from p2ptrain.peers.robust.reduce import RobustOptions, plausible_weight
-from p2ptrain.peers.training.round_cancel import CancellableRounds
+from p2ptrain.peers.training.round_cancel import CancellableRounds, before_group
 from p2ptrain.peers.training.round_loss import CountsLostParts, found_no_group
 from p2ptrain.peers.training.sample_account import SampleAccount
 from p2ptrain.peers.robust.trust import Trust
@@ -326,7 +326,7 @@ class SyncOptimizer(hivemind.Optimizer):
         peer's part."""
         for name in ("scheduled_grads", "scheduled_state") if state_too else ("scheduled_grads",):
             scheduled = getattr(self, name)
-            if scheduled is not None and not scheduled.done() and scheduled.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP):
+            if scheduled is not None and not scheduled.done() and before_group(scheduled):
                 scheduled.cancel()
                 setattr(self, name, None)
         if state_too:
@@ -444,7 +444,7 @@ class SyncOptimizer(hivemind.Optimizer):
         """Cancel the triggered round ``control`` if it finds no group in time (the module doc); hivemind
         then steps on the local gradients and this round counts as failed for want of a group."""
         deadline = time.monotonic() + GROUP_WAIT_MATCHMAKINGS * self.matchmaking_time + GROUP_WAIT_EXTRA_S
-        while not control.done() and control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP):
+        while not control.done() and before_group(control):
             if time.monotonic() > deadline:
                 logger.info("The gradient round found no group %.0f s after its step: stepping on the local gradients",
                             GROUP_WAIT_MATCHMAKINGS * self.matchmaking_time + GROUP_WAIT_EXTRA_S)
@@ -618,15 +618,17 @@ class SyncTrainer:
             scheduled.weight = 0.0
             scheduled.allow_allreduce()
 
-    def abandon_rounds(self) -> None:
-        """Cancel the gradient and state rounds in flight: a step waiting for one goes on
-        with local gradients (hivemind's own fallback) instead of the whole averaging timeout. When a
-        swarm stops at once, or a peer is left alone, the others never come to that round."""
+    def abandon_rounds(self, without_group: bool) -> None:
+        """Cancel the gradient and state rounds in flight (``without_group``: only those before their
+        group formed): a step waiting for one goes on with local gradients (hivemind's own fallback)
+        instead of the whole averaging timeout. When a swarm stops at once, or a peer is left alone,
+        the others never come to that round. From another thread: hivemind's step holds its handles,
+        so they are cancelled, never replaced (unlike ``SyncOptimizer._cancel_rounds_without_group``)."""
         scheduled_grads = self.optimizer.scheduled_grads
-        if scheduled_grads is not None and not scheduled_grads.done():
+        if scheduled_grads is not None and not scheduled_grads.done() and (not without_group or before_group(scheduled_grads)):
             scheduled_grads.cancel()
         # every state round, scheduled ahead (schedule_step) or started inside the step, goes through CancellableRounds
-        self.optimizer.state_averager.cancel_rounds()
+        self.optimizer.state_averager.cancel_rounds(without_group=without_group)
 
     def load_state_from_peers(self) -> bool:
         """Download the newest state from the swarm; True if the epoch moved."""

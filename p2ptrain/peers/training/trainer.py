@@ -87,10 +87,12 @@ class Trainer(Protocol):
     def pause(self) -> None:
         """Training pauses: let a round pre-scheduled with the swarm go on without this peer."""
 
-    def abandon_rounds(self) -> None:
+    def abandon_rounds(self, without_group: bool) -> None:
         """Stop waiting for the averaging rounds in flight (called from another thread when the
         worker must stop while ``step`` or ``tick`` may wait for one): the waiting call returns as
-        after a failed round, and the worker checkpoints before its stop deadline."""
+        after a failed round, and the worker checkpoints before its stop deadline. ``without_group``:
+        only the rounds whose group has not formed (a pause or leave; a formed group's members wait
+        for this peer's part), else every one (a stop signal, before the stop deadline)."""
 
     def load_state_from_peers(self) -> bool:
         """Download the swarm's newest state; True if the local epoch moved."""

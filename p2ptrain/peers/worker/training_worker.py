@@ -30,6 +30,7 @@ from pathlib import Path
 
 from p2ptrain import processes
 from p2ptrain.peers.training.divergence import Divergence, DivergenceGuard
+from p2ptrain.peers.worker.command_inbox import CommandInbox
 from p2ptrain.peers.worker.duty_cycle import DutyCycle
 from p2ptrain.peers.worker.out_of_memory import is_out_of_memory
 from p2ptrain.peers.worker.known_peers import peers_file, remember_peers
@@ -38,7 +39,7 @@ from p2ptrain.peers.training.trainer import Trainer
 from p2ptrain.worker_pipe import (
     DAEMON_GONE_DEADLINE_S, FAILED_EXIT_CODE, OUT_OF_MEMORY_EXIT_CODE, STOP_DEADLINE_EXIT_CODE, STOP_DEADLINE_S,
     Command, Epoch, Error, Event, Finish, Joined, Leave, Left, MalformedMessage, Pause, Report, Resume, StateChanged,
-    Step, Unban, UsePlan, WorkerPlan, WorkerSpec, decode_command, encode, halved_micro_batch,
+    Step, Unban, UsePlan, WorkerPlan, WorkerSpec, encode, halved_micro_batch,
 )
 
 logger = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ class Worker:
         self.finish_at_epoch: int | None = None
         self.plan: WorkerPlan | None = spec.plan  # the daemon's, at once or once the manifest is read
         self.kept_commands: list[Command] = []  # received while waiting for the plan, for the loop
+        self.inbox: CommandInbox | None = None  # reads the pipe from the loop's start (``run``)
         self.micro_batch: int | None = None  # known once the plan is read; confirmed by calibration
         self.last_loss: float | None = None
         self.samples_per_second = 0.0
@@ -202,7 +204,7 @@ class Worker:
     @staticmethod
     def _abandon_rounds(trainer: Trainer) -> None:
         try:
-            trainer.abandon_rounds()
+            trainer.abandon_rounds(without_group=False)
         except Exception:
             logger.exception("Could not cancel the averaging rounds in flight; the stop waits for them")
 
@@ -311,8 +313,9 @@ class Worker:
         return calibration
 
     def _catch_up(self) -> None:
-        """Download the swarm's state if it is ahead of ours (checkpoint or fresh model)."""
-        if self.trainer.local_epoch < self.trainer.tracker.global_epoch:
+        """Download the swarm's state if it is ahead of ours (checkpoint or fresh model), by its
+        progress records or by what the trainer saw in its last round (``Trainer.is_behind``)."""
+        if self.trainer.is_behind() or self.trainer.local_epoch < self.trainer.tracker.global_epoch:
             before = self.trainer.local_epoch
             self.trainer.load_state_from_peers()
             if self.trainer.local_epoch > before:
@@ -381,7 +384,7 @@ class Worker:
 
     # --- the loop -------------------------------------------------------
     def run(self) -> None:
-        """Train until ``leave`` or a signal; commands are polled between micro-steps."""
+        """Train until ``leave`` or a signal; commands run between micro-steps (``command_inbox``)."""
         self.interruptible = False
         self.last_checkpoint = time.monotonic()
         self.checkpoint_interval_s = self.spec.checkpoint_interval_s
@@ -389,6 +392,8 @@ class Worker:
         if not self._checkpoint_file().exists():
             self.save_checkpoint("start")  # a good state to roll back to, should training diverge early
         self.set_state("paused" if self.spec.start_paused else "training")
+        self.inbox = CommandInbox(self.conn, self._command_arrived, self._unknown_command, kept=self.kept_commands)
+        self.inbox.start()
         threading.Thread(target=self._report_swarm_forever, name="swarm-reporter", daemon=True).start()
         self.new_window()
         # idle time (see new_window): since the last batch was trained, while training, and how long before that
@@ -402,7 +407,7 @@ class Worker:
             if time.monotonic() - self.last_checkpoint > self.checkpoint_interval_s:
                 self.save_checkpoint("timer")
             if self.state != "training":
-                self.conn.poll(0.2)
+                self.inbox.wait(0.2)
                 continue
             if self.trainer.is_behind():
                 self._catch_up()
@@ -412,7 +417,7 @@ class Worker:
                 continue
             rest = self.duty.rest_left_s()
             if rest > 0:
-                self.conn.poll(min(rest, 0.2))  # a command ends the wait early
+                self.inbox.wait(min(rest, 0.2))  # a command ends the wait early
                 continue
             self.train_one_step()
 
@@ -422,35 +427,26 @@ class Worker:
         self.report(StateChanged(state, reason))
 
     def handle_commands(self) -> None:
-        """Run the daemon's waiting commands, each by its handler in ``command_handlers``
-        (the command's fields are the handler's keyword arguments): first those kept while
-        the worker waited for its plan."""
-        while self.kept_commands:
-            command = self.kept_commands.pop(0)
+        """Run the daemon's commands that arrived (``command_inbox``), each by its handler in
+        ``command_handlers`` (the command's fields are the handler's keyword arguments); stop once
+        the daemon closed the pipe."""
+        for command in self.inbox.take():
             self.command_handlers[type(command)](**command.to_dict())
             if self.left:
                 return
-        while self.conn.poll():
-            try:
-                command = self.receive_command()
-            except (EOFError, OSError):
-                logger.warning("The daemon closed the pipe: stopping")
-                self.stop_requested = True
-                return
-            if command is not None:
-                self.command_handlers[type(command)](**command.to_dict())
-            if self.left:
-                return
+        if self.inbox.closed:
+            self.stop_requested = True
 
-    def receive_command(self) -> Command | None:
-        """The next command; None (and an ``Error`` report) for one this worker does not know."""
-        received = self.conn.recv()
-        try:
-            return decode_command(received)
-        except MalformedMessage as error:
-            logger.warning("Ignoring a command: %s", error)
-            self.report(Error(f"unknown worker command {received!r:.200}", "send pause, resume, finish, leave or unban"))
-            return None
+    def _command_arrived(self, command: Command) -> None:
+        """On the inbox's reader thread, as a command arrives: for a pause or leave, let go of the averaging
+        rounds that found no group, which a step may be waiting for (``command_inbox``); the loop runs the
+        command once that step returns."""
+        trainer = self.trainer
+        if isinstance(command, (Pause, Leave)) and trainer is not None and not self.left:
+            trainer.abandon_rounds(without_group=True)
+
+    def _unknown_command(self, received: str) -> None:
+        self.report(Error(f"unknown worker command {received:.200}", "send pause, resume, finish, leave or unban"))
 
     def on_pause(self) -> None:
         self.pause()
