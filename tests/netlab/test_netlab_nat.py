@@ -65,6 +65,7 @@ def leave_all(swarm) -> None:
         assert run_cli(swarm[name], "leave", "--no-wait").returncode == 0
         swarm[name].wait_until(lambda s: s["state"] == "idle", 300, what=f"{name} to leave")
         left = max(event["ts"] for event in events(swarm[name], "left"))
+        print(f"{name} left {left - sent:.1f} s after the leave command")
         assert left - sent <= LEAVE_WITHIN_S, \
             f"{name} took {left - sent:.0f} s from the leave command to leaving; log tail:\n{swarm[name].log()[-3000:]}"
 
