@@ -28,7 +28,15 @@ Every payload is averaged exactly (no compression: the study is about mixing). E
 eval loss of the replicas' mean model and the spread (the largest ``|theta_i - mean| / |mean|``); the end,
 every replica's eval loss; ``reach``: per round, how many rounds until every peer's update of that round has
 reached every other (through the groups' averages). ``--seed`` changes the replicas' data streams and the
-groupings' random choices (not the model). ``--codec-error`` appends a row of what sending the start model's
+groupings' random choices (not the model).
+
+Two stresses the product meets: ``--churn P``: each round each replica is away with probability P (it trains
+nothing and averages nothing); one that comes back downloads a random present replica's global parameters and
+outer momentum, as a joiner downloads a donor's state. ``--rogues R``: replicas 0..R-1 send, in every average,
+their own piece pushed ``ROGUE_SCALE`` times their round's update the wrong way (a pseudo-gradient flipped and
+scaled; parameters moved back along it), and groups combine with the product's reducer (CenteredClip,
+``peers/robust/reduce.robust_aggregate``) instead of the mean; the losses and spread are then the honest
+replicas'. ``--codec-error`` appends a row of what sending the start model's
 parameters themselves would lose: each compression's error relative to their norm. Rows append to ``--out``;
 ``--report`` prints the table of ``benchmarks/RESULTS.md``.
 """
@@ -50,6 +58,7 @@ from hivemind.compression import CompressionInfo
 from p2ptrain.peers.compression.codecs import make_compression
 from p2ptrain.peers.model.data import train_batches, validation_batches
 from p2ptrain.peers.model.models import causal_lm_loss, mean_loss
+from p2ptrain.peers.robust.reduce import RobustOptions, robust_aggregate
 from p2ptrain.peers.worker.run_setup import stream_seed
 
 from diloco_study import DATASET, EVAL_BATCH, EVAL_BATCHES, SEED, pretrained_start, set_lr, start_model  # beside this script
@@ -58,6 +67,7 @@ from run_facts import facts  # benchmarks/run_facts.py
 HERE = Path(__file__).resolve().parent
 GROUPINGS = ("one", "fixed", "moshpit", "random")
 PAYLOADS = ("pseudo", "local", "mixed<K>")
+ROGUE_SCALE = 10.0
 
 
 def parse_run(name: str) -> tuple[str, str, int]:
@@ -151,6 +161,37 @@ def load(parameters, tensors) -> None:
             parameter.copy_(tensor)
 
 
+def combine(pieces: dict[int, list[torch.Tensor]], robust: bool) -> list[torch.Tensor]:
+    """A group's average of its members' ``pieces`` (by member, a tensor per parameter): the mean, or
+    with ``robust`` the product's reducer, tensor by tensor, every member at weight 1."""
+    members = sorted(pieces)
+    if not robust:
+        return [sum(pieces[member][index] for member in members) / len(members) for index in range(len(pieces[members[0]]))]
+    return [robust_aggregate({member: pieces[member][index] for member in members}, dict.fromkeys(members, 1.0), own=None,
+                             options=RobustOptions(name_outliers=False, detect_replays=False)).result
+            for index in range(len(pieces[members[0]]))]
+
+
+def sent_by(member: int, honest: list[torch.Tensor], update: list[torch.Tensor], rogues: int, parameters: bool) -> list[torch.Tensor]:
+    """What ``member`` sends for its ``honest`` piece: a rogue's (member < ``rogues``) pushed ``ROGUE_SCALE`` times
+    its round's ``update`` (global less local) the wrong way: a pseudo-gradient flipped and scaled, parameters
+    moved back along it (``parameters``)."""
+    if member >= rogues:
+        return honest
+    if parameters:
+        return [piece + ROGUE_SCALE * step for piece, step in zip(honest, update)]
+    return [-ROGUE_SCALE * piece for piece in honest]
+
+
+def download_state(global_parameters: list, outers: list, joiner: int, donor: int) -> None:
+    """``joiner`` takes ``donor``'s global parameters and outer momentum (a state download)."""
+    load(global_parameters[joiner], global_parameters[donor])
+    for own, theirs in zip(global_parameters[joiner], global_parameters[donor]):
+        buffer = outers[donor].state.get(theirs, {}).get("momentum_buffer")
+        if buffer is not None:
+            outers[joiner].state[own]["momentum_buffer"] = buffer.clone()
+
+
 def run_groups(grouping: str, payload: str, every: int, args, windows: list) -> dict:  # noqa: C901 (one loop, as diloco_study's)
     """One configuration's run (``every``: a ``mixed`` payload's K); returns its row's measurements."""
     loaded = start_model(args)
@@ -166,9 +207,17 @@ def run_groups(grouping: str, payload: str, every: int, args, windows: list) -> 
     outer_steps = args.total_samples // (replicas * args.micro_batch) // args.local_steps
     groups = Groups(grouping, replicas, args.group_size, args.seed)
     rounds, curve = [], []
+    churn, robust, honest = random.Random(args.seed + 1), args.rogues > 0, list(range(args.rogues, replicas))
+    away = set()
     for outer_step in range(outer_steps):
-        local_parameters = []
+        was_away, away = away, {replica for replica in range(replicas) if args.churn and churn.random() < args.churn}
+        stayed = [replica for replica in range(replicas) if replica not in away and replica not in was_away]
+        for replica in sorted(was_away - away):
+            download_state(global_parameters, outers, replica, churn.choice(stayed or honest))
+        local_parameters = {}
         for replica in range(replicas):
+            if replica in away:
+                continue
             load(parameters, global_parameters[replica])
             optimizer = torch.optim.AdamW(parameters, lr=args.inner_lr)
             optimizer.load_state_dict(states[replica])
@@ -178,35 +227,39 @@ def run_groups(grouping: str, payload: str, every: int, args, windows: list) -> 
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             states[replica] = optimizer.state_dict()
-            local_parameters.append([parameter.detach().float().clone() for parameter in parameters])
-        this_round = groups.next_round()
+            local_parameters[replica] = [parameter.detach().float().clone() for parameter in parameters]
+        this_round = [[member for member in group if member not in away] for group in groups.next_round()]
+        this_round = [group for group in this_round if group]
         rounds.append(this_round)
         for group in this_round:
+            update = {member: [own - local for own, local in zip(global_parameters[member], local_parameters[member])] for member in group}
             if payload == "mixed" and (outer_step + 1) % every == 0:
-                consensus = [sum(global_parameters[member][index] for member in group) / len(group) for index in range(len(start))]
+                consensus = combine({member: sent_by(member, global_parameters[member], update[member], args.rogues, True)
+                                     for member in group}, robust)
                 for member in group:
                     load(global_parameters[member], consensus)
+                update = {member: [own - local for own, local in zip(global_parameters[member], local_parameters[member])] for member in group}
             if payload in ("pseudo", "mixed"):
-                mean_update = [sum(global_parameters[member][index] - local_parameters[member][index] for member in group) / len(group)
-                               for index in range(len(start))]
+                mean_update = combine({member: sent_by(member, update[member], update[member], args.rogues, False) for member in group}, robust)
                 pseudo = {member: mean_update for member in group}
             else:
-                mean_local = [sum(local_parameters[member][index] for member in group) / len(group) for index in range(len(start))]
+                mean_local = combine({member: sent_by(member, local_parameters[member], update[member], args.rogues, True)
+                                      for member in group}, robust)
                 pseudo = {member: [own - average for own, average in zip(global_parameters[member], mean_local)] for member in group}
             for member in group:
                 for tensor, gradient in zip(global_parameters[member], pseudo[member]):
                     tensor.grad = gradient.clone()
                 outers[member].step()
                 outers[member].zero_grad(set_to_none=True)
-        mean_model = [sum(tensors) / replicas for tensors in zip(*global_parameters)]
-        load(parameters, mean_model)
+        honest_parameters = [global_parameters[replica] for replica in honest]
+        load(parameters, [sum(tensors) / len(honest) for tensors in zip(*honest_parameters)])
         curve.append({"samples": (outer_step + 1) * args.local_steps * replicas * args.micro_batch,
-                      "mean_model_loss": mean_loss(model, windows[:4]), "spread": spread(global_parameters)})
+                      "mean_model_loss": mean_loss(model, windows[:4]), "spread": spread(honest_parameters), "away": len(away)})
         print(f"{grouping}-{payload}{every or ''} round {outer_step + 1}/{outer_steps}: {curve[-1]}", file=sys.stderr, flush=True)
-    load(parameters, [sum(tensors) / replicas for tensors in zip(*global_parameters)])
+    load(parameters, [sum(tensors) / len(honest) for tensors in zip(*(global_parameters[replica] for replica in honest))])
     mean_model_loss = mean_loss(model, windows)
     replica_losses = []
-    for own in global_parameters:
+    for own in (global_parameters[replica] for replica in honest):
         load(parameters, own)
         replica_losses.append(mean_loss(model, windows))
     return {"mean_model_loss": mean_model_loss, "replica_losses": replica_losses, "curve": curve,
@@ -234,14 +287,17 @@ def report(paths: list[Path]) -> str:
     rows = [row for row in rows if row.get("kind") != "codec-error"]
     latest: dict[tuple, dict] = {}
     for row in rows:
-        budget = (row["replicas"], row["group_size"], row["local_steps"], row["outer_lr"], row["outer_momentum"], row["total_samples"])
+        budget = (row["replicas"], row["group_size"], row["local_steps"], row["outer_lr"], row["outer_momentum"], row["total_samples"],
+                  row.get("churn", 0.0), row.get("rogues", 0))
         latest[(budget, row["run"], row.get("seed", SEED))] = row
     lines = []
     for budget in sorted({budget for budget, *_ in latest}):
-        replicas, group_size, local_steps, outer_lr, momentum, total = budget
+        replicas, group_size, local_steps, outer_lr, momentum, total, churn, rogues = budget
         runs = sorted({run for key_budget, run, _ in latest if key_budget == budget}, key=lambda run: (run != "one-pseudo", run))
+        stresses = (f", each away a round at {100 * churn:.0f} %" if churn else "") + (
+            f", {rogues} rogue{'s' if rogues > 1 else ''} (CenteredClip; honest replicas' losses)" if rogues else "")
         lines += [f"{replicas} replicas, groups of {group_size}, H = {local_steps}, outer lr {outer_lr:g}, momentum {momentum:g}, "
-                  f"{total:,} samples:", "",
+                  f"{total:,} samples{stresses}:", "",
                   "| configuration | seeds | mean model's loss | Δ vs one group | worst replica's loss | spread, last half (largest) | "
                   "rounds to reach everyone (median, most) | commit, date, load |", "|---|---:|---:|---:|---:|---:|---:|---|"]
         for run in runs:
@@ -281,6 +337,8 @@ def main() -> None:
     parser.add_argument("--outer-momentum", type=float, default=0.0)
     parser.add_argument("--total-samples", type=int, default=25600)
     parser.add_argument("--seed", type=int, default=SEED, help="the data streams' and groupings' seed")
+    parser.add_argument("--churn", type=float, default=0.0, help="the chance that a replica is away in a round (0 to < 1)")
+    parser.add_argument("--rogues", type=int, default=0, help="how many replicas send rogue pieces (groups then combine robustly)")
     parser.add_argument("--micro-batch", type=int, default=4, help="B")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--pretrain-samples", type=int, default=24000, help="start from the tiny preset pretrained on this many samples")
@@ -292,6 +350,8 @@ def main() -> None:
     if args.report:
         print(report(args.report))
         return
+    if not 0 <= args.churn < 1 or not 0 <= args.rogues < args.replicas:
+        parser.error("use --churn from 0 up to (not including) 1, and --rogues from 0 to fewer than --replicas")
     try:
         runs = [parse_run(name) for name in args.run]
         for grouping, *_ in runs:
@@ -312,7 +372,7 @@ def main() -> None:
         row = {"run": name, "replicas": args.replicas, "group_size": args.group_size, "local_steps": args.local_steps,
                "inner_lr": args.inner_lr, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
                "total_samples": args.total_samples, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
-               "pretrain_samples": args.pretrain_samples, "seed": args.seed, **measured, "seconds": time.monotonic() - started,
+               "pretrain_samples": args.pretrain_samples, "seed": args.seed, "churn": args.churn, "rogues": args.rogues, **measured, "seconds": time.monotonic() - started,
                **before, "load_after": facts()["load"]}
         with args.out.open("a") as file:
             file.write(json.dumps(row) + "\n")

@@ -63,7 +63,8 @@ def test_bad_configurations_are_refused_with_what_to_use():
 def tiny_args(tmp_path: Path, **overrides) -> argparse.Namespace:
     args = argparse.Namespace(replicas=4, group_size=2, local_steps=2, inner_lr=3e-3, outer_lr=1.0, outer_momentum=0.0,
                               total_samples=48, micro_batch=2, seq_len=16, pretrain_samples=0, seed=1, cache_dir=tmp_path,
-                              model="tiny", lora_r=None, precision="fp32", dataset=group_study.DATASET, start="tiny")
+                              model="tiny", lora_r=None, precision="fp32", dataset=group_study.DATASET, start="tiny",
+                              churn=0.0, rogues=0)
     for name, value in overrides.items():
         setattr(args, name, value)
     return args
@@ -90,6 +91,53 @@ def test_local_parameters_averaged_at_outer_lr_1_leave_a_group_on_one_model_and_
     assert [round(point["spread"], 5) for point in pseudo["curve"]] == [round(point["spread"], 5) for point in fixed["curve"]]
 
 
+def test_a_groups_robust_average_holds_a_rogue_near_the_honest_mean_and_the_plain_mean_does_not():
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    honest = {member: [torch.ones(64) + 0.1 * torch.randn(64, generator=generator)] for member in (1, 2, 3)}
+    update = [0.1 * torch.ones(64)]
+    rogue = group_study.sent_by(0, [torch.ones(64)], update, rogues=1, parameters=False)
+    assert torch.allclose(rogue[0], -group_study.ROGUE_SCALE * torch.ones(64))
+    assert group_study.sent_by(1, honest[1], update, rogues=1, parameters=False) is honest[1]
+    pieces = {0: rogue, **honest}
+    honest_mean = sum(piece[0] for piece in honest.values()) / 3
+    plain = group_study.combine(pieces, robust=False)[0]
+    robust = group_study.combine(pieces, robust=True)[0]
+    assert (plain - honest_mean).norm() > 5 * (robust - honest_mean).norm()
+    # without a rogue the robust average is the mean (nothing is clipped)
+    assert torch.allclose(group_study.combine(honest, robust=True)[0], honest_mean, atol=1e-5)
+    moved = group_study.sent_by(0, [torch.ones(64)], update, rogues=1, parameters=True)
+    assert torch.allclose(moved[0], torch.ones(64) + group_study.ROGUE_SCALE * update[0]), "parameters moved back along the update"
+
+
+def test_a_returning_replica_downloads_a_donors_parameters_and_outer_momentum():
+    import torch
+
+    parameters = [[torch.zeros(3)], [torch.ones(3)]]
+    outers = [torch.optim.SGD(own, lr=1.0, momentum=0.9, nesterov=True) for own in parameters]
+    parameters[1][0].grad = torch.ones(3)
+    outers[1].step()
+    group_study.download_state(parameters, outers, joiner=0, donor=1)
+    assert torch.equal(parameters[0][0], parameters[1][0])
+    assert torch.equal(outers[0].state[parameters[0][0]]["momentum_buffer"], outers[1].state[parameters[1][0]]["momentum_buffer"])
+    assert outers[0].state[parameters[0][0]]["momentum_buffer"] is not outers[1].state[parameters[1][0]]["momentum_buffer"]
+
+
+@pytest.mark.timeout(120)
+def test_churn_leaves_replicas_out_of_rounds_and_a_rogues_losses_are_not_counted(tmp_path):
+    from p2ptrain.peers.model.data import validation_batches
+    from p2ptrain.peers.model.models import build_model
+
+    args = tiny_args(tmp_path, total_samples=96, churn=0.5, rogues=1)
+    tokenizer = build_model("tiny", seed=group_study.SEED).tokenizer
+    windows = validation_batches(args.dataset, tokenizer, args.seq_len, 2, tmp_path, 2)
+    row = group_study.run_groups("random", "mixed", 2, args, windows)
+    assert row["outer_steps"] == 6 and any(point["away"] for point in row["curve"])
+    assert len(row["replica_losses"]) == args.replicas - args.rogues
+    assert all(loss == loss and loss < 20 for loss in row["replica_losses"])
+
+
 def study_row(run: str, seed: int, loss: float, spreads: list[float], reach: list, worst: float | None = None) -> dict:
     return {"run": run, "seed": seed, "replicas": 16, "group_size": 4, "local_steps": 20, "outer_lr": 1.0, "outer_momentum": 0.0,
             "total_samples": 25600, "mean_model_loss": loss, "replica_losses": [loss, worst or loss],
@@ -113,3 +161,16 @@ def test_the_report_averages_each_configuration_over_its_seeds_against_one_group
     one = next(line for line in table.splitlines() if line.startswith("| one-pseudo"))
     assert one.startswith("| one-pseudo | 2 | 1.5000 |  | 2.0000 |"), one
     assert "1.5 % of their norm in blockwise8bit (fedcba9, 2026-11-29)" in table
+
+
+def test_runs_under_churn_or_rogues_get_their_own_table_named_by_the_stress(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    rows = [study_row("one-pseudo", 1, 2.0, [0, 0], [1, 1]), study_row("moshpit-mixed2", 1, 2.1, [0.1, 0.1], [2, 2]),
+            {**study_row("one-pseudo", 1, 2.2, [0, 0], [1, 1]), "churn": 0.2, "rogues": 1},
+            {**study_row("moshpit-mixed2", 1, 2.42, [0.1, 0.1], [2, 2]), "churn": 0.2, "rogues": 1}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    table = group_study.report([path]).splitlines()
+    headings = [line for line in table if line.startswith("16 replicas")]
+    assert len(headings) == 2 and "each away a round at 20 %, 1 rogue (CenteredClip; honest replicas' losses)" in headings[1], headings
+    stressed = table[table.index(headings[1]):]
+    assert next(line for line in stressed if line.startswith("| moshpit-mixed2")).startswith("| moshpit-mixed2 | 1 | 2.4200 | +10.00 % |")
