@@ -28,7 +28,9 @@ Every payload is averaged exactly (no compression: the study is about mixing). E
 eval loss of the replicas' mean model and the spread (the largest ``|theta_i - mean| / |mean|``); the end,
 every replica's eval loss; ``reach``: per round, how many rounds until every peer's update of that round has
 reached every other (through the groups' averages). ``--seed`` changes the replicas' data streams and the
-groupings' random choices (not the model).
+groupings' random choices (not the model). ``--parameter-groups own``: a ``mixed`` payload's parameters are
+averaged after the outer step in groups drawn apart from the pseudo-gradients' (as a second averager with its own
+matchmaking would form them), not before it in the same groups.
 
 Two stresses the product meets: ``--churn P``: each round each replica is away with probability P (it trains
 nothing and averages nothing); one that comes back downloads a random present replica's global parameters and
@@ -192,6 +194,20 @@ def download_state(global_parameters: list, outers: list, joiner: int, donor: in
             outers[joiner].state[own]["momentum_buffer"] = buffer.clone()
 
 
+def average_parameters(global_parameters: list, groups: list[list[int]], away: set[int], rogues: int, robust: bool) -> None:
+    """Each of ``groups`` (but the replicas ``away``) takes its members' average of their global parameters (a
+    rogue's moved back along its last step: its parameters against the mean's, ``ROGUE_SCALE`` times)."""
+    for group in ([member for member in group if member not in away] for group in groups):
+        if not group:
+            continue
+        mean = combine({member: global_parameters[member] for member in group}, robust=False)
+        sent = {member: sent_by(member, global_parameters[member], [own - average for own, average in zip(global_parameters[member], mean)],
+                                rogues, True) for member in group}
+        consensus = combine(sent, robust)
+        for member in group:
+            load(global_parameters[member], consensus)
+
+
 def run_groups(grouping: str, payload: str, every: int, args, windows: list) -> dict:  # noqa: C901 (one loop, as diloco_study's)
     """One configuration's run (``every``: a ``mixed`` payload's K); returns its row's measurements."""
     loaded = start_model(args)
@@ -208,6 +224,7 @@ def run_groups(grouping: str, payload: str, every: int, args, windows: list) -> 
     groups = Groups(grouping, replicas, args.group_size, args.seed)
     rounds, curve = [], []
     churn, robust, honest = random.Random(args.seed + 1), args.rogues > 0, list(range(args.rogues, replicas))
+    parameter_groups = Groups(grouping, replicas, args.group_size, args.seed + 2) if args.parameter_groups == "own" else None
     away = set()
     for outer_step in range(outer_steps):
         was_away, away = away, {replica for replica in range(replicas) if args.churn and churn.random() < args.churn}
@@ -233,7 +250,7 @@ def run_groups(grouping: str, payload: str, every: int, args, windows: list) -> 
         rounds.append(this_round)
         for group in this_round:
             update = {member: [own - local for own, local in zip(global_parameters[member], local_parameters[member])] for member in group}
-            if payload == "mixed" and (outer_step + 1) % every == 0:
+            if payload == "mixed" and (outer_step + 1) % every == 0 and not parameter_groups:
                 consensus = combine({member: sent_by(member, global_parameters[member], update[member], args.rogues, True)
                                      for member in group}, robust)
                 for member in group:
@@ -251,6 +268,8 @@ def run_groups(grouping: str, payload: str, every: int, args, windows: list) -> 
                     tensor.grad = gradient.clone()
                 outers[member].step()
                 outers[member].zero_grad(set_to_none=True)
+        if payload == "mixed" and (outer_step + 1) % every == 0 and parameter_groups:
+            average_parameters(global_parameters, parameter_groups.next_round(), away, args.rogues, robust)
         honest_parameters = [global_parameters[replica] for replica in honest]
         load(parameters, [sum(tensors) / len(honest) for tensors in zip(*honest_parameters)])
         curve.append({"samples": (outer_step + 1) * args.local_steps * replicas * args.micro_batch,
@@ -289,7 +308,8 @@ def report(paths: list[Path]) -> str:
     for row in rows:
         budget = (row["replicas"], row["group_size"], row["local_steps"], row["outer_lr"], row["outer_momentum"], row["total_samples"],
                   row.get("churn", 0.0), row.get("rogues", 0))
-        latest[(budget, row["run"], row.get("seed", SEED))] = row
+        run = row["run"] + (" (parameters in own groups)" if row.get("parameter_groups", "same") == "own" else "")
+        latest[(budget, run, row.get("seed", SEED))] = row
     lines = []
     for budget in sorted({budget for budget, *_ in latest}):
         replicas, group_size, local_steps, outer_lr, momentum, total, churn, rogues = budget
@@ -339,6 +359,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=SEED, help="the data streams' and groupings' seed")
     parser.add_argument("--churn", type=float, default=0.0, help="the chance that a replica is away in a round (0 to < 1)")
     parser.add_argument("--rogues", type=int, default=0, help="how many replicas send rogue pieces (groups then combine robustly)")
+    parser.add_argument("--parameter-groups", choices=("same", "own"), default="same",
+                        help="a mixed payload's parameters: in the round's groups, before its outer step (same), or after it "
+                             "in groups of their own (own: a second averager's matchmaking, drawn as the grouping draws)")
     parser.add_argument("--micro-batch", type=int, default=4, help="B")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--pretrain-samples", type=int, default=24000, help="start from the tiny preset pretrained on this many samples")
@@ -372,7 +395,8 @@ def main() -> None:
         row = {"run": name, "replicas": args.replicas, "group_size": args.group_size, "local_steps": args.local_steps,
                "inner_lr": args.inner_lr, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
                "total_samples": args.total_samples, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
-               "pretrain_samples": args.pretrain_samples, "seed": args.seed, "churn": args.churn, "rogues": args.rogues, **measured, "seconds": time.monotonic() - started,
+               "pretrain_samples": args.pretrain_samples, "seed": args.seed, "churn": args.churn, "rogues": args.rogues,
+               "parameter_groups": args.parameter_groups, **measured, "seconds": time.monotonic() - started,
                **before, "load_after": facts()["load"]}
         with args.out.open("a") as file:
             file.write(json.dumps(row) + "\n")

@@ -64,7 +64,7 @@ def tiny_args(tmp_path: Path, **overrides) -> argparse.Namespace:
     args = argparse.Namespace(replicas=4, group_size=2, local_steps=2, inner_lr=3e-3, outer_lr=1.0, outer_momentum=0.0,
                               total_samples=48, micro_batch=2, seq_len=16, pretrain_samples=0, seed=1, cache_dir=tmp_path,
                               model="tiny", lora_r=None, precision="fp32", dataset=group_study.DATASET, start="tiny",
-                              churn=0.0, rogues=0)
+                              churn=0.0, rogues=0, parameter_groups="same")
     for name, value in overrides.items():
         setattr(args, name, value)
     return args
@@ -124,12 +124,20 @@ def test_a_returning_replica_downloads_a_donors_parameters_and_outer_momentum():
     assert outers[0].state[parameters[0][0]]["momentum_buffer"] is not outers[1].state[parameters[1][0]]["momentum_buffer"]
 
 
+def test_parameters_averaged_in_their_own_groups_leave_each_group_on_its_mean_and_the_away_untouched():
+    import torch
+
+    parameters = [[torch.full((3,), float(replica))] for replica in range(6)]
+    group_study.average_parameters(parameters, [[0, 1, 2], [3, 4, 5]], away={5}, rogues=0, robust=False)
+    assert [float(own[0][0]) for own in parameters] == [1.0, 1.0, 1.0, 3.5, 3.5, 5.0]
+
+
 @pytest.mark.timeout(120)
 def test_churn_leaves_replicas_out_of_rounds_and_a_rogues_losses_are_not_counted(tmp_path):
     from p2ptrain.peers.model.data import validation_batches
     from p2ptrain.peers.model.models import build_model
 
-    args = tiny_args(tmp_path, total_samples=96, churn=0.5, rogues=1)
+    args = tiny_args(tmp_path, total_samples=96, churn=0.5, rogues=1, parameter_groups="own")
     tokenizer = build_model("tiny", seed=group_study.SEED).tokenizer
     windows = validation_batches(args.dataset, tokenizer, args.seq_len, 2, tmp_path, 2)
     row = group_study.run_groups("random", "mixed", 2, args, windows)
