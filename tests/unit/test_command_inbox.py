@@ -75,6 +75,15 @@ def test_an_unknown_command_is_answered_and_not_kept():
     assert len(opened.unknown) == 1 and "self-destruct" in opened.unknown[0]
 
 
+def test_a_message_that_does_not_unpickle_is_answered_and_the_reader_reads_on():
+    opened = Opened()
+    opened.daemon.send_bytes(b"not a pickle at all")
+    opened.daemon.send(encode(Leave()))
+    taken = opened.taken_within(1)
+    assert [type(command) for command in taken] == [Leave]
+    assert len(opened.unknown) == 1 and opened.unknown[0].startswith("<unreadable: ")
+
+
 def test_a_failing_arrival_still_keeps_the_command():
     daemon, worker_end = multiprocessing.Pipe()
 

@@ -66,6 +66,10 @@ class CommandInbox:
                     self.closed = True
                     self._changed.notify_all()
                 return
+            except Exception as error:  # a message that does not even unpickle: read on
+                logger.warning("Ignoring an unreadable command: %r", error)
+                self.on_unknown(f"<unreadable: {error!r}>")
+                continue
             try:
                 command = decode_command(received)
             except MalformedMessage as error:
